@@ -1,0 +1,133 @@
+"""`pipeline` (also `gristmill`): the command line.
+
+    pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
+    pipeline validate CONFIG [--set key=value ...]
+    pipeline stats RUN_DIR [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gristmill import __version__
+from gristmill.config import ConfigError, load
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def cmd_validate(args, console: Console) -> int:
+    cfg = load(args.config, args.set, args.run_dir)
+    console.print(f"[green]ok[/] {args.config}: {len(cfg.specs)} steps, run_dir {cfg.run_dir}")
+    for spec in cfg.specs:
+        console.print(f"  {spec.step_id}: {spec.params.model_dump()}")
+    return 0
+
+
+def cmd_run(args, console: Console) -> int:
+    from gristmill.pipeline.runner import StageFailed, run
+
+    cfg = load(args.config, args.set, args.run_dir)
+    try:
+        run(cfg, force=args.force, console=console)
+    except StageFailed as e:
+        console.print(f"[red]failed[/] {e}")
+        return 1
+    return 0
+
+
+def cmd_stats(args, console: Console) -> int:
+    from gristmill.pipeline.stats import as_json, funnel, languages, merge_run
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "plan.json").is_file():
+        raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
+    merged = merge_run(run_dir)
+    if args.json:
+        print(json.dumps(as_json(merged), indent=2))
+        return 0
+    out = Console()
+    rows = funnel(merged)
+    table = Table(title=f"funnel: {run_dir}")
+    for col in ("stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time", "MB/s"):
+        table.add_column(col, justify="left" if col in ("stage", "step") else "right")
+    for r in rows:
+        kept = f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-"
+        speed = f"{r.mb_per_s:.1f}" if r.mb_per_s else "-"
+        table.add_row(r.stage, r.step, f"{r.docs_in:,}", f"{r.docs_out:,}", kept, _human_bytes(r.bytes_in),
+                      _human_bytes(r.bytes_out), f"{r.time_s:.2f}s", speed)
+    out.print(table)
+    reasons = Table(title="drops by reason")
+    for col in ("step", "reason", "documents", "share of step input"):
+        reasons.add_column(col, justify="right" if col in ("documents", "share of step input") else "left")
+    for r in rows:
+        for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
+            reasons.add_row(r.step, reason, f"{n:,}", f"{n / r.docs_in:.1%}" if r.docs_in else "-")
+    out.print(reasons)
+    langs = languages(merged)
+    if langs:
+        lt = Table(title="languages (langid, before its keep-list)")
+        lt.add_column("language")
+        lt.add_column("documents", justify="right")
+        for lang, n in list(langs.items())[:20]:
+            lt.add_row(lang, f"{n:,}")
+        if len(langs) > 20:
+            lt.add_row(f"... {len(langs) - 20} more", f"{sum(list(langs.values())[20:]):,}")
+        out.print(lt)
+    for stage in merged["stages"]:
+        if stage["tasks_completed"] < stage["tasks"]:
+            out.print(f"[yellow]{stage['label']}: {stage['tasks_completed']}/{stage['tasks']} tasks complete[/]")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pipeline", description="Common Crawl → curated pretraining data")
+    p.add_argument("--version", action="version", version=f"gristmill {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def config_args(sp):
+        sp.add_argument("config", help="run configuration (YAML)")
+        sp.add_argument("--run-dir", help="override run_dir")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set executor.tasks=8 (value parsed as YAML)")
+
+    r = sub.add_parser("run", help="run a pipeline; re-running finishes what is missing")
+    config_args(r)
+    r.add_argument("--force", action="store_true", help="discard the run directory's earlier results and redo")
+    r.set_defaults(func=cmd_run)
+    v = sub.add_parser("validate", help="check a config and print the resolved steps")
+    config_args(v)
+    v.set_defaults(func=cmd_validate)
+    s = sub.add_parser("stats", help="the funnel of a run: documents and bytes per step, drops by reason")
+    s.add_argument("run_dir")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_stats)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=True)
+    try:
+        return args.func(args, console)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # missing/corrupt model and other input errors found before running
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Exact (Bloom filter) and near (MinHash-LSH) deduplication. Not built yet."""

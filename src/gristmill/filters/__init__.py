@@ -1,0 +1,1 @@
+"""Document filters: language ID and heuristic (Gopher, C4) quality filters."""

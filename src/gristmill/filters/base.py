@@ -1,0 +1,70 @@
+"""The filter contract: `filter(doc)` returns True to keep or `(False, "reason")` to drop.
+
+Like datatrove's BaseFilter, plus what our stats need: bytes in and out (a filter such as
+`c4_lines` rewrites text), every drop counted under its reason, and an optional sample of
+dropped documents written for inspection.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from datatrove.data import Document, DocumentsPipeline
+
+from gristmill.pipeline.step import Step
+from gristmill.pipeline.writers import DroppedSampler
+
+FilterResult = bool | tuple[bool, str]
+
+
+def _batched(data, n):
+    batch = []
+    for doc in data:
+        batch.append(doc)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class Filter(Step):
+    type = "🔻 FILTER"
+    #: documents handed to filter_batch at once (models predict faster on batches)
+    batch_size: int = 1
+
+    def __init__(self, step_id: str | None = None, dropped: DroppedSampler | None = None):
+        super().__init__(step_id)
+        self.dropped = dropped
+
+    @abstractmethod
+    def filter(self, doc: Document) -> FilterResult:
+        raise NotImplementedError
+
+    def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
+        return [self.filter(d) for d in docs]
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        if self.dropped:
+            self.dropped.open(rank)
+        try:
+            for batch in _batched(data, self.batch_size):
+                sizes = [len(d.text.encode("utf-8")) for d in batch]
+                with self.track_time():
+                    results = self.filter_batch(batch)
+                for doc, size, result in zip(batch, sizes, results):
+                    self.stat_update("total")
+                    self.stat_update("bytes_in", value=size)
+                    keep, reason = (result, None) if isinstance(result, bool) else result
+                    if keep:
+                        self.stat_update("forwarded")
+                        self.stat_update("bytes_out", value=len(doc.text.encode("utf-8")))
+                        yield doc
+                    else:
+                        self.stat_update("dropped")
+                        self.stat_update(f"dropped_{reason or 'unspecified'}")
+                        if self.dropped:
+                            self.dropped.offer(doc, reason)
+        finally:
+            if self.dropped:
+                self.dropped.close()

@@ -1,0 +1,96 @@
+"""Language ID with fastText's lid.176 (`langid` in YAML).
+
+datatrove's LanguageFilter takes no model path (it downloads lid.176.bin from the web); this
+step takes a local path or URL, predicts a batch of documents per call (fastText's C++ loop
+instead of one Python call per document), and records `language` and `language_score`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from datatrove.data import Document
+
+from gristmill.filters.base import Filter, FilterResult
+
+LABEL_PREFIX = "__label__"
+
+
+class ModelError(ValueError):
+    """The model file is missing or unreadable: raised before any document is read."""
+
+
+def check_fasttext_model(path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelError(f"fastText model not found: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    # fastText .bin/.ftz files start with the int32 magic 793712314 (little endian).
+    if magic != (793712314).to_bytes(4, "little"):
+        raise ModelError(f"{path}: not a fastText model (bad magic number)")
+    return path
+
+
+def load_fasttext(path: str | Path):
+    import fasttext
+
+    path = check_fasttext_model(path)
+    # fasttext prints a deprecation warning to stderr on every load_model; _FastText skips it.
+    return fasttext.FastText._FastText(model_path=str(path))
+
+
+class LangId(Filter):
+    yaml_name = "langid"
+    batch_size = 256
+    output_fields = {"language": pa.string(), "language_score": pa.float32()}
+
+    def __init__(
+        self,
+        model: str = "models/lid.176.ftz",
+        languages: list[str] | None = ("en",),
+        min_score: float = 0.65,
+        step_id: str | None = None,
+        dropped=None,
+        resolve=None,
+    ):
+        super().__init__(step_id, dropped)
+        # URLs are fetched to a local cache first; paths are checked now, so a bad model fails
+        # the run before any document is read.
+        self.model_path = str(check_fasttext_model(resolve(model) if resolve else model))
+        self.languages = set(languages) if languages else None
+        self.min_score = min_score
+        self._model = None
+
+    @property
+    def model(self):
+        if self._model is None:  # loaded in the task's process, never pickled
+            self._model = load_fasttext(self.model_path)
+        return self._model
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_model"] = None
+        return state
+
+    def filter(self, doc: Document) -> FilterResult:
+        return self.filter_batch([doc])[0]
+
+    def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
+        # lid.176 reads one line; newlines would end the input early.
+        labels, scores = self.model.predict([d.text.replace("\n", " ") for d in docs], k=1)
+        results: list[FilterResult] = []
+        for doc, label, score in zip(docs, labels, scores):
+            lang = label[0][len(LABEL_PREFIX):] if label else "unknown"
+            prob = float(score[0]) if len(score) else 0.0
+            doc.metadata["language"] = lang
+            doc.metadata["language_score"] = prob
+            self.stat_update(f"lang_{lang}")
+            if self.languages is not None and lang not in self.languages:
+                results.append((False, "language_not_kept"))
+            elif prob < self.min_score:
+                results.append((False, "low_language_score"))
+            else:
+                results.append(True)
+        return results

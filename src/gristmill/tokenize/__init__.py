@@ -1,0 +1,1 @@
+"""BPE tokenization into Arrow token shards. Not built yet."""

@@ -1,0 +1,1 @@
+"""FSDP pretraining on the Arrow token shards. Not built yet."""
