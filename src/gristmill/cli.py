@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from loguru import logger
 from rich.console import Console
 from rich.table import Table
 
@@ -58,6 +59,7 @@ def cmd_stats(args, console: Console) -> int:
         print(json.dumps(as_json(merged), indent=2))
         return 0
     out = Console()
+    out.width = max(out.width, 132)  # the funnel is wide; let it wrap in a narrow terminal
     rows = funnel(merged)
     table = Table(title=f"funnel: {run_dir}")
     for col in ("stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time", "MB/s"):
@@ -118,13 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # datatrove logs every task's INFO lines and a stats dump through loguru; the progress bar
+    # and `pipeline stats` say the same more briefly. Warnings and errors still show.
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING", format="{level: <8} | {message}")
     console = Console(stderr=True)
     try:
         return args.func(args, console)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:  # missing/corrupt model and other input errors found before running
+    except (ValueError, FileNotFoundError) as e:  # missing/corrupt model, missing input: found before running
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -58,7 +58,8 @@ class LangId(Filter):
         super().__init__(step_id, dropped)
         # URLs are fetched to a local cache first; paths are checked now, so a bad model fails
         # the run before any document is read.
-        self.model_path = str(check_fasttext_model(resolve(model) if resolve else model))
+        remote = str(model).startswith(("http://", "https://"))
+        self.model_path = str(check_fasttext_model(resolve(model) if remote and resolve else model))
         self.languages = set(languages) if languages else None
         self.min_score = min_score
         self._model = None
@@ -73,6 +74,10 @@ class LangId(Filter):
         state = self.__dict__.copy()
         state["_model"] = None
         return state
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        self.model  # load before the step's timer starts: stats time the predictions only
+        yield from super().run(data, rank, world_size)
 
     def filter(self, doc: Document) -> FilterResult:
         return self.filter_batch([doc])[0]

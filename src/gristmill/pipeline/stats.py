@@ -26,7 +26,7 @@ def merge_stage(folder: Path) -> list[dict]:
             if i == len(steps):
                 steps.append({"name": step["name"], "counters": {}, "time_s": 0.0})
             merged = steps[i]
-            merged["time_s"] += step.get("time_stats", {}).get("total", 0.0)
+            merged["time_s"] += _total(step.get("time_stats", 0.0))
             for key, value in step.get("stats", {}).items():
                 merged["counters"][key] = merged["counters"].get(key, 0) + _total(value)
     for step in steps:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 
 from datatrove.data import Document, DocumentsPipeline
@@ -33,6 +34,7 @@ FEED = 16 << 10
 GZIP_MAGIC = b"\x1f\x8b\x08"
 SEP = b"\r\n\r\n"
 NEXT_RECORD = b"\r\n\r\nWARC/"
+META = ("url", "date", "crawl", "cc_language", "source", "offset")  # Document.metadata keys
 MAX_HEADER = 1 << 20  # a header block bigger than this is garbage, not a header
 
 
@@ -132,10 +134,11 @@ def _split_records(b: _Buf) -> Iterator[tuple[int, bytes | None, bytes, bool]]:
         b.take(len(SEP))
         declared = _content_length(header)
         if declared is not None and b.ensure(declared + len(SEP)):
+            b.ensure(declared + len(SEP) + 5)  # peek at what follows; may move b.pos, so first
             end = b.pos + declared
-            b.ensure(declared + len(SEP) + 5)  # room to peek at what follows the separator
             after = b.data[end + len(SEP) : end + len(SEP) + 5]
-            if b.data[end : end + len(SEP)] == SEP and (after.startswith(b"WARC/") or not after.strip(b"\r\n")):
+            at_end = after.startswith(b"WARC/") or not after.strip(b"\r\n")
+            if b.data[end : end + len(SEP)] == SEP and at_end:
                 payload = b.take(declared)
                 b.take(len(SEP))
                 yield off, header, payload, True
@@ -234,6 +237,8 @@ def iter_wet_records(path_or_fileobj, source_name: str | None = None) -> Iterato
 
 def _iter_file(f: io.BufferedIOBase, source: str) -> Iterator[WetEvent]:
     first = f.read(CHUNK)
+    while 0 < len(first) < 5 and (more := f.read(CHUNK)):  # enough to tell gzip from WARC/
+        first += more
     if not first:
         yield _warn(BadRecord("empty_file", source, 0))
         return
@@ -319,43 +324,37 @@ class WetReader(Step):
         n_docs = 0
         for source in self.sources[rank::world_size]:
             if 0 <= self.limit <= n_docs:
-                return
+                break
             try:
                 path = self.resolve(source) if self.resolve else source
-                events = iter_wet_records(path, source_name=source)
-                opened = False
-                while True:
-                    # time only the reading, not the downstream steps that consume our yields
-                    with self.track_time():
-                        event = next(events, None)
-                    if not opened:
-                        opened = True
-                        self.stat_update("files")
-                    if event is None:
-                        break
-                    if isinstance(event, WetRecord):
-                        self.stat_update("documents")
-                        self.stat_update("bytes", value=len(event.text.encode("utf-8")))
-                        yield Document(
-                            text=event.text,
-                            id=event.record_id,
-                            metadata={
-                                "url": event.url,
-                                "date": event.date,
-                                "crawl": event.crawl,
-                                "cc_language": event.cc_language,
-                                "source": event.source,
-                                "offset": event.offset,
-                            },
-                        )
+                with closing(iter_wet_records(path, source_name=source)) as events:
+                    for doc in self._documents(events):
+                        yield doc
                         n_docs += 1
                         if 0 <= self.limit <= n_docs:
-                            return
-                    elif isinstance(event, BadRecord):
-                        self.stat_update(f"bad_{event.reason}")
-                    else:
-                        self.stat_update(f"skipped_{event.type}")
+                            break
             except OSError as e:
                 # one missing or unreadable file must not kill a task over hundreds of files
                 logger.warning(f"{source}: unreadable ({e}); going on with the next file")
                 self.stat_update("bad_unreadable_file")
+
+    def _documents(self, events: Iterator[WetEvent]) -> DocumentsPipeline:
+        opened = False
+        while True:
+            # time only the reading, not the downstream steps that consume our yields
+            with self.track_time():
+                event = next(events, None)
+            if not opened:  # the first next() opened the file (or raised OSError)
+                opened = True
+                self.stat_update("files")
+            if event is None:
+                return
+            if isinstance(event, BadRecord):
+                self.stat_update(f"bad_{event.reason}")
+            elif isinstance(event, SkippedRecord):
+                self.stat_update(f"skipped_{event.type}")
+            else:
+                self.stat_update("documents")
+                self.stat_update("bytes", value=len(event.text.encode("utf-8")))
+                meta = {k: getattr(event, k) for k in META}
+                yield Document(text=event.text, id=event.record_id, metadata=meta)

@@ -103,8 +103,9 @@ class ParquetWriter(Step):
             yield doc
         if not files:
             files[""] = _ParquetFile(self.folder / f"{rank:05d}.parquet", self.schema, self.compression)
-        for out in files.values():
-            out.close()
+        with self.track_time():
+            for out in files.values():
+                out.close()
 
 
 class DroppedSampler:
