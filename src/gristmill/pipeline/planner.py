@@ -67,18 +67,6 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     return sources
 
 
-def split_into_groups(specs: list[StepSpec]) -> list[list[StepSpec]]:
-    registry = step_registry()
-    groups: list[list[StepSpec]] = [[]]
-    for spec in specs:
-        groups[-1].append(spec)
-        if not registry[spec.name][1].streamable:
-            groups.append([])
-    if len(groups) > 1 and not groups[-1]:
-        groups.pop()
-    return groups
-
-
 def _instantiate(spec: StepSpec, cls: type, stage_folder: Path, fields: dict, cfg: RunConfig, fetcher: Fetcher):
     kwargs = spec.params.model_dump()
     accepted = inspect.signature(cls.__init__).parameters
@@ -91,31 +79,77 @@ def _instantiate(spec: StepSpec, cls: type, stage_folder: Path, fields: dict, cf
     return cls(step_id=spec.step_id, **kwargs)
 
 
-def plan(cfg: RunConfig) -> list[Stage]:
-    run_dir = Path(cfg.run_dir)
+@dataclass
+class PlanContext:
+    """What a step that spans stages (`streamable = False`) needs to lay out its own stages.
+
+    Such a step class implements the classmethod
+        `build_stages(cls, spec, ctx, input_folder) -> None`
+    which adds its stages with `ctx.new_stage(...)`, the first reading Parquet documents from
+    `input_folder`; its last stage writes Parquet documents with the columns `ctx.fields` (plus
+    the class's `output_fields`) to that stage's `output`, which the planner hands to whatever
+    follows.
+    """
+
+    cfg: RunConfig
+    fetcher: Fetcher
+    compression: str | None
+    fields: dict[str, pa.DataType]
+    stages: list[Stage]
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)
+
+    def stage_folder(self, name: str) -> Path:
+        """The folder the next stage added will have."""
+        return self.run_dir / f"{len(self.stages) + 1:02d}_{name}"
+
+    def new_stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
+        """Append a stage, numbered after those planned so far, and return it."""
+        index = len(self.stages) + 1
+        stage = Stage(index, name, self.stage_folder(name), pipeline, tasks or self.cfg.executor.tasks,
+                      self.cfg.executor.workers, [s.name for s in pipeline])
+        self.stages.append(stage)
+        return stage
+
+
+def _stream_stage(ctx: PlanContext, specs: list[StepSpec], last: bool) -> Stage:
+    """Reader, the streamable steps fused in one pass, Parquet writer."""
     registry = step_registry()
-    fetcher = make_fetcher(cfg)
+    cfg = ctx.cfg
+    name = "curate" if not ctx.stages else "filter"
+    folder = ctx.stage_folder(name)
+    if not ctx.stages:
+        reader: Step = WetReader(resolve_sources(cfg, ctx.fetcher), resolve=ctx.fetcher.local_path,
+                                 limit=cfg.input.limit)
+    else:
+        reader = ParquetReader(ctx.stages[-1].output)
+    steps: list[Step] = [reader]
+    for spec in specs:
+        cls = registry[spec.name][1]
+        steps.append(_instantiate(spec, cls, folder, ctx.fields, cfg, ctx.fetcher))
+        ctx.fields.update(cls.output_fields)
+    per_language = cfg.output.per_language and last  # folders only in the run's final output
+    steps.append(ParquetWriter(folder / "output", dict(ctx.fields), ctx.compression, per_language))
+    return ctx.new_stage(name, steps)
+
+
+def plan(cfg: RunConfig) -> list[Stage]:
+    registry = step_registry()
     compression = None if cfg.output.compression == "none" else cfg.output.compression
-    stages: list[Stage] = []
-    fields: dict[str, pa.DataType] = {}  # metadata columns accumulated along the steps
-    groups = split_into_groups(cfg.specs)
-    for gi, group in enumerate(groups):
-        last = group[-1] if group else None
-        name = last.name if last is not None and not registry[last.name][1].streamable else "curate"
-        index = gi + 1
-        folder = run_dir / f"{index:02d}_{name}"
-        if gi == 0:
-            reader: Step = WetReader(resolve_sources(cfg, fetcher), resolve=fetcher.local_path, limit=cfg.input.limit)
-        else:
-            reader = ParquetReader(stages[-1].output)
-        steps: list[Step] = [reader]
-        for spec in group:
-            cls = registry[spec.name][1]
-            steps.append(_instantiate(spec, cls, folder, fields, cfg, fetcher))
-            fields.update(cls.output_fields)
-        per_language = cfg.output.per_language and gi == len(groups) - 1  # only the final output
-        steps.append(ParquetWriter(folder / "output", dict(fields), compression, per_language))
-        stages.append(
-            Stage(index, name, folder, steps, cfg.executor.tasks, cfg.executor.workers, [s.name for s in steps])
-        )
-    return stages
+    ctx = PlanContext(cfg, make_fetcher(cfg), compression, {}, [])
+    pending: list[StepSpec] = []  # streamable steps not yet placed in a stage
+    for spec in cfg.specs:
+        cls = registry[spec.name][1]
+        if cls.streamable:
+            pending.append(spec)
+            continue
+        if pending or not ctx.stages:  # documents must be on disk before a global step
+            _stream_stage(ctx, pending, last=False)
+            pending = []
+        cls.build_stages(spec, ctx, ctx.stages[-1].output)
+        ctx.fields.update(cls.output_fields)
+    if pending or not ctx.stages:
+        _stream_stage(ctx, pending, last=True)
+    return ctx.stages
