@@ -187,9 +187,12 @@ def test_cli_reports_config_errors_with_key_path(tmp_path):
 
 
 def test_commoncrawl_over_http_with_injected_503(tmp_path, server, lid_model):
-    """The download path for real: wet.paths.gz and a WET file over loopback HTTP, one 503 SlowDown."""
+    """The download path for real: wet.paths.gz, a WET file and the langid model over loopback
+    HTTP, with one 503 SlowDown."""
     server.faults["/" + REL14A] = ["slowdown"]
-    cfg = config(tmp_path / "cc", [], lid_model)
+    (server.root / "models").mkdir()
+    (server.root / "models" / "lid.176.ftz").write_bytes(lid_model.read_bytes())
+    cfg = config(tmp_path / "cc", [], f"{server.base}/models/lid.176.ftz")
     cfg["input"] = {"commoncrawl": {"crawl": C14, "files": 1, "base_url": server.base,
                                     "cache_dir": str(tmp_path / "cache"), "backoff_s": 0.01}}
     merged = run(from_dict(cfg))
@@ -197,5 +200,6 @@ def test_commoncrawl_over_http_with_injected_503(tmp_path, server, lid_model):
     gets = [r for r in server.requests if r[0] == "/" + REL14A]
     assert len(gets) == 2  # the 503, then the download
     assert (tmp_path / "cache" / REL14A).is_file()
+    assert (tmp_path / "cache" / "models" / "lid.176.ftz").read_bytes() == lid_model.read_bytes()
     table = pq.read_table(tmp_path / "cc" / "01_curate" / "output")
     assert set(table.column("source").to_pylist()) == {f"{server.base}/{REL14A}"}
