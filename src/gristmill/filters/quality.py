@@ -1,0 +1,78 @@
+"""fastText quality classifier (`quality` in YAML), as DCLM's `fasttext_oh_eli5` filter.
+
+Scores each document with a binary fastText classifier and keeps it if the probability of
+`label` (default `__label__hq`, DCLM's and `pipeline quality train`'s) is at least `min_score`.
+Predicts a batch of documents per call, like `langid`. The document's newlines are replaced by
+spaces, as the classifier's training text was (fastText reads one line per example).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from datatrove.data import Document
+
+from gristmill.filters.base import Filter, FilterResult
+from gristmill.filters.langid import ModelError, check_fasttext_model, load_fasttext
+
+
+def prepare(text: str) -> str:
+    """The text a quality classifier sees, at training and at prediction."""
+    return text.replace("\n", " ")  # fastText's predict refuses newlines; other whitespace separates words
+
+
+def label_scores(model, texts: list[str], label: str) -> list[float]:
+    """Probability of `label` for each text (k=-1: every label, so a low score is still seen)."""
+    labels, probs = model.predict([prepare(t) for t in texts], k=-1)
+    out = []
+    for labs, ps in zip(labels, probs):
+        out.append(next((float(p) for lab, p in zip(labs, ps) if lab == label), 0.0))
+    return out
+
+
+class Quality(Filter):
+    yaml_name = "quality"
+    batch_size = 256
+    output_fields = {"quality_score": pa.float32()}
+
+    def __init__(
+        self,
+        model: str = "models/quality/en.bin",
+        label: str = "__label__hq",
+        min_score: float = 0.5,
+        step_id: str | None = None,
+        dropped=None,
+    ):
+        super().__init__(step_id, dropped)
+        self.model_path = str(check_fasttext_model(model))  # before any document is read
+        self.label = label
+        self.min_score = min_score
+        self._model = None
+
+    @property
+    def model(self):
+        if self._model is None:  # loaded in the task's process, never pickled
+            model = load_fasttext(self.model_path)
+            if self.label not in model.get_labels():
+                raise ModelError(f"{self.model_path}: no label {self.label!r} in this classifier "
+                                 f"(it has {model.get_labels()}); set `label`")
+            self._model = model
+        return self._model
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_model"] = None
+        return state
+
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        self.model  # load (and check the label) before the first document and the step's timer
+        yield from super().run(data, rank, world_size)
+
+    def filter(self, doc: Document) -> FilterResult:
+        return self.filter_batch([doc])[0]
+
+    def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
+        results: list[FilterResult] = []
+        for doc, score in zip(docs, label_scores(self.model, [d.text for d in docs], self.label)):
+            doc.metadata["quality_score"] = score
+            results.append(True if score >= self.min_score else (False, "low_quality_score"))
+        return results

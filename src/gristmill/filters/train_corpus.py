@@ -1,0 +1,90 @@
+"""Text for `pipeline kenlm train` and `pipeline quality train`: readers, clean-up, held-out split.
+
+Inputs may be plain text files (one paragraph per non-empty line), WET files
+(`*.warc.wet[.gz]`, one document per conversion record) or Parquet documents (a file, or a
+folder such as a finished run's `01_curate/output`, `text` column).
+
+The split into training and held-out text is a pure function of the normalised text's hash,
+so a test (or a later evaluation) can tell which paragraphs a model never saw without any
+bookkeeping, and a duplicate can never sit on both sides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import xxhash
+
+from gristmill.filters.ccnet_normalize import normalize
+
+DETOKENIZERS = ("none", "wikitext")
+_HEADING = re.compile(r"^\s*=( =)* .* =( =)*\s*$")
+
+
+def wikitext_detokenize(line: str) -> str:
+    """Undo WikiText's tokenisation (`word , word`, `1 @,@ 000`, `<unk>`) so it reads like web text.
+
+    WikiText-2 is distributed tokenised; crawl text is not. A model trained on `word ,` would find
+    every `word,` of the crawl unknown, and a classifier would learn the spacing instead of the
+    prose. Rules as in Megatron-LM's wikitext detokenizer, plus `<unk>` removed.
+    """
+    s = line.replace(" <unk>", "").replace("<unk> ", "").replace("<unk>", "")
+    s = s.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
+    for p in (".", ",", ":", ";", "!", "?", "'s", "n't", "'re", "'ve", "'m", "'ll", "'d", ")", "]", "%"):
+        s = s.replace(" " + p, p)
+    s = s.replace("( ", "(").replace("[ ", "[").replace("$ ", "$")
+    s = re.sub(r'" ([^"]*?) "', r'"\1"', s)
+    return re.sub(r"\s+", " ", s).strip()
+
+
+def is_heading(line: str) -> bool:
+    return bool(_HEADING.match(line))
+
+
+def _parquet_files(path: Path) -> list[Path]:
+    return sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+
+
+def iter_documents(paths: Iterable[str | Path], detokenize: str = "none") -> Iterator[str]:
+    """Documents of the inputs, in order: a line of a text file, a WET record, a Parquet row."""
+    if detokenize not in DETOKENIZERS:
+        raise ValueError(f"--detokenize: expected one of {DETOKENIZERS}, got {detokenize!r}")
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise FileNotFoundError(f"input not found: {path}")
+        name = path.name
+        if path.is_dir() or name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            files = _parquet_files(path)
+            if not files:
+                raise FileNotFoundError(f"{path}: no .parquet files (expected a run's output folder)")
+            for f in files:
+                for batch in pq.ParquetFile(f).iter_batches(columns=["text"], batch_size=1024):
+                    yield from (t for t in batch.column(0).to_pylist() if t)
+        elif ".warc.wet" in name or name.endswith(".warc.gz"):
+            from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+
+            for rec in iter_wet_records(path):
+                if isinstance(rec, WetRecord) and rec.text.strip():
+                    yield rec.text
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if not line.strip() or (detokenize == "wikitext" and is_heading(line)):
+                        continue
+                    yield wikitext_detokenize(line) if detokenize == "wikitext" else line.strip()
+
+
+def text_hash(text: str) -> int:
+    """Hash of the CCNet-normalised text: equal for texts that differ only in case, accents, digits."""
+    return xxhash.xxh3_64_intdigest("\n".join(normalize(l) for l in text.split("\n")).encode("utf-8"))
+
+
+def is_heldout(text: str, fraction: float, seed: int = 0) -> bool:
+    """True for the held-out part: a fixed fraction of texts, chosen by hash (and seed)."""
+    h = xxhash.xxh3_64_intdigest(text_hash(text).to_bytes(8, "little"), seed=seed)
+    return (h % 10_000) < fraction * 10_000
