@@ -1,1 +1,10 @@
-"""BPE tokenization into Arrow token shards. Not built yet."""
+"""BPE tokenization into Arrow token shards (see README, "Token shards").
+
+`open_tokens(dir)` reads a token directory; `tokenizer.load`/`tokenizer.train` give the
+tokenizer; `stages.build_stages` is the planner's hook.
+"""
+
+from gristmill.tokenize.reader import Shard, TokenDir, TokenShardError, open_tokens
+from gristmill.tokenize.shards import token_dtype
+
+__all__ = ["Shard", "TokenDir", "TokenShardError", "open_tokens", "token_dtype"]

@@ -1,0 +1,158 @@
+"""`pipeline tokenizer train`, `pipeline tokens inspect`, `pipeline tokens export`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from gristmill.config import ConfigError
+
+
+def _documents(inputs: list[str]):
+    """Documents from Parquet files/folders (`text`, `id` columns) or plain text files (one each)."""
+    import pyarrow.parquet as pq
+
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            files = sorted(path.rglob("*.parquet"), key=lambda p: (p.name, str(p)))
+            if not files:
+                raise ConfigError(f"{path}: no .parquet files in this folder")
+        elif path.is_file():
+            files = [path]
+        else:
+            raise ConfigError(f"{path}: no such file or folder")
+        for f in files:
+            if f.suffix == ".parquet":
+                pf = pq.ParquetFile(f)
+                for i in range(pf.num_row_groups):
+                    t = pf.read_row_group(i, columns=[c for c in ("text", "id") if c in pf.schema_arrow.names])
+                    ids = t.column("id").to_pylist() if "id" in t.column_names else [None] * t.num_rows
+                    for n, (text, doc_id) in enumerate(zip(t.column("text").to_pylist(), ids)):
+                        yield SimpleNamespace(text=text, id=doc_id or f"{f}:{i}:{n}")
+            else:
+                yield SimpleNamespace(text=f.read_text(encoding="utf-8", errors="replace"), id=str(f))
+
+
+def cmd_tokenizer_train(args, console: Console) -> int:
+    from gristmill.tokenize import tokenizer
+    from gristmill.tokenize.stages import hash_sample
+
+    t0 = time.perf_counter()
+    sample = hash_sample(_documents(args.inputs), args.sample_bytes)
+    if not sample:
+        raise ConfigError("no documents in the inputs")
+    with console.status(f"training a byte-level BPE of {args.vocab_size} on {len(sample):,} documents"):
+        tok = tokenizer.train(sample, args.vocab_size, args.min_frequency, length=len(sample))
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(tok.to_str(pretty=True))
+    mb = sum(len(t.encode("utf-8")) for t in sample) / 1e6
+    console.print(f"[bold green]done[/] {out}: vocab {tok.get_vocab_size()}, trained on {len(sample):,} documents"
+                  f" ({mb:.1f} MB) in {time.perf_counter() - t0:.1f} s, sha256 {tokenizer.sha256_file(out)[:16]}")
+    return 0
+
+
+def _histogram(lengths: np.ndarray) -> Table:
+    table = Table(title="document lengths (tokens, incl. EOS)")
+    for col, just in (("tokens", "right"), ("documents", "right"), ("", "left")):
+        table.add_column(col, justify=just)
+    if len(lengths) == 0:
+        return table
+    top = int(np.ceil(np.log2(max(int(lengths.max()), 2))))
+    edges = [0] + [2**k for k in range(1, top + 1)]
+    counts = [int(((lengths > lo) & (lengths <= hi)).sum()) for lo, hi in zip(edges, edges[1:])]
+    peak = max(counts) or 1
+    for lo, hi, n in zip(edges, edges[1:], counts):
+        if n or lo >= 8:
+            table.add_row(f"{lo + 1}–{hi}", f"{n:,}", "█" * round(40 * n / peak))
+    return table
+
+
+def cmd_tokens_inspect(args, console: Console) -> int:
+    from gristmill.tokenize.reader import open_tokens
+
+    toks = open_tokens(args.dir, verify=True if args.verify else False)
+    out = Console()
+    m = toks.manifest
+    t = Table(title=f"token shards: {toks.root}")
+    for col in ("split", "shards", "documents", "tokens", "tokens/doc"):
+        t.add_column(col, justify="left" if col == "split" else "right")
+    for split, s in m["splits"].items():
+        t.add_row(split, f"{s['shards']:,}", f"{s['documents']:,}", f"{s['tokens']:,}",
+                  f"{s['tokens'] / s['documents']:.0f}" if s["documents"] else "-")
+    tot = m["totals"]
+    t.add_row("all", f"{len(m['shards']):,}", f"{tot['documents']:,}", f"{tot['tokens']:,}",
+              f"{tot['tokens'] / tot['documents']:.0f}" if tot["documents"] else "-")
+    out.print(t)
+    tk = m["tokenizer"]
+    out.print(f"tokenizer {tk['file']} ({tk['source']}), vocab {tk['vocab_size']:,}, eos {tk['eos_id']},"
+              f" bos {tk['bos_id']}, dtype {m['dtype']}, engine {tk.get('engine', '?')}, seed {m['seed']},"
+              f" val fraction {m['split']['val_fraction']}" + (", sha256 verified" if args.verify else ""))
+    split = args.split or (toks.splits[0] if toks.splits else None)
+    if split:
+        shard = toks.shards(split)[0]
+        doc = shard.document(0)
+        text = toks.decode(doc)
+        out.print(f"\n[bold]sample[/] {split} document 0 of {shard.path.name} (id {shard.ids[0]}, {len(doc)} tokens):")
+        out.print(repr(text[: args.chars]) + ("…" if len(text) > args.chars else ""), markup=False)
+        out.print(f"ids: {doc[:24].tolist()}{' …' if len(doc) > 24 else ''}")
+    out.print(_histogram(toks.document_lengths(args.split)))
+    return 0
+
+
+def cmd_tokens_export(args, console: Console) -> int:
+    from gristmill.tokenize.reader import open_tokens
+
+    if args.format != "bin":
+        raise ConfigError(f"--format {args.format}: only `bin` is supported")
+    toks = open_tokens(args.dir, verify="lazy")
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    n = 0
+    with open(tmp, "wb") as f:
+        for tokens in toks.stream(args.split):
+            f.write(tokens.tobytes())  # already little-endian uint16/uint32
+            n += len(tokens)
+    tmp.replace(out)
+    console.print(f"[bold green]done[/] {out}: {n:,} {toks.dtype} tokens of split {args.split}"
+                  f" ({out.stat().st_size / 1e6:.1f} MB); read with np.memmap({str(out)!r}, dtype=np.{toks.dtype},"
+                  " mode='r')")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    tz = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer").add_subparsers(dest="tok_cmd", required=True)
+    tr = tz.add_parser("train", help="train a byte-level BPE on Parquet documents or text files")
+    tr.add_argument("inputs", nargs="+", help="Parquet files/folders (a `text` column) or text files")
+    tr.add_argument("--vocab-size", type=int, required=True)
+    tr.add_argument("--min-frequency", type=int, default=2)
+    tr.add_argument("--sample-bytes", type=int, default=100_000_000,
+                    help="train on the documents with the smallest id hash up to this many bytes")
+    tr.add_argument("-o", "--output", required=True, help="tokenizer.json to write")
+    tr.set_defaults(func=cmd_tokenizer_train)
+
+    tk = sub.add_parser("tokens", help="inspect or export token shards").add_subparsers(dest="tokens_cmd", required=True)
+    ins = tk.add_parser("inspect", help="totals, a decoded sample and the document length histogram")
+    ins.add_argument("dir", help="a token directory or a run directory holding tokens/")
+    ins.add_argument("--split", help="split for the sample and histogram (default: all for the histogram)")
+    ins.add_argument("--chars", type=int, default=400, help="characters of the decoded sample to print")
+    ins.add_argument("--no-verify", dest="verify", action="store_false", help="skip the sha256 check of the shards")
+    ins.set_defaults(func=cmd_tokens_inspect)
+    ex = tk.add_parser("export", help="write a split as one flat token file (nanoGPT's .bin)")
+    ex.add_argument("dir", help="a token directory or a run directory holding tokens/")
+    ex.add_argument("--format", default="bin", choices=["bin"])
+    ex.add_argument("--split", default="train")
+    ex.add_argument("-o", "--output", required=True)
+    ex.set_defaults(func=cmd_tokens_export)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `pipeline tokens ...`")

@@ -1,0 +1,196 @@
+"""Reading a token directory: manifest checks, zero-copy token streams, document offsets.
+
+    toks = open_tokens("runs/crawl/tokens")            # verify=True: sha256 of every shard now
+    for shard in toks.shards("train"):
+        shard.tokens    # numpy view (uint16/uint32) over the memory-mapped Arrow values buffer
+        shard.offsets   # int64, len = documents + 1: document i is tokens[offsets[i]:offsets[i+1]]
+    toks.decode(next(toks.documents("val")))
+
+`verify="lazy"` checks a shard's sha256 the first time it is opened; `verify=False` trusts the
+files. Document and token counts are always checked against the manifest when a shard opens (a
+cheap check that catches truncation without hashing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from gristmill.tokenize.shards import FORMAT, VERSION
+
+
+class TokenShardError(ValueError):
+    """A token directory or shard that does not match its manifest; names the file."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Shard:
+    path: Path
+    split: str
+    documents: int
+    num_tokens: int
+    table: pa.Table = field(repr=False)
+    tokens: np.ndarray = field(repr=False)   # zero-copy view
+    offsets: np.ndarray = field(repr=False)  # document boundaries, relative to `tokens`
+
+    @property
+    def ids(self) -> list[str]:
+        return self.table.column("id").to_pylist()
+
+    def document(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+
+class TokenDir:
+    def __init__(self, root: Path, manifest: dict, verify: bool | Literal["lazy"]):
+        self.root = root
+        self.manifest = manifest
+        self.verify_mode = verify
+        self._verified: set[str] = set()
+        self._open: dict[str, Shard] = {}
+
+    # --- manifest facts -------------------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.manifest["dtype"])
+
+    @property
+    def eos_id(self) -> int:
+        return self.manifest["tokenizer"]["eos_id"]
+
+    @property
+    def bos_id(self) -> int:
+        return self.manifest["tokenizer"]["bos_id"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest["tokenizer"]["vocab_size"]
+
+    @property
+    def splits(self) -> list[str]:
+        return [s for s, v in self.manifest["splits"].items() if v["shards"]]
+
+    def entries(self, split: str | None = None) -> list[dict]:
+        return [s for s in self.manifest["shards"] if split is None or s["split"] == split]
+
+    # --- verification ---------------------------------------------------------------------
+    def verify(self, split: str | None = None) -> None:
+        """sha256 of every shard (of `split`) against the manifest; raises naming the first bad file."""
+        for entry in self.entries(split):
+            self._verify_entry(entry)
+
+    def _verify_entry(self, entry: dict) -> None:
+        path = self.root / entry["path"]
+        if entry["path"] in self._verified:
+            return
+        if not path.is_file():
+            raise TokenShardError(f"{path}: shard listed in manifest.json is missing")
+        digest = _sha256(path)
+        if digest != entry["sha256"]:
+            raise TokenShardError(f"{path}: sha256 {digest} does not match manifest.json ({entry['sha256']}):"
+                                  " the shard is truncated, modified or from another run")
+        self._verified.add(entry["path"])
+
+    # --- access ---------------------------------------------------------------------------
+    def shard(self, entry: dict | str) -> Shard:
+        if isinstance(entry, str):
+            entry = next((e for e in self.manifest["shards"] if e["path"] == entry), None) or {"path": entry}
+        name = entry["path"]
+        if name in self._open:
+            return self._open[name]
+        if self.verify_mode == "lazy":
+            self._verify_entry(entry)
+        path = self.root / name
+        try:
+            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        except (OSError, pa.ArrowInvalid) as e:
+            raise TokenShardError(f"{path}: not a readable Arrow IPC file: {e}") from None
+        if table.num_rows and table.column("tokens").num_chunks != 1:
+            table = table.combine_chunks()  # copies; gristmill writes one batch per shard
+        col = table.column("tokens").chunk(0) if table.num_rows else None
+        if col is None:
+            tokens, offsets = np.zeros(0, dtype=self.dtype), np.zeros(1, dtype=np.int64)
+        else:
+            offsets = col.offsets.to_numpy()
+            tokens = col.values.to_numpy(zero_copy_only=True)
+            if offsets[0] != 0:
+                tokens, offsets = tokens[offsets[0]:], offsets - offsets[0]
+        if tokens.dtype != self.dtype:
+            raise TokenShardError(f"{path}: tokens are {tokens.dtype}, manifest.json says {self.dtype}")
+        if entry.get("documents") is not None and (table.num_rows != entry["documents"]
+                                                    or int(offsets[-1]) != entry["tokens"]):
+            raise TokenShardError(f"{path}: holds {table.num_rows} documents / {int(offsets[-1])} tokens,"
+                                  f" manifest.json says {entry['documents']} / {entry['tokens']}")
+        shard = Shard(path, entry.get("split", "?"), table.num_rows, int(offsets[-1]), table, tokens[: offsets[-1]],
+                      offsets)
+        self._open[name] = shard
+        return shard
+
+    def shards(self, split: str = "train") -> list[Shard]:
+        return [self.shard(e) for e in self.entries(split)]
+
+    def stream(self, split: str = "train") -> Iterator[np.ndarray]:
+        """The split's training token stream, one zero-copy array per shard, in manifest order."""
+        for shard in self.shards(split):
+            yield shard.tokens
+
+    def documents(self, split: str = "train") -> Iterator[np.ndarray]:
+        for shard in self.shards(split):
+            for i in range(shard.documents):
+                yield shard.document(i)
+
+    def document_lengths(self, split: str | None = None) -> np.ndarray:
+        parts = [np.diff(s.offsets) for e in self.entries(split) for s in [self.shard(e)]]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.root / self.manifest["tokenizer"]["file"]))
+
+    def decode(self, ids) -> str:
+        return self.tokenizer().decode(list(map(int, ids)), skip_special_tokens=False)
+
+
+def resolve_dir(path: str | Path) -> Path:
+    """A token directory, or a run directory holding `tokens/`."""
+    path = Path(path)
+    if not (path / "manifest.json").is_file() and (path / "tokens" / "manifest.json").is_file():
+        path = path / "tokens"
+    return path
+
+
+def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> TokenDir:
+    root = resolve_dir(path)
+    mf = root / "manifest.json"
+    if not mf.is_file():
+        raise TokenShardError(f"{mf}: not found (a token directory holds manifest.json; run `pipeline run` with a"
+                              " `tokenize:` section)")
+    try:
+        manifest = json.loads(mf.read_text())
+    except ValueError as e:
+        raise TokenShardError(f"{mf}: not valid JSON: {e}") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise TokenShardError(f"{mf}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
+                              f" this reader reads {FORMAT!r} version {VERSION}")
+    tokdir = TokenDir(root, manifest, verify)
+    tok_file = root / manifest["tokenizer"]["file"]
+    if verify is True:
+        if not tok_file.is_file() or _sha256(tok_file) != manifest["tokenizer"]["sha256"]:
+            raise TokenShardError(f"{tok_file}: missing or its sha256 does not match manifest.json")
+        tokdir.verify()
+    return tokdir

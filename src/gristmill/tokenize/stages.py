@@ -1,0 +1,208 @@
+"""The planner hook: three stages after the run's last document stage, when `tokenize:` is set.
+
+    NN_tokenizer  (1 task)  train the BPE on a sample of the final documents, or load the given
+                            one; convert to tokenizer.json; choose the engine (tiktoken when it
+                            gives HF's ids on the sample, else HF). Output: tokenizer.json, engine.json
+    NN_tokenize   (N tasks) encode each task's share of the documents → output/<rank>.arrow
+    NN_shards     (1 task)  global seeded shuffle, split, shards → <run_dir>/tokens/
+
+Training runs in a stage, not at plan time, because the documents it learns from do not exist
+until the stages before it ran. Its sample is chosen by id hash (the documents with the smallest
+`xxh3_64(id)` up to `sample_bytes`), fed in that order: the same documents give the same
+tokenizer, whatever the number of tasks that wrote them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from pathlib import Path
+
+import xxhash
+from datatrove.data import DocumentsPipeline
+
+from gristmill.config import ConfigError, RunConfig
+from gristmill.pipeline.parquet_reader import ParquetReader
+from gristmill.pipeline.step import Step
+
+TRAIN_SALT = b"gristmill-tokenizer-sample:"
+
+
+def _sample_key(doc) -> int:
+    return xxhash.xxh3_64_intdigest(TRAIN_SALT + (doc.id or doc.text).encode("utf-8"))
+
+
+def hash_sample(docs, budget_bytes: int) -> list[str]:
+    """Texts of the smallest-hash documents whose bytes first reach `budget_bytes`, in hash order.
+
+    Independent of the order documents arrive in; holds only the sample in memory.
+    """
+    heap: list[tuple[int, str, str, int]] = []  # (-key, id, text, bytes): a max-heap on key
+    total = 0
+    for doc in docs:
+        size = len(doc.text.encode("utf-8"))
+        heapq.heappush(heap, (-_sample_key(doc), doc.id or "", doc.text, size))
+        total += size
+        while len(heap) > 1 and total - heap[0][3] >= budget_bytes:
+            total -= heapq.heappop(heap)[3]
+    return [text for _, _, text, _ in sorted(heap, key=lambda e: (-e[0], e[1]))]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class TokenizerStep(Step):
+    """Train or load the tokenizer; decide the encoding engine on a sample of the documents."""
+
+    type = "🔤 TOKENIZER"
+    yaml_name = "tokenizer"
+
+    def __init__(self, params: dict, output: Path):
+        super().__init__()
+        self.params = params  # TokenizerSource as a dict (picklable)
+        self.output = Path(output)
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        from gristmill.tokenize import encode, tokenizer
+
+        p = self.params
+        train = p.get("train")
+        with self.track_time():
+            sample = hash_sample(data or [], p["sample_bytes"])
+            self.stat_update("documents", value=len(sample))
+            self.stat_update("bytes", value=sum(len(t.encode("utf-8")) for t in sample))
+            if train:
+                tok = tokenizer.train(sample, train["vocab_size"], train["min_frequency"], length=len(sample))
+            else:
+                tok = tokenizer.load(p["path"], p.get("pattern"))
+            info = tokenizer.special_ids(tok, p["eos_token"], p.get("bos_token"), p.get("pad_token"),
+                                         where=p.get("path") or "trained tokenizer")
+            engine, reason, checked = "hf", "", 0
+            if p["engine"] != "hf":
+                fast = encode.tiktoken_from_hf(tok)
+                reason = fast.reason
+                if fast.encoding is not None:
+                    check = sample[: p["check_docs"]]
+                    checked, bad = encode.compare(tok, fast.encoding, check)
+                    if bad is None:
+                        engine = "tiktoken"
+                    else:
+                        reason = f"tiktoken's ids differ from HF's on sampled document {bad}"
+                if p["engine"] == "tiktoken" and engine != "tiktoken":
+                    raise ValueError(f"tokenize.tokenizer.engine is tiktoken but it cannot be used: {reason}")
+        self.output.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.output / "tokenizer.json", tok.to_str(pretty=True))
+        meta = {"engine": engine, "engine_reason": reason, "checked_documents": checked,
+                "source": p.get("path") or "trained", "vocab_size": info.vocab_size, "eos_id": info.eos_id,
+                "bos_id": info.bos_id, "pad_id": info.pad_id}
+        if train:
+            meta["trained"] = {**train, "sample_documents": len(sample)}
+        _write_atomic(self.output / "engine.json", json.dumps(meta, indent=2))
+        self.stat_update(f"engine_{engine}")
+        return
+        yield  # a generator that emits nothing: the executor drains it
+
+
+class EncodeStep(Step):
+    """Encode this task's documents in batches; write `<output>/<rank>.arrow` (intermediate)."""
+
+    type = "🔤 TOKENIZER"
+    yaml_name = "encode"
+
+    def __init__(self, tokenizer_folder: Path, output: Path, seed: int, val_fraction: float, threads: int,
+                 batch_docs: int):
+        super().__init__()
+        self.tokenizer_folder, self.output = Path(tokenizer_folder), Path(output)
+        self.seed, self.val_fraction, self.threads, self.batch_docs = seed, val_fraction, threads, batch_docs
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        from gristmill.tokenize.encode import Encoder
+        from gristmill.tokenize.shards import IntermediateWriter, token_dtype
+
+        meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
+        encoder = Encoder.from_file(self.tokenizer_folder / "tokenizer.json", meta["engine"], self.threads)
+        writer = IntermediateWriter(self.output / f"{rank:05d}.arrow", token_dtype(meta["vocab_size"]),
+                                    meta["eos_id"], self.seed, self.val_fraction)
+        batch = []
+
+        def flush():
+            with self.track_time(unit="batch"):
+                texts = [d.text for d in batch]
+                before = writer.tokens
+                writer.write([d.id or "" for d in batch], texts, encoder.encode_batch(texts))
+            self.stat_update("documents", value=len(batch))
+            self.stat_update("bytes", value=sum(len(t.encode("utf-8")) for t in texts))
+            self.stat_update("tokens", value=writer.tokens - before)
+            batch.clear()
+
+        for doc in data or []:
+            batch.append(doc)
+            if len(batch) >= self.batch_docs:
+                flush()
+        if batch:
+            flush()
+        writer.close()
+        return
+        yield
+
+
+class ShardStep(Step):
+    """Merge every encode task's file into the run's shuffled token shards (`<run_dir>/tokens`)."""
+
+    type = "🔤 TOKENIZER"
+    yaml_name = "shards"
+
+    def __init__(self, encoded: Path, tokenizer_folder: Path, tokens_dir: Path, seed: int, val_fraction: float,
+                 shard_tokens: int):
+        super().__init__()
+        self.encoded, self.tokenizer_folder, self.tokens_dir = Path(encoded), Path(tokenizer_folder), Path(tokens_dir)
+        self.seed, self.val_fraction, self.shard_tokens = seed, val_fraction, shard_tokens
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        from gristmill.tokenize.shards import merge_shards, token_dtype
+
+        meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
+        with self.track_time():
+            manifest = merge_shards(
+                sorted(self.encoded.glob("*.arrow")), self.tokens_dir,
+                tokenizer_file=self.tokenizer_folder / "tokenizer.json",
+                tokenizer_meta={k: meta[k] for k in ("source", "vocab_size", "eos_id", "bos_id", "pad_id", "engine")},
+                dtype=token_dtype(meta["vocab_size"]), seed=self.seed, val_fraction=self.val_fraction,
+                shard_tokens=self.shard_tokens)
+        self.stat_update("documents", value=manifest["totals"]["documents"])
+        self.stat_update("tokens", value=manifest["totals"]["tokens"])
+        self.stat_update("shards", value=len(manifest["shards"]))
+        return
+        yield
+
+
+def check_source(cfg: RunConfig) -> None:
+    """Fail before the run starts on a tokenizer that cannot be loaded (names the config key)."""
+    from gristmill.tokenize import tokenizer
+
+    src = cfg.tokenize.tokenizer
+    if src.path is None:
+        return
+    try:
+        tok = tokenizer.load(src.path, src.pattern)
+        tokenizer.special_ids(tok, src.eos_token, src.bos_token, src.pad_token, where=src.path)
+    except tokenizer.TokenizerError as e:
+        raise ConfigError(f"tokenize.tokenizer.path: {e}") from None
+
+
+def build_stages(ctx, input_folder: Path) -> None:
+    cfg = ctx.cfg.tokenize
+    check_source(ctx.cfg)
+    prep = ctx.stage_folder("tokenizer")
+    ctx.new_stage("tokenizer", [ParquetReader(input_folder),
+                                TokenizerStep(cfg.tokenizer.model_dump(), prep / "output")], tasks=1)
+    enc = ctx.stage_folder("tokenize")
+    ctx.new_stage("tokenize", [ParquetReader(input_folder),
+                               EncodeStep(prep / "output", enc / "output", cfg.seed, cfg.val_fraction, cfg.threads,
+                                          cfg.batch_docs)], tasks=cfg.tasks)
+    ctx.new_stage("shards", [ShardStep(enc / "output", prep / "output", ctx.run_dir / "tokens", cfg.seed,
+                                       cfg.val_fraction, cfg.shard_tokens)], tasks=1)

@@ -1,0 +1,280 @@
+"""Token shards end to end on the real WET sample: the contract the trainer reads.
+
+Each run below happens once per module. The curation keeps every document (no filter steps),
+so the shards cover the sample's English, Chinese, Russian, Persian... pages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gristmill.config import ConfigError, from_dict
+from gristmill.pipeline.planner import plan
+from gristmill.pipeline.runner import run
+from gristmill.tokenize import TokenShardError, open_tokens, token_dtype
+from gristmill.tokenize import encode, tokenizer
+
+from ..conftest import WET_2017
+
+
+def config(run_dir: Path, files, tokenizer_cfg: dict, tasks: int = 4, **tokenize) -> dict:
+    return {
+        "run_dir": str(run_dir),
+        "executor": {"tasks": tasks, "workers": 1},
+        "input": {"paths": [str(p) for p in files]},
+        "steps": [],
+        "output": {"dropped_sample": 0},
+        "tokenize": {"tokenizer": tokenizer_cfg, "shard_tokens": 150_000, "val_fraction": 0.2, "seed": 7, **tokenize},
+    }
+
+
+@pytest.fixture(scope="module")
+def gpt2_cfg(wet_files, tokenizer_files):
+    return lambda run_dir, tasks=4: config(run_dir, wet_files, {"path": str(tokenizer_files / "gpt2")}, tasks)
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory, gpt2_cfg) -> Path:
+    run_dir = tmp_path_factory.mktemp("tok") / "gpt2"
+    run(from_dict(gpt2_cfg(run_dir)))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, wet_files) -> Path:
+    run_dir = tmp_path_factory.mktemp("tok") / "trained"
+    run(from_dict(config(run_dir, wet_files, {"train": {"vocab_size": 1024}}, tasks=2, shard_tokens=400_000)))
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def cl100k_run(tmp_path_factory, shared_data, tokenizer_files) -> Path:
+    """Only the 2017 file (43 documents): also the 'before documents were added' run of the split test."""
+    run_dir = tmp_path_factory.mktemp("tok") / "cl100k"
+    run(from_dict(config(run_dir, [shared_data / WET_2017], {"path": str(tokenizer_files / "tiktoken" / "cl100k_base.tiktoken")},
+                         tasks=2)))
+    return run_dir
+
+
+RUNS = ["gpt2_run", "trained_run", "cl100k_run"]
+
+
+def curated(run_dir: Path) -> dict[str, str]:
+    t = pq.read_table(run_dir / "01_curate" / "output", columns=["id", "text"])
+    return dict(zip(t.column("id").to_pylist(), t.column("text").to_pylist()))
+
+
+def test_plan_puts_token_stages_last(tmp_path, gpt2_cfg):
+    stages = plan(from_dict(gpt2_cfg(tmp_path / "p")))
+    assert [s.label for s in stages] == ["01_curate", "02_tokenizer", "03_tokenize", "04_shards"]
+    assert [s.tasks for s in stages] == [4, 1, 4, 1]
+    assert stages[1].pipeline[0].folder == stages[2].pipeline[0].folder == stages[0].output
+
+
+@pytest.mark.parametrize("which", RUNS)
+def test_every_document_round_trips_and_ends_in_eos(which, request):
+    run_dir = request.getfixturevalue(which)
+    texts = curated(run_dir)
+    toks = open_tokens(run_dir)
+    tok = toks.tokenizer()
+    seen = []
+    for split in ("train", "val"):
+        for shard in toks.shards(split):
+            for doc_id, i in zip(shard.ids, range(shard.documents)):
+                ids = shard.document(i)
+                assert ids[-1] == toks.eos_id and (ids == toks.eos_id).sum() == 1, doc_id
+                assert tok.decode(ids[:-1].tolist(), skip_special_tokens=False) == texts[doc_id], doc_id
+                seen.append(doc_id)
+    assert sorted(seen) == sorted(texts) and len(texts) >= 43  # every document exactly once
+
+
+@pytest.mark.parametrize("which", RUNS)
+def test_manifest_counts_equal_what_shards_hold(which, request):
+    root = request.getfixturevalue(which) / "tokens"
+    m = json.loads((root / "manifest.json").read_text())
+    assert m["format"] == "gristmill-tokens" and m["version"] == 1 and m["seed"] == 7
+    by_split = {"train": [0, 0], "val": [0, 0]}
+    for entry in m["shards"]:
+        # plain pyarrow, as the README tells users to read a shard
+        table = pa.ipc.open_file(pa.memory_map(str(root / entry["path"]))).read_all()
+        assert table.schema.names == ["tokens", "id"]
+        assert table.num_rows == entry["documents"]
+        assert len(table.column("tokens").combine_chunks().values) == entry["tokens"]
+        by_split[entry["split"]][0] += entry["documents"]
+        by_split[entry["split"]][1] += entry["tokens"]
+    for split, (docs, tokens) in by_split.items():
+        assert m["splits"][split]["documents"] == docs and m["splits"][split]["tokens"] == tokens
+        shards = [e for e in m["shards"] if e["split"] == split]
+        assert [e["path"] for e in shards] == [f"{split}-{i:05d}.arrow" for i in range(len(shards))]
+        assert all(e["tokens"] >= m["shard_tokens"] for e in shards[:-1])  # only the last shard is short
+    assert m["totals"] == {"documents": sum(d for d, _ in by_split.values()), "tokens": sum(t for _, t in by_split.values())}
+    assert m["totals"]["documents"] == len(curated(root.parent))
+    assert sorted(p.name for p in root.iterdir()) == sorted(["manifest.json", "tokenizer.json", *(e["path"] for e in m["shards"])])
+
+
+@pytest.mark.parametrize("which", RUNS)
+def test_tiktoken_gives_hf_ids_on_the_whole_sample(which, request):
+    run_dir = request.getfixturevalue(which)
+    toks = open_tokens(run_dir)
+    assert toks.manifest["tokenizer"]["engine"] == "tiktoken"
+    hf = toks.tokenizer()
+    fast = encode.tiktoken_from_hf(hf)
+    assert fast.encoding is not None, fast.reason
+    texts = list(curated(run_dir).values())
+    assert encode.compare(hf, fast.encoding, texts) == (len(texts), None)
+    # and the shards hold exactly those ids
+    want = dict(zip(curated(run_dir), encode.hf_encode_batch(hf, texts)))
+    for split in toks.splits:
+        for shard in toks.shards(split):
+            for doc_id, i in zip(shard.ids, range(shard.documents)):
+                assert shard.document(i)[:-1].tolist() == want[doc_id]
+
+
+def test_gpt2_tiktoken_matches_tiktokens_own_gpt2(gpt2_run, tokenizer_files):
+    """The GPT-2 files converted to tokenizer.json, then to tiktoken, equal tiktoken's own r50k ranks."""
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+    ranks = data_gym_to_mergeable_bpe_ranks(str(tokenizer_files / "gpt2" / "vocab.bpe"),
+                                            str(tokenizer_files / "gpt2" / "encoder.json"))
+    ref = tiktoken.Encoding("r50k", pat_str=tokenizer.GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
+    texts = list(curated(gpt2_run).values())
+    ours = encode.tiktoken_from_hf(open_tokens(gpt2_run).tokenizer()).encoding
+    assert ours.encode_ordinary_batch(texts) == ref.encode_ordinary_batch(texts)
+
+
+def test_non_plain_bpe_falls_back_to_hf(tokenizer_files):
+    neox = tokenizer.load(tokenizer_files / "gpt-neox" / "tokenizer.json")
+    fast = encode.tiktoken_from_hf(neox)
+    assert fast.encoding is None and "normalizer" in fast.reason
+    enc = encode.Encoder(neox, "hf")
+    ids = enc.encode_batch(["Hello world <|endoftext|>"])[0]
+    assert neox.token_to_id("<|endoftext|>") not in ids  # document text never yields a special id
+    with pytest.raises(ValueError, match="normalizer"):
+        encode.Encoder(neox, "tiktoken")
+
+
+def test_split_is_stable_when_documents_are_added(gpt2_run, cl100k_run):
+    small, big = open_tokens(cl100k_run), open_tokens(gpt2_run)  # 43 documents, then 609 (the same 43 among them)
+    ids = lambda t, split: {i for s in t.shards(split) for i in s.ids}  # noqa: E731
+    assert ids(small, "val") and ids(small, "train")
+    assert ids(small, "val") <= ids(big, "val")
+    assert ids(small, "train") <= ids(big, "train")
+    share = len(ids(big, "val")) / (len(ids(big, "val")) + len(ids(big, "train")))
+    assert 0.1 < share < 0.3  # val_fraction 0.2 of 609 documents
+
+
+def test_shuffle_mixes_documents_from_both_files(gpt2_run):
+    """The global shuffle interleaves the two WET files' documents (input order would not)."""
+    texts = curated(gpt2_run)
+    order = [i for s in open_tokens(gpt2_run).shards("train") for i in s.ids]
+    first_2017 = set(list(texts)[566:])  # curate writes the 2014 file's documents, then 2017's
+    positions = [k for k, i in enumerate(order) if i in first_2017]
+    assert positions and positions[0] < len(order) // 2 and positions[-1] > len(order) // 2
+
+
+def test_output_is_byte_identical_for_1_and_4_tasks(tmp_path, gpt2_cfg, gpt2_run):
+    one = tmp_path / "one"
+    run(from_dict(gpt2_cfg(one, tasks=1)))
+    files = lambda d: {p.name: p.read_bytes() for p in sorted((d / "tokens").iterdir())}  # noqa: E731
+    a, b = files(one), files(gpt2_run)
+    assert len(a) > 4 and a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+    assert len(list((gpt2_run / "03_tokenize" / "output").glob("*.arrow"))) == 4
+
+
+def test_tampered_or_truncated_shard_is_named(tmp_path, gpt2_run):
+    root = tmp_path / "tokens"
+    shutil.copytree(gpt2_run / "tokens", root)
+    open_tokens(root)  # intact copy verifies
+    victim = root / "train-00001.arrow"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit inside the token values
+    victim.write_bytes(bytes(data))
+    with pytest.raises(TokenShardError, match=r"train-00001\.arrow: sha256 .* does not match"):
+        open_tokens(root)
+    lazy = open_tokens(root, verify="lazy")
+    lazy.shard("train-00000.arrow")  # an intact shard opens
+    with pytest.raises(TokenShardError, match=r"train-00001\.arrow"):
+        lazy.shards("train")
+    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "train-00001.arrow" in res.stderr
+
+    victim.write_bytes(bytes(data[: len(data) - 4096]))  # truncated
+    with pytest.raises(TokenShardError, match=r"train-00001\.arrow"):
+        open_tokens(root)
+    with pytest.raises(TokenShardError, match=r"train-00001\.arrow"):  # even unverified, it cannot pass as whole
+        open_tokens(root, verify=False).shard("train-00001.arrow")
+
+
+def test_token_dtype_follows_vocab_size(gpt2_run, cl100k_run):
+    assert token_dtype(65536) == pa.uint16() and token_dtype(65537) == pa.uint32()
+    for run_dir, dtype, vocab in ((gpt2_run, "uint16", 50257), (cl100k_run, "uint32", 100277)):
+        toks = open_tokens(run_dir)
+        assert toks.manifest["dtype"] == dtype and toks.vocab_size == vocab
+        shard = toks.shards("train")[0]
+        assert shard.table.schema.field("tokens").type == pa.large_list(pa.field("item", getattr(pa, dtype)(), nullable=False))
+        assert shard.tokens.dtype == np.dtype(dtype)
+    assert open_tokens(cl100k_run).shards("train")[0].tokens.max() > 65535 or open_tokens(cl100k_run).eos_id > 65535
+
+
+def test_token_stream_is_zero_copy(gpt2_run):
+    shard = open_tokens(gpt2_run).shards("train")[0]
+    buf = shard.table.column("tokens").chunk(0).values.buffers()[1]
+    assert shard.tokens.ctypes.data == buf.address  # the numpy view points into the mapped file
+    assert not shard.tokens.flags.owndata
+
+
+def test_training_is_deterministic_and_cli_matches_the_run(tmp_path, trained_run):
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"tok{seed}.json"
+        subprocess.run([sys.executable, "-m", "gristmill.cli", "tokenizer", "train",
+                        str(trained_run / "01_curate" / "output"), "--vocab-size", "1024", "-o", str(out)],
+                       check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    # the run trained on the same documents (all of them, in id-hash order): the same file
+    assert outs[0] == (trained_run / "tokens" / "tokenizer.json").read_bytes()
+    toks = open_tokens(trained_run)
+    assert toks.vocab_size == 1024 and (toks.eos_id, toks.bos_id, toks.manifest["tokenizer"]["pad_id"]) == (0, 1, 2)
+
+
+def test_export_bin_is_the_train_stream(tmp_path, gpt2_run):
+    out = tmp_path / "train.bin"
+    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "export", str(gpt2_run), "--format", "bin",
+                          "-o", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    toks = open_tokens(gpt2_run)
+    flat = np.memmap(out, dtype=np.uint16, mode="r")
+    assert np.array_equal(flat, np.concatenate(list(toks.stream("train"))))
+    assert len(flat) == toks.manifest["splits"]["train"]["tokens"]
+    shown = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(gpt2_run)],
+                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
+    assert shown.returncode == 0, shown.stderr
+    assert f"{toks.manifest['totals']['tokens']:,}" in shown.stdout and "document lengths" in shown.stdout
+
+
+def test_tokenize_config_errors_name_the_key(tmp_path, wet_files):
+    cfg = config(tmp_path / "e", wet_files, {"path": "x", "train": {"vocab_size": 512}})
+    with pytest.raises(ConfigError, match=r"tokenize.tokenizer: give exactly one of `path`"):
+        from_dict(cfg)
+    cfg["tokenize"]["tokenizer"] = {"train": {"vocab_size": 100}}
+    with pytest.raises(ConfigError, match=r"tokenize.tokenizer.train.vocab_size"):
+        from_dict(cfg)
+    cfg["tokenize"]["tokenizer"] = {"path": str(tmp_path / "missing.json")}
+    with pytest.raises(ConfigError, match=r"tokenize.tokenizer.path: .*missing.json: tokenizer file not found"):
+        run(from_dict(cfg))
+    assert not (tmp_path / "e").exists()  # refused before the run directory is touched
