@@ -1,0 +1,256 @@
+"""`exact_dedup`: Bloom-filter exact dedup of documents or paragraphs, across tasks.
+
+Three stages (added by `ExactDedup.build_stages`):
+
+1. `exact_dedup_hash` (T tasks): each task reads its share of the documents, hashes each
+   normalised document (or each normalised paragraph = line) with xxh3_128 and writes records
+   (hash, task, document number in the task, source index, offset, paragraph) into one file per
+   filter *slice*, routed by the Bloom block the hash falls in. It also writes its sources table.
+2. `exact_dedup_find` (T tasks, one slice each): a slice task owns the blocks of one slice of
+   the Bloom filter (`filter/slice_NNNNN.bloom`, a memory-mapped file kept as the run's saved
+   filter), loads all records routed to it, sorts them by the global order key (source file,
+   offset, paragraph) and test-and-sets them in that order: the first occurrence is kept, later
+   ones are duplicates, whatever the number of tasks (an item's bits live in one block, so the
+   slices never interact). It writes the duplicates (document number, paragraph) per hashing
+   task, and counts items, duplicates, the fill ratio and the FP rate it implies.
+3. `exact_dedup_filter` (T tasks): re-reads the same documents (same files, same order, so the
+   document numbers match) and drops duplicate documents, or removes duplicate paragraphs and
+   drops documents left shorter than `min_doc_chars` / `min_doc_words`.
+
+`filter_from` names the `filter/` folder of an earlier run: its bits are OR-ed into this run's
+filter first, so documents already seen in that crawl are duplicates here (same size needed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+from datatrove.data import Document, DocumentsPipeline
+from pydantic import BaseModel, ConfigDict, Field
+
+from gristmill.dedup.bloom import BloomFilter, BloomMeta, hash128, size_for
+from gristmill.dedup.order import SourceTable, load_ranks, order_key, save_npy
+from gristmill.dedup.text import normalize
+from gristmill.filters.base import Filter
+from gristmill.filters.words import split_words
+from gristmill.pipeline.parquet_reader import ParquetReader
+from gristmill.pipeline.step import Step
+from gristmill.pipeline.writers import DroppedSampler, ParquetWriter
+
+RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("seq", "<u4"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
+DUP = np.dtype([("seq", "<u4"), ("para", "<i4")])
+BATCH = 1 << 16
+
+
+class ExactDedupConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    granularity: Literal["document", "paragraph"] = Field("document", description="what is deduplicated")
+    capacity: int = Field(100_000_000, ge=1, description="items (documents or paragraphs) the filter is sized for")
+    fp_rate: float = Field(1e-4, gt=0, lt=1, description="target false-positive rate at capacity")
+    min_doc_chars: int = Field(0, ge=0, description="paragraph mode: drop documents left shorter (characters)")
+    min_doc_words: int = Field(0, ge=0, description="paragraph mode: drop documents left with fewer words")
+    filter_from: str | None = Field(None, description="an earlier run's filter/ folder to dedup against")
+
+
+def _paragraphs(text: str, granularity: str) -> list[tuple[int, str]]:
+    """(paragraph index, normalised text) of the non-empty items to hash; -1 = whole document."""
+    if granularity == "document":
+        norm = normalize(text)
+        return [(-1, norm)] if norm else []
+    out = []
+    for i, line in enumerate(text.split("\n")):
+        norm = normalize(line)
+        if norm:
+            out.append((i, norm))
+    return out
+
+
+def _slice_bounds(n_blocks: int, slices: int) -> np.ndarray:
+    return np.array([s * n_blocks // slices for s in range(slices + 1)], dtype=np.int64)
+
+
+class ExactDedupHash(Step):
+    type = "🫂 DEDUP"
+    yaml_name = "exact_dedup_hash"
+
+    def __init__(self, folder: Path, granularity: str, n_blocks: int, slices: int, step_id=None):
+        super().__init__(step_id)
+        self.folder, self.granularity, self.n_blocks, self.slices = Path(folder), granularity, n_blocks, slices
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        bounds = _slice_bounds(self.n_blocks, self.slices)
+        sources = SourceTable()
+        parts: list[np.ndarray] = []
+        items, keys, meta = [], [], []
+
+        def flush():
+            if not items:
+                return
+            h = hash128(items)
+            rec = np.empty(len(items), dtype=RECORD)
+            rec["hi"], rec["lo"] = h[:, 0], h[:, 1]
+            m = np.array(meta, dtype=np.int64).reshape(-1, 4)
+            rec["seq"], rec["src"], rec["offset"], rec["para"] = m[:, 0], m[:, 1], m[:, 2], m[:, 3]
+            parts.append(rec)
+            items.clear(), meta.clear()
+
+        for seq, doc in enumerate(data):
+            with self.track_time():
+                src, off = sources(doc.metadata.get("source")), doc.metadata.get("offset")
+                if off is None:
+                    raise ValueError(f"document {doc.id}: no `offset` (the dedup order key needs source and offset)")
+                for para, norm in _paragraphs(doc.text, self.granularity):
+                    items.append(norm.encode("utf-8"))
+                    meta.append((seq, src, off, para))
+                if len(items) >= BATCH:
+                    flush()
+            self.stat_update("documents")
+            self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
+        with self.track_time():
+            flush()
+            rec = np.concatenate(parts) if parts else np.empty(0, dtype=RECORD)
+            self.stat_update("items", value=len(rec))
+            block = (rec["hi"] % np.uint64(self.n_blocks)).astype(np.int64)
+            which = np.searchsorted(bounds, block, side="right") - 1
+            for s in range(self.slices):
+                save_npy(self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.npy", rec[which == s])
+            sources.save(self.folder, rank)
+        return
+        yield
+
+
+class ExactDedupFind(Step):
+    type = "🫂 DEDUP"
+    yaml_name = "exact_dedup_find"
+
+    def __init__(self, hash_folder: Path, folder: Path, capacity: int, fp_rate: float, n_blocks: int, k: int,
+                 slices: int, filter_from: str | None, step_id=None):
+        super().__init__(step_id)
+        self.hash_folder, self.folder = Path(hash_folder), Path(folder)
+        self.capacity, self.fp_rate, self.n_blocks, self.k = capacity, fp_rate, n_blocks, k
+        self.slices, self.filter_from = slices, filter_from
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        with self.track_time():
+            ranks, _ = load_ranks(self.hash_folder)
+            files = sorted((self.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
+            recs, tasks = [], []
+            for f in files:
+                r = np.load(f)
+                recs.append(r)
+                tasks.append(np.full(len(r), int(f.stem.split("_")[1]), dtype=np.int64))
+            rec = np.concatenate(recs) if recs else np.empty(0, dtype=RECORD)
+            task = np.concatenate(tasks) if tasks else np.empty(0, dtype=np.int64)
+            src_rank = np.zeros(len(rec), dtype=np.uint64)
+            for t in np.unique(task):
+                sel = task == t
+                src_rank[sel] = ranks[int(t)][rec["src"][sel]]
+            key = order_key(src_rank, rec["offset"])
+            order = np.lexsort((rec["para"], key))
+            rec, task = rec[order], task[order]
+            bounds = _slice_bounds(self.n_blocks, self.slices)
+            path = self.folder / "filter" / f"slice_{rank:05d}.bloom"
+            bf = BloomFilter.create(path, self.capacity, self.fp_rate, (int(bounds[rank]), int(bounds[rank + 1])),
+                                    self.n_blocks, self.k)
+            if self.filter_from:
+                earlier = sorted(Path(self.filter_from).glob("slice_*.bloom"))
+                if not earlier:
+                    raise FileNotFoundError(f"exact_dedup.filter_from: no slice_*.bloom in {self.filter_from}")
+                bf.copy_from([BloomFilter.open(p) for p in earlier])
+            hashes = np.stack([rec["hi"], rec["lo"]], axis=1)
+            dup = np.zeros(len(rec), dtype=bool)
+            for s in range(0, len(rec), BATCH):
+                dup[s : s + BATCH] = bf.test_and_set(hashes[s : s + BATCH])
+            bf.save()
+            for t in sorted(ranks):  # every hashing task gets a file, maybe empty
+                sel = dup & (task == t)
+                out = np.empty(int(sel.sum()), dtype=DUP)
+                out["seq"], out["para"] = rec["seq"][sel], rec["para"][sel]
+                save_npy(self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy", out)
+            fill, est = bf.fill_ratio(), bf.estimated_fp_rate()
+        self.stat_update("items", value=len(rec))
+        self.stat_update("duplicates", value=int(dup.sum()))
+        # ppm integers: datatrove's stats sum numbers over tasks; the JSON keeps the exact values
+        (self.folder / "filter").mkdir(parents=True, exist_ok=True)
+        (self.folder / "filter" / f"slice_{rank:05d}.stats.json").write_text(json.dumps(
+            {"items": len(rec), "duplicates": int(dup.sum()), "fill_ratio": fill, "estimated_fp_rate": est}))
+        self.stat_update("fill_ppm_sum", value=int(fill * 1e6))
+        return
+        yield
+
+
+class ExactDedupFilter(Filter):
+    yaml_name = "exact_dedup_filter"
+
+    def __init__(self, find_folder: Path, granularity: str, min_doc_chars: int, min_doc_words: int,
+                 step_id=None, dropped: DroppedSampler | None = None):
+        super().__init__(step_id, dropped)
+        self.find_folder, self.granularity = Path(find_folder), granularity
+        self.min_doc_chars, self.min_doc_words = min_doc_chars, min_doc_words
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        dups = [np.load(p) for p in sorted((self.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
+        self._dups: dict[int, set[int]] = {}
+        for d in dups:
+            for seq, para in zip(d["seq"].tolist(), d["para"].tolist()):
+                self._dups.setdefault(seq, set()).add(para)
+        self._seq = -1
+        yield from super().run(data, rank, world_size)
+
+    def filter(self, doc: Document):
+        self._seq += 1
+        paras = self._dups.get(self._seq)
+        if not paras:
+            return True
+        if self.granularity == "document":
+            return False, "exact_duplicate"
+        lines = doc.text.split("\n")
+        doc.text = "\n".join(line for i, line in enumerate(lines) if i not in paras)
+        self.stat_update("paragraphs_removed", value=len(paras))
+        if len(doc.text.strip()) < max(self.min_doc_chars, 1) or len(split_words(doc.text)) < self.min_doc_words:
+            return False, "exact_duplicate_paragraphs"
+        return True
+
+
+class ExactDedup(Step):
+    """The YAML step `exact_dedup`: lays out the three stages above."""
+
+    yaml_name = "exact_dedup"
+    streamable = False
+    output_fields: dict[str, pa.DataType] = {}
+
+    @classmethod
+    def sizing(cls, p: ExactDedupConfig) -> tuple[int, int]:
+        if p.filter_from:  # the earlier filter fixes the size
+            metas = sorted(Path(p.filter_from).glob("slice_*.bloom.json"))
+            if not metas:
+                raise FileNotFoundError(f"exact_dedup.filter_from: no Bloom filter in {p.filter_from}")
+            m = BloomMeta(**json.loads(metas[0].read_text()))
+            return m.n_blocks, m.k
+        return size_for(p.capacity, p.fp_rate)
+
+    @classmethod
+    def build_stages(cls, spec, ctx, input_folder: Path) -> None:
+        p: ExactDedupConfig = ExactDedupConfig.model_validate(spec.params.model_dump())
+        n_blocks, k = cls.sizing(p)
+        tasks = ctx.cfg.executor.tasks
+        slices = min(tasks, n_blocks)
+        hash_folder = ctx.stage_folder("exact_dedup_hash")
+        ctx.new_stage("exact_dedup_hash", [ParquetReader(input_folder),
+                                          ExactDedupHash(hash_folder, p.granularity, n_blocks, slices, spec.step_id)])
+        find_folder = ctx.stage_folder("exact_dedup_find")
+        ctx.new_stage("exact_dedup_find", [ExactDedupFind(hash_folder, find_folder, p.capacity, p.fp_rate, n_blocks, k,
+                                                          slices, p.filter_from, spec.step_id)], tasks=slices)
+        folder = ctx.stage_folder("exact_dedup_filter")
+        dropped = None
+        if ctx.cfg.output.dropped_sample > 0:
+            dropped = DroppedSampler(folder / "dropped" / spec.step_id, ctx.cfg.output.dropped_sample, ctx.fields)
+        ctx.new_stage("exact_dedup_filter", [
+            ParquetReader(input_folder),
+            ExactDedupFilter(find_folder, p.granularity, p.min_doc_chars, p.min_doc_words, spec.step_id, dropped),
+            ParquetWriter(folder / "output", dict(ctx.fields), ctx.compression),
+        ])

@@ -1,0 +1,35 @@
+"""Run a dedup step's stages on a folder of Parquet documents (no WET reading stage).
+
+For benchmarks, tests and re-deduplicating an existing output folder:
+
+    stages = run_on_parquet("near_dedup", {"threshold": 0.8}, "runs/x/01_curate/output", "runs/dedup", tasks=4)
+
+Stages run on the same executor as `pipeline run` (workers=1 runs tasks in this process).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gristmill.config import StepSpec, from_dict, step_registry
+from gristmill.pipeline.executors import make_executor
+from gristmill.pipeline.planner import PlanContext, Stage, make_fetcher
+from gristmill.pipeline.stats import merge_stage
+
+
+def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int = 1, workers: int = 1) -> list[Stage]:
+    model, cls = step_registry()[step]
+    cfg = from_dict({"run_dir": str(run_dir), "executor": {"tasks": tasks, "workers": workers},
+                     "input": {"paths": [str(input_folder)]}, "output": {"dropped_sample": 0}})
+    spec = StepSpec(name=step, index=0, params=model.model_validate(params))
+    ctx = PlanContext(cfg, make_fetcher(cfg), "zstd", {}, [])
+    cls.build_stages(spec, ctx, Path(input_folder))
+    return ctx.stages
+
+
+def run_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int = 1, workers: int = 1) -> list[Stage]:
+    stages = plan_on_parquet(step, params, input_folder, run_dir, tasks, workers)
+    for stage in stages:
+        make_executor(stage).run()
+        merge_stage(stage.folder)
+    return stages

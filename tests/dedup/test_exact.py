@@ -1,0 +1,94 @@
+"""exact_dedup on the ground-truth corpus: planted duplicates go, nothing else, any task count."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gristmill.dedup.standalone import run_on_parquet
+from gristmill.dedup.text import normalize
+from gristmill.pipeline.documents import schema_for
+
+
+def _table(folder):
+    t = pq.read_table(folder).to_pydict()
+    return sorted(zip(t["id"], t["text"]))
+
+
+def test_planted_exact_duplicates_all_removed_and_nothing_else(dedup_corpus, corpus_ids, tmp_path):
+    stages = run_on_parquet("exact_dedup", {"capacity": 100_000, "fp_rate": 1e-6}, dedup_corpus / "docs", tmp_path / "r", tasks=2)
+    kept = {i for i, _ in _table(stages[-1].output)}
+    removed = set(corpus_ids) - kept
+    truth = pq.read_table(dedup_corpus / "truth.parquet").to_pydict()
+    docs = pq.read_table(dedup_corpus / "docs", columns=["id", "text"]).to_pydict()
+    first: dict[str, str] = {}  # normalised text -> first id in corpus order (files, then rows)
+    expected = set()
+    for i, text in zip(docs["id"], docs["text"]):
+        key = normalize(text)
+        if key in first:
+            expected.add(i)
+        else:
+            first[key] = i
+    planted = [(d, o) for d, o, k in zip(truth["id"], truth["original"], truth["kind"]) if k == "exact"]
+    assert len(planted) == 300
+    groups: dict[str, set[str]] = {}
+    for d, o in planted:
+        groups.setdefault(o, {o}).add(d)
+    position = {i: n for n, i in enumerate(corpus_ids)}
+    for g in groups.values():  # every planted copy but the group's first is removed
+        later = sorted(g, key=position.__getitem__)[1:]
+        assert set(later) <= removed
+    assert removed == expected
+    stats = json.loads((stages[1].folder / "stats.json").read_text())
+    assert stats[0]["counters"]["duplicates"] == len(expected)
+
+
+def test_same_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
+    params = {"granularity": "paragraph", "capacity": 200_000, "fp_rate": 1e-3, "min_doc_words": 50}
+    out = [_table(run_on_parquet("exact_dedup", params, dedup_corpus / "docs", tmp_path / f"r{t}", tasks=t)[-1].output)
+           for t in (1, 4)]
+    assert out[0] == out[1]
+    assert 0 < len(out[0]) < 5000
+
+
+def _write(folder, rows, source):
+    folder.mkdir(parents=True)
+    cols = {f.name: [None] * len(rows) for f in schema_for({})}
+    cols.update(id=[r[0] for r in rows], text=[r[1] for r in rows], source=[source] * len(rows), offset=list(range(len(rows))))
+    pq.write_table(pa.table(cols, schema=schema_for({})), folder / "00000.parquet")
+
+
+def test_paragraph_mode_removes_repeated_lines_then_short_documents(tmp_path):
+    rows = [("a", "The first paragraph here.\nShared boilerplate line, cookies!\nUnique A text"),
+            ("b", "shared   BOILERPLATE line cookies\nUnique B text that is long enough to stay"),
+            ("c", "Unique A text\nshared boilerplate line cookies")]
+    _write(tmp_path / "in", rows, "s")
+    st = run_on_parquet("exact_dedup", {"granularity": "paragraph", "capacity": 1000, "min_doc_words": 3},
+                        tmp_path / "in", tmp_path / "r", tasks=2)
+    assert dict(_table(st[-1].output)) == {"a": rows[0][1], "b": "Unique B text that is long enough to stay"}
+
+
+def test_saved_filter_dedups_a_second_crawl(dedup_corpus, tmp_path):
+    docs = pq.read_table(dedup_corpus / "docs", columns=["id", "text"]).to_pydict()
+    first = list(zip(docs["id"], docs["text"]))[:1000]
+    _write(tmp_path / "crawl1", first, "crawl1")
+    st1 = run_on_parquet("exact_dedup", {"capacity": 50_000}, tmp_path / "crawl1", tmp_path / "r1", tasks=2)
+    kept1 = {i for i, _ in _table(st1[-1].output)}
+    # crawl 2: 200 documents seen in crawl 1 (re-crawled with changed spacing and punctuation)
+    # + 300 new ones (str.upper is not used: "İ".casefold() is not "i", so it changes the text)
+    again = [(f"again-{i}", "  " + t.replace(" ", "  ").replace("\n", " !\n")) for i, t in first[:200]]
+    new = list(zip(docs["id"], docs["text"]))[2000:2300]
+    _write(tmp_path / "crawl2", again + new, "crawl2")
+    st2 = run_on_parquet("exact_dedup", {"capacity": 50_000, "filter_from": str(st1[1].folder / "filter")},
+                         tmp_path / "crawl2", tmp_path / "r2", tasks=3)
+    kept2 = {i for i, _ in _table(st2[-1].output)}
+    assert not any(k.startswith("again-") for k in kept2)
+    seen = {normalize(x) for _, x in first}
+    new_unique = set()
+    for i, t in new:  # new documents not in crawl 1 and not repeated earlier in crawl 2
+        if normalize(t) not in seen:
+            seen.add(normalize(t))
+            new_unique.add(i)
+    assert new_unique <= kept2 and len(kept1) > 900
