@@ -1,0 +1,122 @@
+"""Each fused kernel against torch.compile of its PyTorch reference and against Liger-Kernel's
+kernel, forward + backward, at the model presets' shapes. Needs a CUDA GPU; Liger is optional
+(`pip install liger-kernel`, benchmark-only).
+
+    python benchmarks/kernels.py [--sizes 125m,1b] [--tokens 16384]
+
+Prints milliseconds per fwd+bwd and the ratios `compile / ours` and `liger / ours` (> 1: ours
+is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy
+from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton
+from gristmill.trainer.kernels.rope import rope_reference, rope_tables, rope_triton
+from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton
+
+SHAPES = {  # dim, heads, ffn, as in configs/train/
+    "125m": (768, 12, 2048),
+    "350m": (1024, 16, 2816),
+    "1b": (2048, 16, 5632),
+}
+VOCAB = 32000
+
+
+def bench(fn, inputs, rep_ms=200) -> float:
+    """Median ms of fwd+bwd (upstream gradient of ones-like random, fixed)."""
+    import triton.testing
+
+    xs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    outs = fn(*xs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    grads = [torch.randn_like(o) for o in outs]
+
+    def step():
+        for x in xs:
+            x.grad = None
+        o = fn(*xs)
+        torch.autograd.backward(o if isinstance(o, tuple) else (o,), grads)
+
+    return triton.testing.do_bench(step, warmup=25, rep=rep_ms)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="125m,350m,1b")
+    p.add_argument("--tokens", type=int, default=16384, help="tokens per call (micro-batch × seq_len)")
+    args = p.parse_args()
+    try:
+        from liger_kernel.transformers import functional as liger
+    except ImportError:
+        liger = None
+        print("liger-kernel not installed: its column is skipped")
+    dev, bf = "cuda", torch.bfloat16
+    T = 2048
+    B = args.tokens // T
+    rows = []
+    for size in args.sizes.split(","):
+        dim, heads, ffn = SHAPES[size]
+        hd = heads and dim // heads
+        N = B * T
+        x = torch.randn(B, T, dim, device=dev, dtype=bf)
+        r = torch.randn(B, T, dim, device=dev, dtype=bf)
+        w = 1 + 0.1 * torch.randn(dim, device=dev, dtype=bf)
+        gu = torch.randn(B, T, 2 * ffn, device=dev, dtype=bf)
+        q = torch.randn(B, T, heads, hd, device=dev, dtype=bf)
+        cos, sin = rope_tables(T, hd, 10000.0, dev)
+        h = torch.randn(N, dim, device=dev, dtype=bf)
+        W = (torch.randn(VOCAB, dim, device=dev) / dim**0.5).to(bf)
+        tgt = torch.randint(0, VOCAB, (N,), device=dev)
+
+        cases = {
+            "rms_norm+residual": (
+                lambda x, r, w: rms_norm_triton(x, w, 1e-5, r),
+                lambda x, r, w: rms_norm_reference(x, w, 1e-5, r),
+                (lambda x, r, w: liger.liger_fused_add_rms_norm(x, r, w, 1e-5, in_place=False)) if liger else None,
+                [x, r, w]),
+            "swiglu": (
+                swiglu_triton, swiglu_reference,
+                (lambda gu: liger.liger_swiglu(*gu.chunk(2, -1))) if liger else None,
+                [gu]),
+            # q and k of equal head count: ours rotates each, Liger both in one call (HF layout)
+            "rope(q,k)": (
+                lambda q, k: (rope_triton(q, cos, sin), rope_triton(k, cos, sin)),
+                lambda q, k: (rope_reference(q, cos, sin), rope_reference(k, cos, sin)),
+                (lambda q, k: liger.liger_rope(q.transpose(1, 2), k.transpose(1, 2), torch.cat([cos, cos], -1)[None].to(bf),
+                                               torch.cat([sin, sin], -1)[None].to(bf))) if liger else None,
+                [q, q.clone()]),
+            "linear+cross_entropy": (
+                lambda h, W, t: fused_linear_cross_entropy(h, W, t, 1e-4, impl="triton"),
+                lambda h, W, t: cross_entropy_reference(h, W, t, 1e-4),
+                (lambda h, W, t: liger.liger_fused_linear_cross_entropy(h, W, t, lse_square_scale=1e-4)) if liger else None,
+                [h, W, tgt]),
+        }
+        for name, (ours, ref, lig, inputs) in cases.items():
+            torch.cuda.synchronize()
+            results = {}
+            for label, fn in (("ours", ours), ("eager", ref), ("compile", torch.compile(ref)), ("liger", lig)):
+                if fn is None:
+                    continue
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                ms = bench(fn, inputs)
+                results[label] = (ms, (torch.cuda.max_memory_allocated() - base) / 2**20)
+            rows.append((size, name, results))
+            o = results["ours"][0]
+            line = f"{size:5s} {name:22s} ours {o:7.3f} ms ({results['ours'][1]:7.0f} MiB)"
+            for label in ("eager", "compile", "liger"):
+                if label in results:
+                    ms, mib = results[label]
+                    line += f" | {label} {ms:7.3f} ms ({mib:7.0f} MiB) ×{ms / o:4.2f}"
+            print(line, flush=True)
+    print("ratios: other / ours in time (> 1: ours faster); MiB: peak extra memory during fwd+bwd")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Train YAML (`configs/train/*.yaml`) → validated `TrainConfig`.
+
+A train YAML may name a `preset:` (another file in configs/train/, e.g. `tiny`, `125m`) whose
+keys it overrides; `--set key=value` overrides come last. Errors name the key path, as the crawl
+config's do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gristmill.config import ConfigError, _interpolate, _messages, apply_override
+
+PRESET_DIRS = [Path("configs/train"), Path(__file__).resolve().parents[3] / "configs" / "train"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Strict):
+    vocab_size: int | None = Field(None, ge=2, description="null: the token manifest's vocab size")
+    dim: int = Field(768, ge=8)
+    n_layers: int = Field(12, ge=1)
+    n_heads: int = Field(12, ge=1)
+    n_kv_heads: int | None = Field(None, ge=1, description="null: n_heads (no GQA)")
+    ffn_dim: int | None = Field(None, ge=8, description="null: 8/3·dim rounded up to multiple_of")
+    multiple_of: int = Field(256, ge=1)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    z_loss: float = Field(0.0, ge=0)
+    ce_chunk_tokens: int | None = Field(None, ge=1)
+    doc_mask: bool = Field(False, description="attention stays within documents (dense mask: reference path)")
+
+
+class DataSection(_Strict):
+    tokens: str = Field(description="token directory (with manifest.json) or a run directory holding tokens/")
+    split: str = "train"
+    val_split: str = "val"
+    seq_len: int = Field(2048, ge=8)
+    global_batch: int = Field(8, ge=1, description="sequences per optimizer step, all ranks together")
+    micro_batch: int = Field(8, ge=1, description="sequences per forward on one rank (accumulation fills the rest)")
+    seed: int = 0
+    verify: Literal["lazy", False] = Field("lazy", description="sha256 of each shard when first opened")
+
+
+class OptimSection(_Strict):
+    lr: float = Field(3e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = Field(0.1, ge=0, description="on matrices (ndim ≥ 2) except the embedding")
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: off")
+
+
+class ScheduleSection(_Strict):
+    type: Literal["cosine", "wsd", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of steps in the final decay")
+
+
+class CheckpointSection(_Strict):
+    every: int = Field(0, ge=0, description="steps between checkpoints (0: only at the end)")
+    keep: int = Field(2, ge=1, description="keep the last N checkpoints")
+    resume: bool = Field(True, description="continue from the latest checkpoint in <out>/checkpoints")
+    enabled: bool = Field(True, description="false: write no checkpoints (benchmarks)")
+
+
+class EvalSection(_Strict):
+    every: int = Field(0, ge=0, description="steps between validations (0: only at the end)")
+    batches: int = Field(4, ge=0, description="micro-batches per rank per validation (0: no validation)")
+
+
+class LogSection(_Strict):
+    every: int = Field(1, ge=1)
+    tensorboard: bool = True
+    progress: bool = True
+
+
+class TrainConfig(_Strict):
+    preset: str | None = Field(None, description="a train YAML in configs/train/ whose keys this one overrides")
+    out_dir: str = Field("runs/train", description="checkpoints, metrics.jsonl, tensorboard/")
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection
+    optim: OptimSection = Field(default_factory=OptimSection)
+    schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+    steps: int = Field(100, ge=1)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    log: LogSection = Field(default_factory=LogSection)
+    kernels: Literal["auto", "triton", "reference"] = Field("auto", description="auto: triton on CUDA, else reference")
+    fused_ce: bool = Field(True, description="chunked linear+CE even with reference kernels")
+    compile: bool = Field(False, description="torch.compile each block")
+    ac: Literal["none", "selective", "full"] = "none"
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU")
+    fsdp: Literal["auto"] | bool = Field("auto", description="FSDP2 fully_shard per block and root; auto: when"
+                                         " world size > 1 (at 1 GPU FSDP2 cost 40% of 125M throughput)")
+    nproc: int | None = Field(None, ge=1, description="processes for torchrun; null: visible GPUs, or 1 on CPU")
+    seed: int = Field(0, description="model init seed")
+    stop_after: int | None = Field(None, ge=1, description="end this run after that step, as a preemption would"
+                                   " (the schedule still spans `steps`); re-running resumes")
+
+
+def find_preset(name: str) -> Path:
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return Path(name)
+    for d in PRESET_DIRS:
+        if (d / f"{name}.yaml").is_file():
+            return d / f"{name}.yaml"
+    known = sorted({p.stem for d in PRESET_DIRS if d.is_dir() for p in d.glob("*.yaml")})
+    raise ConfigError(f"preset: no configs/train/{name}.yaml (known: {', '.join(known)})")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read(path: Path, seen: tuple = ()) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    if data.get("preset"):
+        base_path = find_preset(str(data["preset"]))
+        if base_path.resolve() in seen:
+            raise ConfigError(f"{path}: preset cycle through {base_path}")
+        data = _merge(_read(base_path, seen + (path.resolve(),)), {k: v for k, v in data.items() if k != "preset"})
+    return data
+
+
+def from_dict(data: dict, overrides: list[str] = (), source: str = "train config") -> TrainConfig:
+    data = dict(data)
+    if data.get("preset"):
+        data = _merge(_read(find_preset(str(data["preset"]))), {k: v for k, v in data.items() if k != "preset"})
+    for assignment in overrides:
+        apply_override(data, assignment)
+    errors: list[str] = []
+    data = _interpolate(data, "", errors)
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except ValidationError as e:
+        errors.extend(_messages(e, "", TrainConfig))
+    if errors:
+        raise ConfigError(f"{source}: {len(errors)} error(s)\n  " + "\n  ".join(errors))
+    return cfg
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
+    path = Path(path)
+    if not path.is_file():
+        # a bare preset name works too: `pipeline train tiny`
+        path = find_preset(str(path)) if "/" not in str(path) else path
+        if not path.is_file():
+            raise ConfigError(f"{path}: train config not found")
+    return from_dict(_read(path), overrides, source=str(path))

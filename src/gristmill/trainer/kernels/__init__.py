@@ -1,0 +1,58 @@
+"""Fused kernels and their PyTorch references, selected by `kernels: triton|reference`.
+
+Each kernel lives in one file with its Triton forward, backward, autograd Function and the plain
+PyTorch reference it is tested against. Triton is imported only if installed (see `_triton`),
+so CPU runs never need it. `Kernels(backend)` is what the model calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gristmill.trainer.kernels._triton import HAVE_TRITON
+from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy
+from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton
+from gristmill.trainer.kernels.rope import rope_reference, rope_tables, rope_triton
+from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton
+
+__all__ = ["HAVE_TRITON", "Kernels", "rope_tables"]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The four ops the model uses, as Triton kernels or as PyTorch references.
+
+    `fused_ce` picks the chunked linear+cross-entropy even with reference kernels (its per-row
+    step then runs in PyTorch): memory stays O(chunk × vocab) on any device.
+    """
+
+    backend: str = "reference"
+    fused_ce: bool = False
+
+    def __post_init__(self):
+        if self.backend not in ("triton", "reference"):
+            raise ValueError(f"kernels: expected 'triton' or 'reference', got {self.backend!r}")
+        if self.backend == "triton" and not HAVE_TRITON:
+            raise RuntimeError("kernels: triton requested but Triton is not installed (use `kernels: reference`)")
+
+    @property
+    def triton(self) -> bool:
+        return self.backend == "triton"
+
+    def rms_norm(self, x, weight, eps, residual=None):
+        if self.triton and x.is_cuda:
+            return rms_norm_triton(x, weight, eps, residual)
+        return rms_norm_reference(x, weight, eps, residual)
+
+    def swiglu(self, gate_up):
+        return swiglu_triton(gate_up) if self.triton and gate_up.is_cuda else swiglu_reference(gate_up)
+
+    def rope(self, x, cos, sin):
+        return rope_triton(x, cos, sin) if self.triton and x.is_cuda else rope_reference(x, cos, sin)
+
+    def linear_cross_entropy(self, h, weight, targets, z_loss=0.0, chunk_tokens=None):
+        if self.triton and h.is_cuda:
+            return fused_linear_cross_entropy(h, weight, targets, z_loss, chunk_tokens, impl="triton")
+        if self.fused_ce:
+            return fused_linear_cross_entropy(h, weight, targets, z_loss, chunk_tokens, impl="torch")
+        return cross_entropy_reference(h, weight, targets, z_loss)

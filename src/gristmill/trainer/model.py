@@ -1,0 +1,210 @@
+"""A Llama-style decoder, top to bottom in one file (nanoGPT's habit).
+
+Pre-norm RMSNorm, RoPE ("rotate half", as Hugging Face Llama), SwiGLU with one fused
+gate/up projection, no biases, optional grouped-query attention and tied embeddings. Attention
+is `F.scaled_dot_product_attention(is_causal=True)`; with per-document masking it gets a
+block-diagonal causal mask instead (dense mask → SDPA's memory-efficient/math path: a
+reference path, correct everywhere, not the fast one on GPU).
+
+Init (`init_weights`, also after meta-device construction): every matrix N(0, 0.02), the two
+projections that write into the residual stream (`wo`, `w2`) N(0, 0.02/√(2·n_layers)) (GPT-2's
+scaled init), norms 1. The ops come from `Kernels` (Triton or PyTorch reference).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gristmill.trainer.kernels import Kernels, rope_tables
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int
+    dim: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None: n_heads (no GQA)
+    ffn_dim: int | None = None  # None: 8/3·dim rounded up to a multiple of `multiple_of`
+    multiple_of: int = 256
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    z_loss: float = 0.0
+    ce_chunk_tokens: int | None = None  # None: about vocab/dim chunks (see kernels.cross_entropy)
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.ffn_dim is None:
+            self.ffn_dim = self.multiple_of * math.ceil(8 * self.dim / 3 / self.multiple_of)
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"dim {self.dim} / n_heads {self.n_heads} / n_kv_heads {self.n_kv_heads} do not divide")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError("head_dim must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def non_embedding_params(self) -> int:
+        """N of the MFU formula: parameters of the blocks and the final norm (not embedding/output)."""
+        d, kv = self.dim, self.n_kv_heads * self.head_dim
+        attn = d * d * 2 + d * kv * 2
+        mlp = 3 * d * self.ffn_dim
+        return self.n_layers * (attn + mlp + 2 * d) + d
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6·N + 12·L·d·T (N without embeddings; the guide's formula)."""
+        return 6 * self.non_embedding_params() + 12 * self.n_layers * self.dim * seq_len
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, kernels: Kernels):
+        super().__init__()
+        self.eps, self.kernels = eps, kernels
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x, residual=None):
+        """With `residual`: returns (norm(x + residual), x + residual) in one fused pass."""
+        return self.kernels.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, kernels: Kernels):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.kernels = kernels
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x, cos, sin, mask=None):
+        B, T, _ = x.shape
+        q = self.kernels.rope(self.wq(x).view(B, T, self.n_heads, self.head_dim), cos, sin)
+        k = self.kernels.rope(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, head_dim)
+        gqa = self.n_kv_heads != self.n_heads
+        if mask is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return self.wo(o.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs, kernels: Kernels):
+        super().__init__()
+        self.kernels = kernels
+        self.w13 = nn.Linear(args.dim, 2 * args.ffn_dim, bias=False)  # [gate; up]: one matmul
+        self.w2 = nn.Linear(args.ffn_dim, args.dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(self.kernels.swiglu(self.w13(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, kernels: Kernels):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, kernels)
+        self.attention = Attention(args, kernels)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, kernels)
+        self.feed_forward = FeedForward(args, kernels)
+
+    def forward(self, x, cos, sin, mask=None):
+        attn = self.attention(self.attention_norm(x), cos, sin, mask)
+        y, h = self.ffn_norm(attn, residual=x)  # h = x + attn, y = norm(h), fused
+        return h + self.feed_forward(y)
+
+
+def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) document index per position → (B, 1, T, T) bool: causal and within one document."""
+    T = doc_ids.shape[1]
+    same = doc_ids[:, :, None] == doc_ids[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    return (same & causal)[:, None]
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, kernels: Kernels | None = None):
+        super().__init__()
+        self.args = args
+        self.kernels = kernels or Kernels()
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, self.kernels) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps, self.kernels)
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args.max_seq_len, args.head_dim, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.tok_embeddings.weight if self.output is None else self.output.weight
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """(Re-)initialise everything, e.g. after `to_empty()` from the meta device.
+
+        Each matrix is drawn whole from one seeded generator, in a fixed order, and a sharded
+        (FSDP) parameter keeps its shard of it: the initial weights do not depend on the number
+        of ranks (DTensor's own random ops would draw each shard differently).
+        """
+        gen = torch.Generator(device=self.rope_cos.device).manual_seed(seed)
+
+        def normal_(p: torch.Tensor, std: float) -> None:
+            full = torch.empty(p.shape, device=self.rope_cos.device).normal_(0.0, std, generator=gen)
+            if hasattr(p, "device_mesh"):  # DTensor
+                from torch.distributed.tensor import distribute_tensor
+
+                full = distribute_tensor(full, p.device_mesh, p.placements).to_local()
+                p = p.to_local()
+            p.copy_(full)
+
+        std = self.args.init_std
+        cos, sin = rope_tables(self.args.max_seq_len, self.args.head_dim, self.args.rope_theta, self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        normal_(self.tok_embeddings.weight, std)
+        for block in self.layers:
+            for lin in (block.attention.wq, block.attention.wk, block.attention.wv, block.feed_forward.w13):
+                normal_(lin.weight, std)
+            for lin in (block.attention.wo, block.feed_forward.w2):
+                normal_(lin.weight, std / math.sqrt(2 * self.args.n_layers))
+            nn.init.ones_(block.attention_norm.weight)
+            nn.init.ones_(block.ffn_norm.weight)
+        nn.init.ones_(self.norm.weight)
+        if self.output is not None:
+            normal_(self.output.weight, std)
+
+    def hidden(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        T = tokens.shape[1]
+        if T > self.args.max_seq_len:
+            raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {self.args.max_seq_len}")
+        x = self.tok_embeddings(tokens)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        mask = document_mask(doc_ids) if doc_ids is not None else None
+        for block in self.layers:
+            x = block(x, cos, sin, mask)
+        return self.norm(x)
+
+    def forward(self, tokens, targets=None, doc_ids=None):
+        """Logits (B, T, V) without `targets`; the mean loss with them (logits never materialised
+        on the fused path)."""
+        h = self.hidden(tokens, doc_ids)
+        weight = self.output_weight
+        if targets is None:
+            return F.linear(h, weight)
+        return self.kernels.linear_cross_entropy(h, weight, targets, self.args.z_loss, self.args.ce_chunk_tokens)

@@ -1,0 +1,109 @@
+"""Process group, and parallelism applied to the plain model from outside (torchtitan's order):
+activation checkpointing, then torch.compile per block, then FSDP2 `fully_shard` per block and
+at the root.
+
+On GPU: NCCL, `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` — fp32 master weights
+and optimizer state, sharded; bf16 compute. On CPU: gloo and fp32. FSDP2 on a CPU gloo mesh
+works in torch 2.13 (tested, also at world size 1).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> Dist:
+    """From torchrun's environment; without it, a one-process group on this machine."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                device_id=device if backend == "nccl" else None)
+    return Dist(rank, world, local, device)
+
+
+def apply_ac(model: nn.Module, mode: str) -> None:
+    """none | full (recompute each block) | selective (per op: keep matmul and attention outputs,
+    recompute norms, RoPE, SwiGLU and other cheap elementwise ops)."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    kwargs = {"preserve_rng_state": False}
+    if mode == "selective":
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
+                torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+
+        def policy(ctx, op, *args, **kw):
+            return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, policy)
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block, **kwargs)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Each block compiled on its own (same graph for every layer: compiled once, reused)."""
+    for block in model.layers:
+        block.compile(fullgraph=False)
+
+
+def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(d.device.type, (d.world,))
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    n = len(model.layers)
+    for i, block in enumerate(model.layers):
+        # the last block's parameters are needed again at once by backward: keep them gathered
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < n - 1)
+    # the root unit holds embedding, final norm and output layer; the fused linear+CE runs in
+    # its forward on the unsharded output weight
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices (ndim ≥ 2) except the token embedding (also the tied output); never norms."""
+    embed = {id(p) for p in model.tok_embeddings.parameters()}
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 and id(p) not in embed else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -1,0 +1,228 @@
+"""The training loop. One process per device, started by torchrun (`pipeline train` does that):
+
+    python -m torch.distributed.run --nproc-per-node N -m gristmill.trainer.train CONFIG --out DIR
+
+Build the model on the meta device → activation checkpointing → compile per block → FSDP2 →
+`to_empty` + `init_weights` → fused AdamW → resume from the latest checkpoint → loop: micro-
+batches with gradient accumulation (gradient sync only on the last), NaN/inf check, clip, step,
+schedule, metrics, validation, checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gristmill.trainer import checkpoint as ckpt
+from gristmill.trainer.config import TrainConfig
+from gristmill.trainer.config import load as load_config
+from gristmill.trainer.data import TokenStream, TrainLoader, val_batches
+from gristmill.trainer.kernels import HAVE_TRITON, Kernels
+from gristmill.trainer.metrics import Metrics
+from gristmill.trainer.model import ModelArgs, Transformer
+from gristmill.trainer.parallel import Dist, apply_ac, apply_compile, apply_fsdp, init_distributed, param_groups
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def lr_lambda(cfg: TrainConfig):
+    """Multiplier of the peak lr at optimizer step `s` (0-based): linear warm-up, then
+    cosine to min_lr_ratio, or WSD (constant, then linear decay over the last decay_fraction)."""
+    sch, total = cfg.schedule, cfg.steps
+    warm, floor = sch.warmup_steps, sch.min_lr_ratio
+
+    def f(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        if sch.type == "constant":
+            return 1.0
+        if sch.type == "cosine":
+            progress = (s - warm) / max(1, total - warm)
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        decay_start = total - max(1, round(sch.decay_fraction * total))
+        if s < decay_start:
+            return 1.0
+        return floor + (1 - floor) * max(0.0, (total - s) / max(1, total - decay_start))
+
+    return f
+
+
+def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
+    m = cfg.model.model_dump()
+    m.pop("doc_mask")
+    m["vocab_size"] = m["vocab_size"] or vocab_size
+    return ModelArgs(max_seq_len=cfg.data.seq_len, **m)
+
+
+def resolve_kernels(cfg: TrainConfig, device: torch.device) -> Kernels:
+    backend = cfg.kernels
+    if backend == "auto":
+        backend = "triton" if device.type == "cuda" and HAVE_TRITON else "reference"
+    return Kernels(backend, fused_ce=cfg.fused_ce)
+
+
+def build(cfg: TrainConfig, d: Dist, vocab_size: int):
+    args = model_args(cfg, vocab_size)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and d.device.type == "cuda")
+    use_fsdp = cfg.fsdp is True or (cfg.fsdp == "auto" and d.world > 1)
+    if not use_fsdp and d.world > 1:
+        raise ValueError("fsdp: false needs world size 1 (there is no other data-parallel wrapper)")
+    torch.manual_seed(cfg.seed)
+    with torch.device("meta"):
+        model = Transformer(args, resolve_kernels(cfg, d.device))
+    apply_ac(model, cfg.ac)
+    if cfg.compile:
+        apply_compile(model)
+    if use_fsdp:
+        apply_fsdp(model, d, torch.bfloat16 if bf16 else torch.float32)
+    model.to_empty(device=d.device)
+    model.init_weights(cfg.seed)
+    fused = d.device.type == "cuda"
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+                                  betas=cfg.optim.betas, eps=cfg.optim.eps, fused=fused or None)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    # without FSDP's mixed precision, bf16 comes from autocast
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp else nullcontext())
+    return model, args, optimizer, scheduler, autocast, use_fsdp
+
+
+def _mean_across(value: torch.Tensor) -> float:
+    if dist.get_world_size() > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.AVG if value.is_cuda else dist.ReduceOp.SUM)
+        if not value.is_cuda:
+            value = value / dist.get_world_size()
+    return value.item()
+
+
+@torch.no_grad()
+def evaluate(model, cfg: TrainConfig, stream: TokenStream, d: Dist, autocast) -> float | None:
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=d.device)
+    for b in val_batches(stream, cfg.data.seq_len, cfg.data.micro_batch, cfg.eval.batches, d.rank, d.world,
+                         d.device, cfg.model.doc_mask):
+        with autocast:
+            loss = model(b.inputs, b.targets, b.doc_ids)
+        total += torch.stack([loss.double() * b.targets.numel(), torch.tensor(b.targets.numel(), device=d.device)])
+    model.train()
+    if dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    return (total[0] / total[1]).item() if total[1] > 0 else None
+
+
+def train(cfg: TrainConfig, out_dir: Path) -> dict:
+    """Runs (or resumes) training in this process; returns a summary. Needs a process group
+    (torchrun's, or a one-process group created here)."""
+    d = init_distributed()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stream = TokenStream(cfg.data.tokens, cfg.data.split, verify=cfg.data.verify)
+    model, args, optimizer, scheduler, autocast, use_fsdp = build(cfg, d, stream.vocab_size)
+    if args.vocab_size < stream.vocab_size:
+        raise ValueError(f"model.vocab_size {args.vocab_size} < the tokenizer's {stream.vocab_size}")
+    loader = TrainLoader(stream, cfg.data.seq_len, cfg.data.global_batch, cfg.data.micro_batch, d.rank, d.world,
+                         cfg.data.seed, d.device, cfg.model.doc_mask)
+    val_stream = None
+    if cfg.eval.batches and cfg.data.val_split in stream.tokdir.splits:
+        val_stream = TokenStream(stream.tokdir, cfg.data.val_split)
+
+    ckpt_dir = out_dir / "checkpoints"
+    meta = {"config": cfg.model_dump(mode="json"), "model_args": args.to_dict(), "world_size": d.world}
+    step = 0
+    if cfg.checkpoint.resume and (last := ckpt.latest(ckpt_dir)) is not None:
+        step = ckpt.load(last, model, optimizer, scheduler, loader)
+        if d.is_main:
+            print(f"resumed from {last} (step {step}, {loader.consumed} samples consumed)", flush=True)
+
+    tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
+    metrics = Metrics(out_dir, d.is_main, cfg.steps, step, cfg.log.tensorboard, cfg.log.progress,
+                      args.flops_per_token(cfg.data.seq_len), d.device, d.world)
+    params = [p for p in model.parameters()]
+    last_rec: dict = {}
+    val_loss = None
+    started, start_step = time.perf_counter(), step
+    try:
+        end = min(cfg.steps, cfg.stop_after or cfg.steps)
+        while step < end:
+            batches = loader.next_global_batch()
+            loss_sum = torch.zeros((), device=d.device)
+            for i, b in enumerate(batches):
+                last = i == len(batches) - 1
+                if use_fsdp:
+                    model.set_requires_gradient_sync(last)
+                with autocast:
+                    loss = model(b.inputs, b.targets, b.doc_ids) / len(batches)
+                loss.backward()
+                loss_sum += loss.detach()
+            if cfg.optim.grad_clip > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip, foreach=True)
+            else:
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            loss_val = _mean_across(loss_sum)
+            gn = grad_norm.item()
+            if not (math.isfinite(loss_val) and math.isfinite(gn)):
+                kept = ckpt.latest(ckpt_dir)
+                raise NonFiniteLoss(
+                    f"step {step + 1}: loss {loss_val} / grad norm {gn} is not finite; stopped before the optimizer"
+                    f" step. Last good checkpoint: {kept or 'none'} (kept). Lower optim.lr, raise warm-up or set"
+                    " model.z_loss, then re-run to resume from it.")
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step += 1
+            metrics.add_tokens(tokens_per_step)
+            if step % cfg.log.every == 0 or step == end:
+                last_rec = metrics.log_step(step, loss_val, lr, gn, {"epoch": loader.epoch})
+            if val_stream is not None and ((cfg.eval.every and step % cfg.eval.every == 0) or step == end):
+                val_loss = evaluate(model, cfg, val_stream, d, autocast)
+                if val_loss is not None:
+                    metrics.log_eval(step, val_loss)
+            if cfg.checkpoint.enabled and ((cfg.checkpoint.every and step % cfg.checkpoint.every == 0)
+                                           or step == end):
+                ckpt.save(ckpt_dir, step, model, optimizer, scheduler, loader, meta, cfg.checkpoint.keep, d.is_main)
+    finally:
+        metrics.close()
+    summary = {"steps": step, "trained_steps": step - start_step, "loss": last_rec.get("loss"),
+               "val_loss": val_loss, "seconds": time.perf_counter() - started,
+               "tokens_per_s": last_rec.get("tokens_per_s"), "mfu": last_rec.get("mfu"),
+               "checkpoint": str(ckpt.latest(ckpt_dir)) if d.is_main else None}
+    if d.is_main:
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        vl = f", val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f})" if val_loss is not None else ""
+        print(f"trained {summary['trained_steps']} steps to step {step}: loss {summary['loss']}{vl};"
+              f" checkpoint {summary['checkpoint']}", flush=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gristmill.trainer.train")
+    p.add_argument("config")
+    p.add_argument("--out", help="output directory (default: the config's out_dir)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    code = 0
+    try:
+        train(cfg, Path(args.out or cfg.out_dir))
+    except NonFiniteLoss as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        code = 3
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

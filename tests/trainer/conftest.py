@@ -1,0 +1,64 @@
+"""Token directories written by hand with pyarrow, following the contract in GUIDE.md
+("Token shards"), so the trainer's tests do not depend on the tokenizer stage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+EOS = 1
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_token_dir(root: Path, vocab: int = 300, docs: dict | None = None, shard_docs: int = 40, seed: int = 0,
+                    dtype=pa.uint16()) -> Path:
+    """`docs`: split → list of token lists (EOS appended). Default: random documents from `seed`."""
+    rng = np.random.default_rng(seed)
+    if docs is None:
+        # a learnable stream: each document repeats a short random motif
+        def doc():
+            motif = rng.integers(2, vocab, size=rng.integers(3, 9))
+            return np.tile(motif, rng.integers(4, 30)).tolist()
+
+        docs = {"train": [doc() for _ in range(160)], "val": [doc() for _ in range(30)]}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tokenizer.json").write_text("{}")
+    shards = []
+    schema = pa.schema([pa.field("tokens", pa.large_list(pa.field("item", dtype, nullable=False)), nullable=False),
+                        pa.field("id", pa.string())])
+    for split, items in docs.items():
+        for n, i in enumerate(range(0, len(items), shard_docs)):
+            part = [d + [EOS] for d in items[i:i + shard_docs]]
+            offsets = np.zeros(len(part) + 1, dtype=np.int64)
+            np.cumsum([len(d) for d in part], out=offsets[1:])
+            values = np.concatenate([np.asarray(d) for d in part]).astype(dtype.to_pandas_dtype())
+            tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, type=dtype))
+            ids = [f"<urn:uuid:{split}-{i + j}>" for j in range(len(part))]
+            name = f"{split}-{n:05d}.arrow"
+            with pa.OSFile(str(root / name), "wb") as sink, pa.ipc.new_file(sink, schema) as w:
+                w.write_batch(pa.record_batch([tokens, pa.array(ids)], schema=schema))
+            shards.append({"path": name, "split": split, "documents": len(part), "tokens": int(offsets[-1]),
+                           "sha256": _sha(root / name)})
+    splits = {s: {"shards": sum(1 for x in shards if x["split"] == s),
+                  "documents": sum(x["documents"] for x in shards if x["split"] == s),
+                  "tokens": sum(x["tokens"] for x in shards if x["split"] == s)} for s in docs}
+    manifest = {"format": "gristmill-tokens", "version": 1,
+                "tokenizer": {"file": "tokenizer.json", "sha256": _sha(root / "tokenizer.json"), "vocab_size": vocab,
+                              "eos_id": EOS, "bos_id": EOS},
+                "dtype": str(dtype), "seed": seed, "shards": shards, "splits": splits,
+                "totals": {"documents": sum(x["documents"] for x in shards), "tokens": sum(x["tokens"] for x in shards)}}
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return root
+
+
+@pytest.fixture(scope="session")
+def token_dir(tmp_path_factory) -> Path:
+    return write_token_dir(tmp_path_factory.mktemp("tokens") / "tokens")

@@ -1,0 +1,136 @@
+"""Triton kernels against their PyTorch references on random inputs (`pytest -m gpu`).
+
+Tolerance rule: in bf16, a kernel's error against an fp32 computation of the same op must be at
+most 2× the bf16 reference's own error against that fp32 computation (plus a small absolute
+floor for values that are ~0); in fp32, kernel and reference agree to 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the Triton kernels need a GPU", allow_module_level=True)
+
+from gristmill.trainer.kernels import HAVE_TRITON  # noqa: E402
+from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy  # noqa: E402
+from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton  # noqa: E402
+from gristmill.trainer.kernels.rope import rope_reference, rope_tables, rope_triton  # noqa: E402
+from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton  # noqa: E402
+
+if not HAVE_TRITON:
+    pytest.skip("Triton is not installed", allow_module_level=True)
+
+DEV = "cuda"
+
+
+def _run(fn, inputs, grad_out_seed=1234):
+    """Output(s) and input gradients of fn for a fixed random upstream gradient."""
+    xs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    out = fn(*xs)
+    outs = out if isinstance(out, tuple) else (out,)
+    g = torch.Generator(device=DEV).manual_seed(grad_out_seed)
+    grads_out = [torch.randn(o.shape, device=DEV, generator=g, dtype=torch.float32).to(o.dtype) for o in outs]
+    torch.autograd.backward(outs, grads_out)
+    return [o.detach().float() for o in outs] + [x.grad.float() for x in xs if x.grad is not None]
+
+
+def _check(kernel, reference, inputs_bf16):
+    """kernel(bf16) vs reference(fp32 inputs) must be within 2× reference(bf16)'s error (+ floor)."""
+    exact = _run(reference, [x.float() if x.is_floating_point() else x for x in inputs_bf16])
+    ref = _run(reference, inputs_bf16)
+    got = _run(kernel, inputs_bf16)
+    assert len(exact) == len(ref) == len(got)
+    for i, (e, r, k) in enumerate(zip(exact, ref, got)):
+        ref_err = (r - e).abs().max().item()
+        err = (k - e).abs().max().item()
+        floor = 1e-3 * e.abs().max().item()
+        assert err <= 2 * ref_err + floor, f"tensor {i}: kernel error {err:.3g} > 2 × reference error {ref_err:.3g}"
+
+
+def _fp32_close(kernel, reference, inputs):
+    for i, (r, k) in enumerate(zip(_run(reference, inputs), _run(kernel, inputs))):
+        torch.testing.assert_close(k, r, rtol=1e-5, atol=1e-5, msg=lambda m: f"tensor {i}: {m}")
+
+
+@pytest.mark.parametrize("shape", [(4, 256, 768), (2, 100, 2048), (3, 7, 1000)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm(shape, residual):
+    x = torch.randn(shape, device=DEV)
+    w = 1 + 0.1 * torch.randn(shape[-1], device=DEV)
+    r = torch.randn(shape, device=DEV)
+    if residual:
+        kern = lambda x, w, r: rms_norm_triton(x, w, 1e-5, r)  # noqa: E731
+        ref = lambda x, w, r: rms_norm_reference(x, w, 1e-5, r)  # noqa: E731
+        inputs = [x, w, r]
+    else:
+        kern = lambda x, w: rms_norm_triton(x, w, 1e-5)  # noqa: E731
+        ref = lambda x, w: rms_norm_reference(x, w, 1e-5)  # noqa: E731
+        inputs = [x, w]
+    _fp32_close(kern, ref, inputs)
+    _check(kern, ref, [t.bfloat16() for t in inputs])
+
+
+@pytest.mark.parametrize("shape", [(4, 256, 2 * 2048), (2, 33, 2 * 5632), (5, 3, 2 * 100)])
+def test_swiglu(shape):
+    x = 2 * torch.randn(shape, device=DEV)
+    _fp32_close(swiglu_triton, swiglu_reference, [x])
+    _check(swiglu_triton, swiglu_reference, [x.bfloat16()])
+
+
+@pytest.mark.parametrize("B,T,H,D", [(2, 256, 12, 64), (1, 2048, 16, 128), (3, 17, 4, 32), (2, 64, 6, 96)])
+def test_rope(B, T, H, D):
+    x = torch.randn(B, T, H, D, device=DEV)
+    cos, sin = rope_tables(T + 5, D, 10000.0, DEV)
+    kern = lambda x: rope_triton(x, cos, sin)  # noqa: E731
+    ref = lambda x: rope_reference(x, cos, sin)  # noqa: E731
+    _fp32_close(kern, ref, [x])
+    _check(kern, ref, [x.bfloat16()])
+
+
+@pytest.mark.parametrize("N,d,V,z,chunk", [(1024, 256, 32000, 0.0, None), (777, 128, 50257, 1e-4, 100),
+                                           (64, 64, 1000, 1e-3, 16)])
+def test_fused_linear_cross_entropy(N, d, V, z, chunk):
+    h = torch.randn(N, d, device=DEV)
+    w = torch.randn(V, d, device=DEV) / d**0.5
+    t = torch.randint(0, V, (N,), device=DEV)
+    t[::7] = -100  # some ignored positions
+    kern = lambda h, w, t: fused_linear_cross_entropy(h, w, t, z, chunk, impl="triton")  # noqa: E731
+    ref = lambda h, w, t: cross_entropy_reference(h, w, t, z)  # noqa: E731
+    for i, (r, k) in enumerate(zip(_run(ref, [h, w, t]), _run(kern, [h, w, t]))):
+        torch.testing.assert_close(k, r, rtol=1e-4, atol=1e-5, msg=lambda m: f"tensor {i}: {m}")
+    _check(kern, ref, [h.bfloat16(), w.bfloat16(), t])
+
+
+def test_fused_ce_weight_grad_accumulates_in_fp32():
+    """Many chunks: the fp32 accumulator keeps ∂W as accurate as one bf16 matmul over all tokens."""
+    N, d, V = 8192, 128, 4096
+    h, w = torch.randn(N, d, device=DEV), torch.randn(V, d, device=DEV) / d**0.5
+    t = torch.randint(0, V, (N,), device=DEV)
+    kern = lambda h, w, t: fused_linear_cross_entropy(h, w, t, 0.0, 64, impl="triton")  # noqa: E731
+    ref = lambda h, w, t: cross_entropy_reference(h, w, t)  # noqa: E731
+    _check(kern, ref, [h.bfloat16(), w.bfloat16(), t])
+
+
+def test_model_triton_matches_reference():
+    from gristmill.trainer.kernels import Kernels
+    from gristmill.trainer.model import ModelArgs, Transformer
+
+    args = ModelArgs(vocab_size=1000, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128, z_loss=1e-4)
+    torch.manual_seed(0)
+    ref = Transformer(args, Kernels("reference")).to(DEV)
+    ref.init_weights()
+    tri = Transformer(args, Kernels("triton")).to(DEV)
+    tri.load_state_dict(ref.state_dict())
+    x = torch.randint(0, 1000, (2, 129), device=DEV)
+    losses = []
+    for m in (ref, tri):
+        loss = m(x[:, :-1], x[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) < 1e-4
+    for (n, a), b in zip(ref.named_parameters(), tri.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5, msg=lambda m: f"{n}: {m}")

@@ -1,0 +1,134 @@
+"""The training loop on CPU (gloo, fp32, FSDP2): exact resume, resume on another world size via
+`pipeline train`'s torchrun launch, NaN stop, metrics, checkpoints, Hugging Face export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from gristmill.config import ConfigError, from_dict
+from gristmill.trainer import checkpoint as ckpt
+from gristmill.trainer.config import load as load_config
+from gristmill.trainer.train import NonFiniteLoss, lr_lambda, train
+
+STEPS = 6
+
+
+def _cfg(tokens: Path, steps: int, *extra: str):
+    return load_config("tiny", [f"data.tokens={tokens}", f"steps={steps}", "checkpoint.every=3", "checkpoint.keep=3",
+                                "eval.every=3", "eval.batches=2", "log.progress=false", "log.tensorboard=false",
+                                "data.seq_len=32", *extra])
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def baseline(token_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("train") / "full"
+    summary = train(_cfg(token_dir, STEPS), out)
+    assert summary["steps"] == STEPS
+    return out
+
+
+def test_run_writes_metrics_checkpoints_and_learns(baseline):
+    recs = [json.loads(line) for line in open(baseline / "metrics.jsonl")]
+    steps = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 for r in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]  # the motif stream is learnable
+    vals = [r for r in recs if "val_loss" in r]
+    assert [r["step"] for r in vals] == [3, 6] and vals[0]["val_ppl"] > 1
+    names = [p.name for _, p in ckpt.step_dirs(baseline / "checkpoints")]
+    assert names == ["step-00000003", "step-00000006"]
+    assert not list((baseline / "checkpoints").glob("*.tmp"))
+    meta = json.loads((baseline / "checkpoints" / "step-00000006" / "meta.json").read_text())
+    assert meta["step"] == 6 and meta["model_args"]["dim"] == 64
+
+
+def test_resume_is_bitwise_identical(baseline, token_dir, tmp_path):
+    out = tmp_path / "resumed"
+    train(_cfg(token_dir, STEPS, "stop_after=3"), out)  # as if preempted after step 3
+    assert ckpt.latest(out / "checkpoints").name == "step-00000003"
+    train(_cfg(token_dir, STEPS), out)  # resumes from step 3
+    full, resumed = _losses(baseline), _losses(out)
+    assert [resumed[s] for s in range(1, STEPS + 1)] == [full[s] for s in range(1, STEPS + 1)]
+
+
+def test_pipeline_hook_launches_torchrun_on_two_ranks_and_resumes_on_one(baseline, token_dir, tmp_path):
+    from gristmill.config import TrainSection
+    from gristmill.trainer.launch import after_pipeline
+
+    run_dir = tmp_path / "run"
+    console = Console(stderr=True)
+    section = TrainSection(preset="tiny", steps=STEPS, nproc=2,
+                           set=["checkpoint.every=3", "eval.batches=0", "log.progress=false", "data.seq_len=32",
+                                "stop_after=3"])
+    assert after_pipeline(section, run_dir, console) is None  # no tokens yet: skipped
+    shutil.copytree(token_dir, run_dir / "tokens")
+    assert after_pipeline(section, run_dir, console) == 0
+    out = run_dir / "train"
+    assert (out / "checkpoints" / "step-00000003" / "meta.json").is_file()
+    assert json.loads((out / "checkpoints" / "step-00000003" / "meta.json").read_text())["world_size"] == 2
+    cfg = _cfg(run_dir / "tokens", STEPS, "eval.batches=0")
+    train(cfg, out)  # world size 1 now
+    full, mixed = _losses(baseline), _losses(out)
+    for s in range(1, STEPS + 1):  # FSDP on 2 ranks sums gradients in another order: not bitwise
+        assert mixed[s] == pytest.approx(full[s], rel=1e-5), s
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(baseline, token_dir, tmp_path, monkeypatch):
+    from gristmill.trainer.model import Transformer
+
+    out = tmp_path / "nan"
+    shutil.copytree(baseline, out)
+    forward = Transformer.forward
+
+    def poisoned(self, *a, **k):
+        return forward(self, *a, **k) * float("nan")
+
+    monkeypatch.setattr(Transformer, "forward", poisoned)
+    with pytest.raises(NonFiniteLoss, match=r"step 7: loss nan .*step-00000006 \(kept\)"):
+        train(_cfg(token_dir, STEPS + 2), out)
+    assert ckpt.latest(out / "checkpoints").name == "step-00000006"
+
+
+def test_export_hf_logits_match(baseline, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from gristmill.trainer.export import export_hf, load_model
+
+    out = export_hf(baseline, tmp_path / "hf")
+    ours, _ = load_model(baseline)
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32).eval()
+    x = torch.randint(0, ours.args.vocab_size, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x), rtol=1e-4, atol=1e-4)
+
+
+def test_schedules():
+    cfg = load_config("tiny", ["data.tokens=x", "steps=100", "schedule.warmup_steps=10", "schedule.min_lr_ratio=0.1"])
+    f = lr_lambda(cfg)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(99) == pytest.approx(0.1, abs=0.01) and f(55) < 0.6
+    wsd = lr_lambda(load_config("tiny", ["data.tokens=x", "steps=100", "schedule.type=wsd",
+                                         "schedule.warmup_steps=10", "schedule.decay_fraction=0.2"]))
+    assert wsd(50) == 1.0 and wsd(79) == 1.0 and wsd(90) == pytest.approx(0.55) and wsd(100) == pytest.approx(0.1)
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"optim\.lr: .*greater than 0"):
+        load_config("tiny", ["optim.lr=-1"])
+    with pytest.raises(ConfigError, match=r"model\.dims: unknown key"):
+        load_config("tiny", ["model.dims=3"])
+    with pytest.raises(ConfigError, match="no configs/train/huge.yaml"):
+        load_config("huge")
+    base = {"input": {"paths": ["x"]}}
+    with pytest.raises(ConfigError, match=r"train\.steps: .*greater than or equal to 1"):
+        from_dict({**base, "train": {"preset": "tiny", "steps": 0}})
+    assert from_dict({**base, "train": {"preset": "tiny", "steps": 5}}).train.steps == 5
