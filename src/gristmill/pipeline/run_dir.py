@@ -20,8 +20,8 @@ import yaml
 
 from gristmill.config import ConfigError
 
-# Settings that change how fast a run goes, never what it writes.
-_OUTPUT_NEUTRAL = {("executor", "workers")}
+# Settings that change how or where a run goes, never what it writes (key prefixes).
+_OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm")
 
 
 def _flatten(node, prefix="") -> dict[str, object]:
@@ -39,9 +39,9 @@ def _flatten(node, prefix="") -> dict[str, object]:
 
 
 def config_differences(old: dict, new: dict) -> list[str]:
-    neutral = {".".join(k) for k in _OUTPUT_NEUTRAL}
     a, b = _flatten(old), _flatten(new)
-    keys = sorted(k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>") and k not in neutral)
+    keys = sorted(k for k in set(a) | set(b)
+                  if a.get(k, "<unset>") != b.get(k, "<unset>") and not k.startswith(_OUTPUT_NEUTRAL))
     return [f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}" for k in keys]
 
 
@@ -87,3 +87,22 @@ def write_plan(run_dir: Path, stages) -> None:
 def completed_tasks(stage_folder: Path) -> int:
     folder = stage_folder / "completions"
     return sum(1 for _ in folder.iterdir()) if folder.is_dir() else 0
+
+
+def write_jobs(run_dir: Path, jobs: dict[str, str]) -> None:
+    """Slurm job ids per stage label, for `pipeline status` (-1: nothing was left to run)."""
+    (run_dir / "slurm_jobs.json").write_text(json.dumps(jobs, indent=2))
+
+
+def read_jobs(run_dir: Path) -> dict[str, str]:
+    path = run_dir / "slurm_jobs.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_command(run_dir: Path, argv: list[str]) -> None:
+    (run_dir / "command.json").write_text(json.dumps(argv))
+
+
+def read_command(run_dir: Path) -> list[str] | None:
+    path = run_dir / "command.json"
+    return json.loads(path.read_text()) if path.is_file() else None

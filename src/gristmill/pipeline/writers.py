@@ -23,6 +23,8 @@ ROW_GROUP_DOCS = 2000
 # Fault injection for tests of resumption: the process dies (as if killed) after writing this
 # many documents in a task, leaving a half-written `.tmp` file behind.
 FAULT_ENV = "GRISTMILL_FAULT_AFTER_DOCS"
+# ... and for tests of failure reporting: the task of this rank raises (a failed task, not a kill).
+FAIL_TASK_ENV = "GRISTMILL_FAIL_TASK"
 
 
 class _ParquetFile:
@@ -85,6 +87,8 @@ class ParquetWriter(Step):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         files: dict[str, _ParquetFile] = {}
         fault_after = int(os.environ.get(FAULT_ENV, "0"))
+        if os.environ.get(FAIL_TASK_ENV) == str(rank):
+            raise RuntimeError(f"injected failure of task {rank} ({FAIL_TASK_ENV})")
         written = 0
         for doc in data:
             key = (doc.metadata.get("language") or "unknown") if self.per_language else ""

@@ -1,0 +1,87 @@
+"""`pipeline status RUN_DIR`: where every stage stands, what failed, how to resume.
+
+Read from the run directory (plan, completion files, task logs) and, for Slurm runs, from
+`scontrol` about the submitted jobs. Works the same for local runs, without the job column.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gristmill.pipeline import run_dir as rd
+
+
+@dataclass
+class StageStatus:
+    label: str
+    tasks: int
+    completed: int
+    job: str | None = None
+    job_states: dict[str, int] = field(default_factory=dict)
+    failed_tasks: dict[int, str] = field(default_factory=dict)  # rank → tail of its log
+    state: str = ""
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _failed_tasks(folder: Path, tasks: int) -> dict[int, str]:
+    """Tasks that started (a log exists) but did not complete, with the tail of their log."""
+    failed = {}
+    done = {p.name for p in (folder / "completions").glob("*")} if (folder / "completions").is_dir() else set()
+    for rank in range(tasks):
+        name = f"{rank:05d}"
+        log = folder / "logs" / f"task_{name}.log"
+        if name not in done and log.is_file():
+            failed[rank] = _tail(log)
+    return failed
+
+
+def stage_statuses(run_dir: Path) -> list[StageStatus]:
+    import json
+
+    from gristmill.pipeline.slurm_state import job_states
+
+    plan = json.loads((run_dir / "plan.json").read_text())
+    jobs = rd.read_jobs(run_dir)
+    out: list[StageStatus] = []
+    upstream_failed = False
+    for stage in plan["stages"]:
+        folder = run_dir / stage["label"]
+        st = StageStatus(stage["label"], stage["tasks"], rd.completed_tasks(folder), jobs.get(stage["label"]))
+        if st.job and st.job != "-1":
+            st.job_states = dict(job_states(st.job))
+        active = any(s in st.job_states for s in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"))
+        if st.completed >= st.tasks:
+            st.state = "complete"
+        elif active:
+            st.state = "running" if "RUNNING" in st.job_states else "pending"
+            if "PENDING" in st.job_states and upstream_failed:
+                st.state = "pending (upstream failed)"
+        else:
+            st.failed_tasks = _failed_tasks(folder, st.tasks)
+            if upstream_failed and not st.failed_tasks:
+                st.state = "cancelled: a stage it depends on failed"
+            elif st.failed_tasks:
+                st.state = f"failed: {len(st.failed_tasks)} task(s)"
+            elif st.job or st.completed:
+                st.state = "incomplete"
+            else:
+                st.state = "not started"
+        if st.state.startswith(("failed", "cancelled", "incomplete")):
+            upstream_failed = True
+        out.append(st)
+    return out
+
+
+def resume_command(run_dir: Path) -> str:
+    argv = rd.read_command(run_dir)
+    if not argv:
+        return f"pipeline run {run_dir / 'config.yaml'} --run-dir {run_dir}"
+    return " ".join(shlex.quote(a) for a in argv)

@@ -1,0 +1,97 @@
+"""The pipeline as Slurm job arrays on a real one-node cluster (../shared/tools/slurm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gristmill.config import from_dict
+from gristmill.pipeline.runner import StageFailed, run
+from gristmill.pipeline.status import stage_statuses
+from gristmill.pipeline.writers import FAIL_TASK_ENV
+
+from .test_planner import with_global_step  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(shared_data):
+    script = shared_data.parent / "tools" / "slurm" / "start-local-slurm.sh"
+    if not script.is_file():
+        pytest.fail(f"{script} missing") if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1" else pytest.skip(
+            f"{script} missing")
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster runs as root")
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"could not start Slurm: {res.stderr[-2000:]}"
+    return "debug"
+
+
+def _cfg(run_dir, wet_files, lid_model, executor, steps=None):
+    return from_dict({
+        "run_dir": str(run_dir),
+        "executor": executor,
+        "input": {"paths": [str(p) for p in wet_files]},
+        "steps": steps or [{"langid": {"model": str(lid_model)}}, "gopher_quality", "gopher_repetition", "c4_lines"],
+        "output": {"dropped_sample": 0.5},
+    })
+
+
+def _outputs(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*.parquet"))}
+
+
+SLURM = {"type": "slurm", "tasks": 2, "slurm": {"partition": "debug", "time": "00:10:00", "mem_per_cpu_gb": 1}}
+
+
+def test_slurm_run_equals_local_run(tmp_path, wet_files, lid_model, slurm_cluster):
+    run(_cfg(tmp_path / "local", wet_files, lid_model, {"type": "local", "tasks": 2, "workers": 2}))
+    run(_cfg(tmp_path / "slurm", wet_files, lid_model, SLURM), wait=True)
+    jobs = json.loads((tmp_path / "slurm" / "slurm_jobs.json").read_text())
+    assert list(jobs) == ["01_curate"] and jobs["01_curate"].isdigit()
+    assert (tmp_path / "slurm" / "01_curate" / "slurm_logs").is_dir()
+    local, slurm = _outputs(tmp_path / "local" / "01_curate"), _outputs(tmp_path / "slurm" / "01_curate")
+    assert local and local == slurm
+    assert [s.state for s in stage_statuses(tmp_path / "slurm")] == ["complete"]
+
+
+def test_failed_task_cancels_downstream_and_rerun_finishes_only_it(
+    tmp_path, wet_files, lid_model, slurm_cluster, monkeypatch, with_global_step  # noqa: F811
+):
+    steps = [{"langid": {"model": str(lid_model), "languages": None}}, "keep_longest", "c4_lines"]
+    cfg = _cfg(tmp_path / "run", wet_files, lid_model, SLURM, steps)
+    # the jobs unpickle the test's global step: make the repo importable there (sbatch exports env)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(FAIL_TASK_ENV, "1")
+    with pytest.raises(StageFailed):
+        run(cfg, wait=True)
+    statuses = {s.label: s for s in stage_statuses(tmp_path / "run")}
+    assert statuses["01_curate"].completed == 1
+    assert statuses["01_curate"].state == "failed: 1 task(s)"
+    assert "injected failure of task 1" in statuses["01_curate"].failed_tasks[1]
+    assert statuses["02_keep_longest"].state.startswith("cancelled")
+    assert statuses["03_filter"].state.startswith("cancelled")
+    out = subprocess.run([sys.executable, "-m", "gristmill.cli", "status", str(tmp_path / "run")],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "injected failure" in out.stdout and "resume with:" in out.stdout
+
+    task0 = (tmp_path / "run" / "01_curate" / "output" / "00000.parquet").stat().st_mtime_ns
+    monkeypatch.delenv(FAIL_TASK_ENV)
+    merged = run(cfg, wait=True)
+    ranks = json.loads((tmp_path / "run" / "01_curate" / "ranks_to_run.json").read_text())
+    assert ranks == [1]  # only the failed task was resubmitted
+    assert (tmp_path / "run" / "01_curate" / "output" / "00000.parquet").stat().st_mtime_ns == task0
+    assert [s.state for s in stage_statuses(tmp_path / "run")] == ["complete"] * 3
+    # and the result equals an uninterrupted local run
+    local_cfg = _cfg(tmp_path / "local", wet_files, lid_model, {"type": "local", "tasks": 2, "workers": 1}, steps)
+    local = run(local_cfg)
+    for stage in ("01_curate", "02_keep_longest", "03_filter"):
+        assert _outputs(tmp_path / "run" / stage) == _outputs(tmp_path / "local" / stage), stage
+    assert [s["tasks_completed"] for s in merged["stages"]] == [s["tasks_completed"] for s in local["stages"]]
