@@ -42,3 +42,32 @@ def lid_model() -> Path:
     if not path.is_file():
         _missing(f"{path} (run `make models`)")
     return path
+
+
+@pytest.fixture(scope="session")
+def kenlm_model() -> Path:
+    """English KenLM binary trained by the set-up (`make models`) on WikiText-2, with its .stats.json."""
+    path = REPO / "models" / "kenlm" / "en.arpa.bin"
+    if not path.is_file() or not Path(f"{path}.stats.json").is_file():
+        _missing(f"{path} and its .stats.json (run `make models`)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def quality_model() -> Path:
+    """fastText WikiText-vs-crawl classifier trained by the set-up (`make models`), with its report."""
+    path = REPO / "models" / "quality" / "en.bin"
+    if not path.is_file() or not Path(f"{path}.report.json").is_file():
+        _missing(f"{path} and its .report.json (run `make models`)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def kenlm_tools() -> None:
+    """lmplz and build_binary (`make kenlm-bin`), for tests of `pipeline kenlm train`."""
+    from gristmill.filters.kenlm_train import ToolMissing, find_tool
+
+    try:
+        find_tool("lmplz"), find_tool("build_binary")
+    except ToolMissing as e:
+        _missing(str(e))

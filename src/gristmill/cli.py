@@ -3,6 +3,12 @@
     pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
     pipeline validate CONFIG [--set key=value ...]
     pipeline stats RUN_DIR [--json]
+    pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
+    pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
+    pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
+    pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
+    pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
+    pipeline export-hf CHECKPOINT OUT
 """
 
 from __future__ import annotations
@@ -40,8 +46,11 @@ def cmd_run(args, console: Console) -> int:
     from gristmill.pipeline.runner import StageFailed, run
 
     cfg = load(args.config, args.set, args.run_dir)
+    command = ["pipeline", "run", args.config, *(a for kv in args.set for a in ("--set", kv))]
+    if args.run_dir:
+        command += ["--run-dir", args.run_dir]
     try:
-        run(cfg, force=args.force, console=console)
+        run(cfg, force=args.force, console=console, wait=args.wait, command=command)
     except StageFailed as e:
         console.print(f"[red]failed[/] {e}")
         return 1
@@ -93,6 +102,31 @@ def cmd_stats(args, console: Console) -> int:
     return 0
 
 
+def cmd_status(args, console: Console) -> int:
+    from gristmill.pipeline.status import resume_command, stage_statuses
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "plan.json").is_file():
+        raise ConfigError(f"{run_dir}: not a run directory (no plan.json)")
+    out = Console()
+    statuses = stage_statuses(run_dir)
+    table = Table(title=f"status: {run_dir}")
+    for col in ("stage", "tasks done", "state", "slurm job", "job states"):
+        table.add_column(col)
+    for st in statuses:
+        states = ", ".join(f"{k.lower()} {v}" for k, v in sorted(st.job_states.items()))
+        table.add_row(st.label, f"{st.completed}/{st.tasks}", st.state, st.job or "-", states or "-")
+    out.print(table)
+    for st in statuses:
+        for rank, tail in st.failed_tasks.items():
+            out.print(f"[red]{st.label} task {rank} failed[/]; log {run_dir / st.label / 'logs' / f'task_{rank:05d}.log'}:")
+            out.print(tail, markup=False, highlight=False)
+    if any(st.state != "complete" for st in statuses):
+        out.print(f"resume with: {resume_command(run_dir)}", markup=False)
+        return 1 if any(st.state.startswith(("failed", "cancelled")) for st in statuses) else 0
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description="Common Crawl → curated pretraining data")
     p.add_argument("--version", action="version", version=f"gristmill {__version__}")
@@ -107,14 +141,29 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a pipeline; re-running finishes what is missing")
     config_args(r)
     r.add_argument("--force", action="store_true", help="discard the run directory's earlier results and redo")
+    r.add_argument("--wait", action="store_true", help="slurm: follow the submitted jobs until they end")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="check a config and print the resolved steps")
     config_args(v)
     v.set_defaults(func=cmd_validate)
+    st = sub.add_parser("status", help="per stage: tasks done, Slurm job states, failed tasks, how to resume")
+    st.add_argument("run_dir")
+    st.set_defaults(func=cmd_status)
     s = sub.add_parser("stats", help="the funnel of a run: documents and bytes per step, drops by reason")
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_stats)
+    from gristmill.tokenize.cli import add_parsers as add_token_parsers
+
+    add_token_parsers(sub)  # tokenizer train, tokens inspect, tokens export
+    from gristmill.filters.kenlm_train import add_parser as add_kenlm_parser
+    from gristmill.filters.quality_train import add_parser as add_quality_parser
+
+    add_kenlm_parser(sub)  # kenlm train
+    add_quality_parser(sub)  # quality train
+    from gristmill.trainer.cli import add_parsers as add_train_parsers
+
+    add_train_parsers(sub)  # train, export-hf
     return p
 
 
@@ -122,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # datatrove logs every task's INFO lines and a stats dump through loguru; the progress bar
     # and `pipeline stats` say the same more briefly. Warnings and errors still show.
+    import datatrove.utils.logging  # noqa: F401  (configures loguru on import; we override it below)
+
     logger.remove()
     logger.add(sys.stderr, level="WARNING", format="{level: <8} | {message}")
     console = Console(stderr=True)

@@ -39,10 +39,35 @@ class _Strict(BaseModel):
 # --- sections ---------------------------------------------------------------------------
 
 
+class SlurmStageOverrides(_Strict):
+    """Per-stage resources: stages differ (a MinHash bucket stage needs more memory than a filter)."""
+
+    cpus_per_task: int | None = Field(None, ge=1)
+    mem_per_cpu_gb: float | None = Field(None, gt=0)
+    time: str | None = None
+
+
+class SlurmConfig(_Strict):
+    partition: str = Field("debug", description="partition to submit to")
+    time: str = Field("04:00:00", description="time limit per array task")
+    cpus_per_task: int = Field(1, ge=1)
+    mem_per_cpu_gb: float = Field(2, gt=0, description="memory per CPU, GB")
+    qos: str | None = None
+    account: str | None = None
+    job_name_prefix: str = Field("gristmill", description="jobs are named <prefix>-<stage>")
+    max_array_size: int = Field(1001, ge=1, description="the cluster's MaxArraySize; larger stages split")
+    requeue: bool = Field(True, description="requeue tasks that are preempted (signal SIGUSR1)")
+    venv_path: str | None = Field(None, description="activate script for the jobs (default: this venv's)")
+    env_command: str | None = Field(None, description="shell line run before each task instead of venv_path")
+    sbatch_args: dict[str, str] = Field(default_factory=dict, description="extra `#SBATCH --key=value` lines")
+    stages: dict[str, SlurmStageOverrides] = Field(default_factory=dict, description="overrides by stage name")
+
+
 class ExecutorConfig(_Strict):
-    type: Literal["local"] = "local"
+    type: Literal["local", "slurm"] = "local"
     tasks: int = Field(4, ge=1, description="parallel tasks per stage (input files are split among them)")
-    workers: int = Field(2, ge=1, description="tasks run at once on this machine")
+    workers: int = Field(2, ge=1, description="tasks run at once on this machine (local)")
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
 
 CRAWL_NAME = r"^CC-MAIN-\d{4}-\d{2}$"
@@ -83,10 +108,58 @@ class OutputConfig(_Strict):
     dropped_sample: Fraction = Field(0.1, description="fraction of dropped documents written per filter")
 
 
+class TrainTokenizerConfig(_Strict):
+    vocab_size: int = Field(ge=259, description="vocabulary size, including 256 bytes and 3 special tokens")
+    min_frequency: int = Field(2, ge=1, description="a pair merges only if seen at least this often")
+
+
+class TokenizerSourceConfig(_Strict):
+    path: str | None = Field(None, description="tokenizer.json, a folder with GPT-2's encoder.json + vocab.bpe, or a .tiktoken file")
+    train: TrainTokenizerConfig | None = Field(None, description="or: train a byte-level BPE on the run's documents")
+    sample_bytes: int = Field(100_000_000, ge=1, description="documents (by id hash) to train on and to check tiktoken against HF")
+    check_docs: int = Field(1000, ge=1, description="sampled documents on which tiktoken must give HF's ids to be used")
+    engine: Literal["auto", "tiktoken", "hf"] = Field("auto", description="auto: tiktoken when it gives HF's ids")
+    pattern: str | None = Field(None, description="pre-tokenizer regex of a .tiktoken file not known by name")
+    eos_token: str = "<|endoftext|>"
+    bos_token: str | None = "<|bos|>"
+    pad_token: str | None = "<|pad|>"
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.path is None) == (self.train is None):
+            raise ValueError("give exactly one of `path` (load a tokenizer) or `train` (train one)")
+        return self
+
+
+class TokenizeConfig(_Strict):
+    tokenizer: TokenizerSourceConfig
+    shard_tokens: int = Field(100_000_000, ge=1, description="a shard is closed once it holds this many tokens")
+    val_fraction: Fraction = Field(0.01, description="share of documents (by id hash) in the val split")
+    seed: int = Field(0, ge=0, description="seed of the global document shuffle")
+    threads: int = Field(1, ge=1, description="encoding threads per task (tiktoken)")
+    batch_docs: int = Field(1000, ge=1, description="documents encoded per batch")
+    tasks: int | None = Field(None, ge=1, description="encode tasks (default: executor.tasks)")
+
+
 class LangIdConfig(_Strict):
     model: str = Field("models/lid.176.ftz", description="fastText LID model: path or http(s) URL")
     languages: list[str] | None = Field(["en"], description="languages to keep; null keeps all")
     min_score: Fraction = Field(0.65, description="minimum probability of the top language")
+
+
+class KenLMConfig(_Strict):
+    models: dict[str, str] = Field({"en": "models/kenlm/en.arpa.bin"}, description="language -> KenLM .arpa or binary")
+    default_language: str | None = Field(None, description="language of documents without langid's `language`")
+    max_perplexity: float | None = Field(None, gt=0, description="drop documents with a higher perplexity")
+    keep_buckets: list[Literal["head", "middle", "tail"]] | None = Field(None, description="CCNet buckets to keep")
+    cutoffs: dict[str, tuple[float, float]] | None = Field(None, description="[head, middle] cut-offs per language "
+                                                           "(default: the model's .stats.json)")
+
+
+class QualityConfig(_Strict):
+    model: str = Field("models/quality/en.bin", description="fastText classifier")
+    label: str = Field("__label__hq", description="label whose probability is the quality score")
+    min_score: Fraction = Field(0.5, description="minimum probability of `label`")
 
 
 def _config_from_signature(cls: type, name: str) -> type[BaseModel]:
@@ -114,6 +187,17 @@ def step_registry() -> dict[str, tuple[type[BaseModel], type]]:
     reg: dict[str, tuple[type[BaseModel], type]] = {"langid": (LangIdConfig, LangId)}
     for cls in (GopherQuality, GopherRepetition, C4Lines):
         reg[cls.yaml_name] = (_config_from_signature(cls, f"{cls.__name__}Config"), cls)
+    # dedup: global steps (streamable = False); their config models live beside them
+    from gristmill.dedup.exact import ExactDedup, ExactDedupConfig
+    from gristmill.dedup.near import NearDedup, NearDedupConfig
+
+    reg["exact_dedup"] = (ExactDedupConfig, ExactDedup)
+    reg["near_dedup"] = (NearDedupConfig, NearDedup)
+    from gristmill.filters.kenlm import KenLM
+    from gristmill.filters.quality import Quality
+
+    reg["kenlm"] = (KenLMConfig, KenLM)
+    reg["quality"] = (QualityConfig, Quality)
     return reg
 
 
@@ -129,12 +213,23 @@ class StepSpec(BaseModel):
         return f"{self.index:02d}_{self.name}"
 
 
+class TrainSection(_Strict):
+    """Train a model on the run's token shards after the pipeline (`<run_dir>/train/`)."""
+
+    preset: str = Field("tiny", description="a train YAML in configs/train/ (tiny, 125m, 350m, 1b) or a path")
+    steps: int | None = Field(None, ge=1, description="optimizer steps (default: the preset's)")
+    nproc: int | None = Field(None, ge=1, description="processes (default: visible GPUs, or 1 on CPU)")
+    set: list[str] = Field(default_factory=list, description="train-config overrides, e.g. [optim.lr=1e-3]")
+
+
 class RunConfig(_Strict):
     run_dir: str = Field("runs/crawl", description="where stages, stats and outputs are written")
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     input: InputConfig
     steps: list[Any] = Field(default_factory=list, description="steps in the order documents meet them")
     output: OutputConfig = Field(default_factory=OutputConfig)
+    tokenize: TokenizeConfig | None = Field(None, description="BPE token shards of the final documents")
+    train: TrainSection | None = Field(None, description="train a model on the token shards afterwards")
 
     # filled by load(): the validated steps
     _specs: list[StepSpec] = []

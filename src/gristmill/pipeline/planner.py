@@ -152,4 +152,8 @@ def plan(cfg: RunConfig) -> list[Stage]:
         ctx.fields.update(cls.output_fields)
     if pending or not ctx.stages:
         _stream_stage(ctx, pending, last=True)
+    if cfg.tokenize is not None:  # token shards of the final documents: the run's last data stages
+        from gristmill.tokenize.stages import build_stages as build_token_stages
+
+        build_token_stages(ctx, ctx.stages[-1].output)
     return ctx.stages

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gristmill.config import RunConfig
 from gristmill.pipeline import run_dir as rd
-from gristmill.pipeline.executors import make_executor
+from gristmill.pipeline.executors import make_executor, make_slurm_executor
 from gristmill.pipeline.planner import Stage, plan
 from gristmill.pipeline.stats import funnel, merge_run, merge_stage
 
@@ -56,15 +56,64 @@ def _run_stage(stage: Stage, console: Console) -> None:
         )
 
 
-def run(cfg: RunConfig, force: bool = False, console: Console | None = None) -> dict:
+def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[str, str]:
+    """Submit every stage as a job array, chained by afterok; returns job ids by stage label."""
+    executors = []
+    for stage in stages:
+        executors.append(make_slurm_executor(stage, cfg.executor.slurm, executors[-1] if executors else None))
+    executors[-1].run()  # datatrove submits the dependencies first, in order
+    jobs = {stage.label: str(ex.job_id) for stage, ex in zip(stages, executors)}
+    rd.write_jobs(Path(cfg.run_dir), jobs)
+    for label, job in jobs.items():
+        console.print(f"{label}: " + ("already complete" if job == "-1" else f"submitted as Slurm job {job}"))
+    return jobs
+
+
+def follow_slurm(run_dir: Path, stages: list[Stage], jobs: dict[str, str], console: Console) -> None:
+    """`--wait`: progress per stage until the chain's jobs have left the queue."""
+    from gristmill.pipeline.slurm_state import wait_until_gone
+
+    with Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
+                  TimeElapsedColumn(), console=console) as progress:
+        bars = {s.label: progress.add_task(s.label, total=s.tasks) for s in stages}
+
+        def poll():
+            for s in stages:
+                progress.update(bars[s.label], completed=rd.completed_tasks(s.folder))
+
+        wait_until_gone([j for j in jobs.values() if j != "-1"], on_poll=poll)
+        poll()
+
+
+def run(cfg: RunConfig, force: bool = False, console: Console | None = None, wait: bool = False,
+        command: list[str] | None = None) -> dict:
+    """Run (local) or submit (Slurm; `wait` follows the jobs to the end) every stage of `cfg`.
+
+    `command` is the argv that started the run; `pipeline status` shows it as the way to resume.
+    """
     console = console or Console(stderr=True)
     run_dir = Path(cfg.run_dir)
     stages = plan(cfg)  # validates sources and models before the run directory is touched
     resumed = rd.prepare(run_dir, cfg.resolved(), force)
     rd.write_plan(run_dir, stages)
+    if command:
+        rd.write_command(run_dir, command)
     if resumed:
         console.print(f"resuming {run_dir}: completed tasks are kept")
     started = time.perf_counter()
+    if cfg.executor.type == "slurm":
+        jobs = submit_slurm(cfg, stages, console)
+        if not wait:
+            console.print(f"follow with: pipeline status {run_dir}")
+            return merge_run(run_dir)
+        follow_slurm(run_dir, stages, jobs, console)
+        merged = merge_run(run_dir)
+        missing = [s for s in stages if rd.completed_tasks(s.folder) < s.tasks]
+        if missing:
+            raise StageFailed(f"stage {missing[0].label}: {missing[0].tasks - rd.completed_tasks(missing[0].folder)}"
+                              f" of {missing[0].tasks} tasks did not complete; see `pipeline status {run_dir}`")
+        _summary(merged, run_dir, started, console)
+        return merged
     try:
         for stage in stages:
             if rd.completed_tasks(stage.folder) >= stage.tasks:
@@ -74,6 +123,18 @@ def run(cfg: RunConfig, force: bool = False, console: Console | None = None) -> 
             merge_stage(stage.folder)
     finally:
         merged = merge_run(run_dir)
+    _summary(merged, run_dir, started, console)
+    if cfg.train is not None:  # train on <run_dir>/tokens/ into <run_dir>/train/ (resumes if there)
+        from gristmill.trainer.launch import after_pipeline
+
+        code = after_pipeline(cfg.train, run_dir, console)
+        if code:
+            raise StageFailed(f"train: exited with code {code}; see above. Re-run the same command to resume"
+                              f" from the last checkpoint in {run_dir / 'train' / 'checkpoints'}.")
+    return merged
+
+
+def _summary(merged: dict, run_dir: Path, started: float, console: Console) -> None:
     rows = funnel(merged)
     read = next((r for r in rows if r.kind == "reader"), None)
     written = [r for r in rows if r.kind == "writer"]
@@ -84,4 +145,3 @@ def run(cfg: RunConfig, force: bool = False, console: Console | None = None) -> 
             f"[bold green]done[/] {run_dir}: {read.docs_out:,} documents read, {out.docs_out:,} kept"
             f" ({share:.1%}), {out.bytes_out / 1e6:.1f} MB written in {time.perf_counter() - started:.1f} s"
         )
-    return merged
