@@ -8,20 +8,42 @@ import numpy as np
 import pyarrow.parquet as pq
 from datasketch import MinHash
 
-from gristmill.dedup.lsh import band_edges, components
+from gristmill.dedup.lsh import band_edges, components, optimal_bands
 from gristmill.dedup.minhash import MinHasher, estimate_jaccard, universal_hash
-from gristmill.dedup.text import jaccard, normalize, shingles
+from gristmill.dedup.text import jaccard, normalize, shingle_hashes, shingles
 from gristmill.filters.words import split_words
 
 
 def test_universal_hash_equals_python_big_integers():
     h = MinHasher(32, seed=5)
-    p = (1 << 61) - 1
+    p = 1 << 64
+    assert all(int(a) % 2 == 1 for a in h.a)  # odd multipliers: a bijection of 64-bit values
     x = np.random.default_rng(1).integers(0, p, size=500, dtype=np.uint64)
-    x[:3] = [0, p - 1, 1 << 60]
+    x[:3] = [0, p - 1, 1 << 63]
     got = universal_hash(x, h.a, h.b)
     want = [[(int(a) * int(v) + int(b)) % p for a, b in zip(h.a, h.b)] for v in x]
     assert got.tolist() == want
+
+
+def test_shingle_hashes_batch_equals_per_text_and_word_ngrams():
+    texts = ["", "one", "two words", "the quick brown fox jumps over the lazy dog", "a b c d e f a b c d e f",
+             "Hello,  World! hello world"]
+    words = [split_words(normalize(t)) for t in texts]
+    x, counts = shingle_hashes(words, 5)
+    assert counts.tolist() == [0, 1, 1, 5, 8, 1]
+    for part, t in zip(np.split(x, np.cumsum(counts)[:-1]), texts):
+        assert np.array_equal(np.unique(part), shingles(t))
+    # one hash per distinct n-gram: "a b c d e f a b c d e f" has 6 distinct 5-grams of 8
+    assert len(shingles(texts[4])) == 6
+    assert len(np.unique(shingle_hashes([["a", "b"], ["b", "a"], ["a", "b", "c"]], 5)[0])) == 3
+
+
+def test_normalize_fast_path_equals_translate_then_split():
+    from gristmill.dedup.text import _DELETE
+
+    for t in ["Hello,  World!", "x\ry z", "１２ab", "a\x0bb", "-- -- a", "don't stop-me now 3.14", "Straße «quoted» — ok",
+              "日本語、テキスト。", "", "   "]:
+        assert normalize(t) == " ".join(t.casefold().translate(_DELETE).split())
 
 
 def test_signature_is_per_document_minimum_whatever_the_batching():
@@ -79,3 +101,30 @@ def test_components_keep_smallest_key_and_stream_shards():
     assert [find(n) for n in nodes.tolist()] == roots.tolist()
     keys = np.array([4, 4, 9, 4], dtype=np.uint64)
     assert band_edges(keys, np.array([7, 3, 1, 5], dtype=np.uint64)).tolist() == [[3, 5], [3, 7]]
+
+
+def test_optimal_bands_equal_datasketch():
+    from datasketch.lsh import _optimal_param
+
+    for num_perm in (16, 128, 256):
+        for threshold in (0.5, 0.7, 0.8, 0.9):
+            for w in ((0.5, 0.5), (0.1, 0.9)):
+                assert optimal_bands(threshold, num_perm, *w) == _optimal_param(threshold, num_perm, *w)
+
+
+def test_words_fast_path_equals_split_words_of_normalize(dedup_corpus):
+    import re
+
+    from gristmill.dedup.text import _OWN_TOKEN, words
+    from gristmill.filters import words as w
+
+    # the fast path's premise: outside _OWN_TOKEN, an isalnum() character is in split_words' word class
+    alnum = re.compile(f"[{w._ALNUM}]")
+    for cp in range(0x110000):
+        c = chr(cp)
+        if c.isalnum() and not _OWN_TOKEN.match(c):
+            assert alnum.match(c), hex(cp)
+    texts = pq.read_table(dedup_corpus / "docs", columns=["text"]).column("text").to_pylist()[:1500]
+    texts += ["", "Hello,  World!", "x\ry z", "１２ab", "don't stop-me now 3.14", "日本語 text", "€5 a+b ½ ok", "नमस्ते दुनिया"]
+    for t in texts:
+        assert words(t) == split_words(normalize(t))

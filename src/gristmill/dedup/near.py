@@ -2,8 +2,9 @@
 
 Stages (added by `NearDedup.build_stages`; T = executor.tasks):
 
-1. `near_dedup_signature` (T): shingles (normalised word n-grams, xxh3_64), MinHash signatures
-   (`minhash.MinHasher`, vectorised per batch), one key per LSH band; writes per band
+1. `near_dedup_signature` (T): shingles (normalised word n-grams, `text.shingle_hashes`: each
+   word hashed once, n-grams combined in numpy), MinHash signatures (`minhash.MinHasher`,
+   vectorised per batch), one key per LSH band; writes per band
    `bands/band_BBB/task_RRRRR.npy` = (key, source index, offset) and the task's sources table.
 2. `near_dedup_buckets` (min(T, b)): per band, sort by (key, order key); runs of equal keys give
    star edges (first document, other) (`lsh.band_edges`), written to `edges/shard_SSS/` by anchor.
@@ -28,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gristmill.dedup.lsh import band_edges, band_keys, components, optimal_bands, shard_of
 from gristmill.dedup.minhash import MinHasher
-from gristmill.dedup.order import SourceTable, load_ranks, order_key, save_npy, write_json_atomic
-from gristmill.dedup.text import jaccard, shingles
+from gristmill.dedup.order import OFFSET_BITS, SourceTable, load_ranks, order_key, save_npy, write_json_atomic
+from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 from gristmill.filters.base import Filter
 from gristmill.pipeline.parquet_reader import ParquetReader
 from gristmill.pipeline.step import Step
@@ -75,7 +76,10 @@ class _Ords:
         r = self.rank.get(doc.metadata.get("source") or "")
         if r is None:
             raise ValueError(f"document {doc.id}: source {doc.metadata.get('source')!r} unseen by near_dedup_signature")
-        return int(order_key(np.array([r]), np.array([doc.metadata.get("offset")]))[0])
+        off = doc.metadata.get("offset")
+        if off is None or not 0 <= off < 1 << OFFSET_BITS:  # as order_key, without numpy per document
+            raise ValueError("document offsets must be in [0, 2^40): the dedup order key needs `offset`")
+        return (int(r) << OFFSET_BITS) | int(off)
 
 
 class NearDedupSignature(Step):
@@ -94,9 +98,9 @@ class NearDedupSignature(Step):
         batch: list[Document] = []
 
         def flush():
-            sets = [shingles(d.text, self.p.ngram) for d in batch]
-            keep = np.array([len(s) > 0 for s in sets], dtype=bool)  # no words: never a near duplicate
-            sig = hasher.signatures([s for s in sets if len(s)])
+            x, counts = shingle_hashes([words(d.text) for d in batch], self.p.ngram)
+            keep = counts > 0  # no words: never a near duplicate
+            sig = hasher.signatures_flat(x, counts[keep])
             rec = np.empty((int(keep.sum()), bands), dtype=BAND_REC)
             rec["key"] = band_keys(sig, bands, rows)
             docs = [d for d, k in zip(batch, keep) if k]
@@ -179,14 +183,15 @@ class NearDedupShingles(Step):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             ords = _Ords(self.sig_folder)
-            need = [np.unique(_shard_edges(self.edge_folder, s)) for s in range(self.shards)]
+            need = [set(np.unique(_shard_edges(self.edge_folder, s)).tolist()) for s in range(self.shards)]
+            anywhere = set().union(*need)
             out = [([], []) for _ in range(self.shards)]
         for doc in data:
             self.stat_update("documents")
             with self.track_time():
-                o = np.uint64(ords(doc))
-                where = [s for s in range(self.shards) if len(need[s]) and need[s][min(np.searchsorted(need[s], o), len(need[s]) - 1)] == o]
-                if where:
+                o = ords(doc)
+                if o in anywhere:
+                    where = [s for s in range(self.shards) if o in need[s]]
                     sh = shingles(doc.text, self.ngram)
                     self.stat_update("candidates")
                     for s in where:
