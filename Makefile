@@ -71,6 +71,8 @@ bench: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) benchmarks/filter_throughput.py
 	$(PY) benchmarks/quality_throughput.py
+	$(PY) benchmarks/tokenize_throughput.py
+	$(PY) benchmarks/dedup_throughput.py --docs 10000 --corpus .cache/dedup-corpus-10k
 
 clean:
 	rm -rf runs .pytest_cache

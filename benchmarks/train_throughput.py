@@ -172,7 +172,11 @@ def main() -> None:
     args = p.parse_args()
     d = init_distributed()
     peak = peak_flops(d.device)
-    tmp = Path(tempfile.mkdtemp(prefix="gristmill-bench-"))
+    # one directory for all ranks: rank 0 makes it and tells the others where
+    box = [tempfile.mkdtemp(prefix="gristmill-bench-") if d.is_main else None]
+    if d.world > 1:
+        dist.broadcast_object_list(box, src=0)
+    tmp = Path(box[0])
     tokens = tmp / "tokens"
     if d.is_main:
         synthetic_tokens(tokens, 4_000_000)

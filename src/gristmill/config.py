@@ -220,6 +220,10 @@ class TrainSection(_Strict):
     steps: int | None = Field(None, ge=1, description="optimizer steps (default: the preset's)")
     nproc: int | None = Field(None, ge=1, description="processes (default: visible GPUs, or 1 on CPU)")
     set: list[str] = Field(default_factory=list, description="train-config overrides, e.g. [optim.lr=1e-3]")
+    # Slurm only (executor.type: slurm): the training job's shape and preemption grace period.
+    nodes: int = Field(1, ge=1, description="slurm: nodes; torchrun per node, c10d rendezvous when > 1")
+    gpus_per_node: int = Field(0, ge=0, description="slurm: GPUs per node (0: CPU training)")
+    preempt_grace_s: int = Field(120, ge=10, description="slurm: SIGUSR1 this long before the time limit")
 
 
 class RunConfig(_Strict):

@@ -95,3 +95,64 @@ def test_failed_task_cancels_downstream_and_rerun_finishes_only_it(
     for stage in ("01_curate", "02_keep_longest", "03_filter"):
         assert _outputs(tmp_path / "run" / stage) == _outputs(tmp_path / "local" / stage), stage
     assert [s["tasks_completed"] for s in merged["stages"]] == [s["tasks_completed"] for s in local["stages"]]
+
+
+def _wait_for(predicate, timeout=300, poll=1.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_files, lid_model, slurm_cluster):
+    """curate → tokenize → 2 CPU processes under `srun torchrun`: killed and resubmitted, then
+    preempted (SIGUSR1: checkpoint, requeue); each time it resumes from its last checkpoint."""
+    from gristmill.pipeline import run_dir as rd
+    from gristmill.pipeline.slurm_state import wait_until_gone
+
+    run_dir = tmp_path / "run"
+    cfg = from_dict({
+        "run_dir": str(run_dir),
+        "executor": SLURM,
+        "input": {"paths": [str(p) for p in wet_files]},
+        "steps": [{"langid": {"model": str(lid_model)}}],
+        "output": {"dropped_sample": 0},
+        "tokenize": {"tokenizer": {"train": {"vocab_size": 1024}}, "shard_tokens": 100000, "val_fraction": 0.05},
+        "train": {"preset": "tiny", "steps": 80, "nproc": 2, "preempt_grace_s": 10,
+                  "set": ["checkpoint.every=5", "checkpoint.keep=50", "log.progress=false", "log.tensorboard=false"]},
+    })
+    ckpts = run_dir / "train" / "checkpoints"
+
+    def saved_steps() -> list[int]:  # finished checkpoints (a `.tmp` one is being written)
+        return [int(p.name[5:]) for p in ckpts.glob("step-*") if p.name[5:].isdigit()]
+
+    run(cfg)  # submit and return
+    first = rd.read_jobs(run_dir)["train"]
+    assert _wait_for(lambda: ckpts.is_dir() and saved_steps(), timeout=600)
+    subprocess.run(["scancel", first], check=True)
+    wait_until_gone([first])
+    assert not rd.training_complete(run_dir)
+    killed_at = max(saved_steps())
+    assert killed_at < 80
+    assert [s.state for s in stage_statuses(run_dir)][-1] == "failed: training did not finish"
+
+    run(cfg)  # resubmits the training job only: the data stages are complete
+    jobs = rd.read_jobs(run_dir)
+    assert [jobs[k] for k in jobs if k != "train"] == ["-1"] * (len(jobs) - 1)
+    second = jobs["train"]
+    log = run_dir / "train" / f"slurm-{second}.out"
+    assert _wait_for(lambda: log.is_file() and "resumed from" in log.read_text(), timeout=300)
+    assert _wait_for(lambda: max(saved_steps()) > killed_at + 5)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", second], check=True)
+    wait_until_gone([second], poll_s=3)
+    text = log.read_text()
+    assert "SIGUSR1: checkpoint and requeue" in text and "preempted: checkpoint of step" in text
+    assert "(restart 1)" in text and text.count("resumed from") == 2
+    assert rd.training_complete(run_dir)
+    summary = json.loads((run_dir / "train" / "summary.json").read_text())
+    assert summary["steps"] == 80
+    assert [s.state for s in stage_statuses(run_dir)][-1] == "complete"

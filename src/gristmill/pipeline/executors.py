@@ -23,21 +23,35 @@ from gristmill.config import SlurmConfig
 from gristmill.pipeline.planner import Stage
 
 _original_add_task_logger = dt_base.add_task_logger
+_original_close_task_logger = dt_base.close_task_logger
+_TERMINAL = {"level": "WARNING", "format": "{level: <8} | {message}"}
 
 
 def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
-    logfile = _original_add_task_logger(logging_dir, rank, local_rank, node_rank)
-    # datatrove added two sinks (terminal at INFO, file at DEBUG); drop to WARNING on the terminal.
+    # local_rank=1 makes datatrove's own terminal sink ERROR-only (its "Launching pipeline" line)
+    logfile = _original_add_task_logger(logging_dir, rank, 1, node_rank)
+    # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
     logger.remove()
-    logger.add(sys.stderr, level="WARNING", format="{level: <8} | task {extra[rank]} | {message}")
+    logger.add(sys.stderr, **_TERMINAL)
     logger.add(logfile, level="DEBUG", format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
-    logger.configure(extra={"rank": rank})
     return logfile
+
+
+def _close_task_logger_quiet(logfile):
+    _original_close_task_logger(logfile)  # re-adds datatrove's INFO terminal sink ("N/M tasks completed")
+    logger.remove()
+    logger.add(sys.stderr, **_TERMINAL)
+
+
+def _quiet_task_logging() -> None:
+    """In the task's own process: route datatrove's per-task logging through the two above."""
+    dt_base.add_task_logger = _add_task_logger_quiet
+    dt_base.close_task_logger = _close_task_logger_quiet
 
 
 class LocalExecutor(LocalPipelineExecutor):
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
-        dt_base.add_task_logger = _add_task_logger_quiet  # in the task's own process
+        _quiet_task_logging()
         return super()._run_for_rank(rank, local_rank, node_rank)
 
 
@@ -56,7 +70,7 @@ class SlurmExecutor(SlurmPipelineExecutor):
         pass  # merged from the per-task stats files by gristmill instead
 
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
-        dt_base.add_task_logger = _add_task_logger_quiet
+        _quiet_task_logging()
         return super()._run_for_rank(rank, local_rank, node_rank)
 
 

@@ -106,3 +106,12 @@ def write_command(run_dir: Path, argv: list[str]) -> None:
 def read_command(run_dir: Path) -> list[str] | None:
     path = run_dir / "command.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def training_complete(run_dir: Path) -> bool:
+    """The `train:` stage reached its last step (`train/summary.json`, written by rank 0)."""
+    path = run_dir / "train" / "summary.json"
+    if not path.is_file():
+        return False
+    summary = json.loads(path.read_text())
+    return summary.get("steps", 0) >= summary.get("target_steps", 0) > 0

@@ -63,6 +63,15 @@ def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[
         executors.append(make_slurm_executor(stage, cfg.executor.slurm, executors[-1] if executors else None))
     executors[-1].run()  # datatrove submits the dependencies first, in order
     jobs = {stage.label: str(ex.job_id) for stage, ex in zip(stages, executors)}
+    if cfg.train is not None:
+        run_dir = Path(cfg.run_dir)
+        if rd.training_complete(run_dir):
+            jobs["train"] = "-1"
+        else:
+            from gristmill.pipeline.slurm_train import submit_training
+
+            last = jobs[stages[-1].label]
+            jobs["train"] = submit_training(cfg, run_dir, None if last == "-1" else last)
     rd.write_jobs(Path(cfg.run_dir), jobs)
     for label, job in jobs.items():
         console.print(f"{label}: " + ("already complete" if job == "-1" else f"submitted as Slurm job {job}"))
@@ -109,6 +118,8 @@ def run(cfg: RunConfig, force: bool = False, console: Console | None = None, wai
         follow_slurm(run_dir, stages, jobs, console)
         merged = merge_run(run_dir)
         missing = [s for s in stages if rd.completed_tasks(s.folder) < s.tasks]
+        if not missing and cfg.train is not None and not rd.training_complete(run_dir):
+            raise StageFailed(f"train: did not finish; see `pipeline status {run_dir}`")
         if missing:
             raise StageFailed(f"stage {missing[0].label}: {missing[0].tasks - rd.completed_tasks(missing[0].folder)}"
                               f" of {missing[0].tasks} tasks did not complete; see `pipeline status {run_dir}`")

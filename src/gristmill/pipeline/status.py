@@ -77,7 +77,29 @@ def stage_statuses(run_dir: Path) -> list[StageStatus]:
         if st.state.startswith(("failed", "cancelled", "incomplete")):
             upstream_failed = True
         out.append(st)
+    if "train" in jobs:
+        out.append(_train_status(run_dir, jobs["train"], upstream_failed))
     return out
+
+
+def _train_status(run_dir: Path, job: str, upstream_failed: bool) -> StageStatus:
+    from gristmill.pipeline.slurm_state import job_states
+
+    st = StageStatus("train", 1, int(rd.training_complete(run_dir)), job)
+    if job != "-1":
+        st.job_states = dict(job_states(job))
+    logs = sorted((run_dir / "train").glob("slurm-*.out"))
+    if st.completed:
+        st.state = "complete"
+    elif any(s in st.job_states for s in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED")):
+        st.state = "running" if "RUNNING" in st.job_states else "pending"
+    elif upstream_failed:
+        st.state = "cancelled: a stage it depends on failed"
+    else:
+        st.state = "failed: training did not finish"
+        if logs:
+            st.failed_tasks = {0: _tail(logs[-1])}
+    return st
 
 
 def resume_command(run_dir: Path) -> str:

@@ -28,10 +28,7 @@ def default_nproc(cfg: TrainConfig) -> int:
 
 def launch(cfg: TrainConfig, out_dir: Path, nproc: int | None = None) -> int:
     """Writes `<out>/train_config.yaml` (resolved) and runs torchrun on it; returns its exit code."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = cfg.model_copy(update={"out_dir": str(out_dir)})
-    resolved = out_dir / "train_config.yaml"
-    resolved.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    resolved = write_resolved(cfg.model_copy(update={"out_dir": str(out_dir)}), out_dir)
     n = nproc or default_nproc(cfg)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            "-m", "gristmill.trainer.train", str(resolved), "--out", str(out_dir)]
@@ -52,9 +49,21 @@ def after_pipeline(section, run_dir: Path, console) -> int | None:
     if not (tokens / "manifest.json").is_file():
         console.print(f"train: skipped, no token shards at {tokens}/manifest.json (add a `tokenize:` section)")
         return None
-    data = {"preset": section.preset, "data": {"tokens": str(tokens)}}
-    if section.steps is not None:
-        data["steps"] = section.steps
-    cfg = from_dict(data, list(section.set), source="train")
+    cfg = pipeline_train_config(section, run_dir)
     console.print(f"train: preset {section.preset}, {cfg.steps} steps → {run_dir / 'train'}")
     return launch(cfg, run_dir / "train", section.nproc)
+
+
+def pipeline_train_config(section, run_dir: Path) -> TrainConfig:
+    """The train config of a crawl YAML's `train:` section: its preset on `<run_dir>/tokens/`."""
+    data = {"preset": section.preset, "data": {"tokens": str(run_dir / "tokens")}}
+    if section.steps is not None:
+        data["steps"] = section.steps
+    return from_dict(data, list(section.set), source="train").model_copy(update={"out_dir": str(run_dir / "train")})
+
+
+def write_resolved(cfg: TrainConfig, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = out_dir / "train_config.yaml"
+    resolved.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return resolved

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import sys
 import time
@@ -119,6 +120,22 @@ def evaluate(model, cfg: TrainConfig, stream: TokenStream, d: Dist, autocast) ->
     return (total[0] / total[1]).item() if total[1] > 0 else None
 
 
+PREEMPT_ENV = "GRISTMILL_PREEMPT_FILE"
+
+
+def preempt_requested(device) -> bool:
+    """True on every rank once the preemption file exists on any (the Slurm job's signal trap
+    creates it). A file rather than a signal: torchrun does not forward SIGUSR1 to its workers.
+    Checked after each optimizer step, only when the launcher set the variable."""
+    path = os.environ.get(PREEMPT_ENV)
+    if not path:
+        return False
+    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0], device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def train(cfg: TrainConfig, out_dir: Path) -> dict:
     """Runs (or resumes) training in this process; returns a summary. Needs a process group
     (torchrun's, or a one-process group created here)."""
@@ -188,12 +205,17 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
                 val_loss = evaluate(model, cfg, val_stream, d, autocast)
                 if val_loss is not None:
                     metrics.log_eval(step, val_loss)
+            preempted = preempt_requested(d.device)
             if cfg.checkpoint.enabled and ((cfg.checkpoint.every and step % cfg.checkpoint.every == 0)
-                                           or step == end):
+                                           or step == end or preempted):
                 ckpt.save(ckpt_dir, step, model, optimizer, scheduler, loader, meta, cfg.checkpoint.keep, d.is_main)
+            if preempted:
+                if d.is_main:
+                    print(f"preempted: checkpoint of step {step} written; re-run (or requeue) resumes", flush=True)
+                break
     finally:
         metrics.close()
-    summary = {"steps": step, "trained_steps": step - start_step, "loss": last_rec.get("loss"),
+    summary = {"steps": step, "target_steps": cfg.steps, "trained_steps": step - start_step, "loss": last_rec.get("loss"),
                "val_loss": val_loss, "seconds": time.perf_counter() - started,
                "tokens_per_s": last_rec.get("tokens_per_s"), "mfu": last_rec.get("mfu"),
                "checkpoint": str(ckpt.latest(ckpt_dir)) if d.is_main else None}
