@@ -166,9 +166,9 @@ def test_bad_model_in_a_run_fails_before_reading(tmp_path, wet_files):
 def test_step_pickles_without_its_model(kenlm_model):
     step = KenLM(models={"en": str(kenlm_model)}, default_language="en")
     list(step.run(iter(_docs(["Some text."]))))
-    assert step._models is not None
+    assert step._model is not None
     clone = pickle.loads(pickle.dumps(step))
-    assert clone._models is None
+    assert clone._model is None
     assert next(clone.run(iter(_docs(["Some text."])))).metadata["perplexity"] > 1
 
 

@@ -68,3 +68,32 @@ class Filter(Step):
         finally:
             if self.dropped:
                 self.dropped.close()
+
+
+class ModelFilter(Filter):
+    """A filter that scores with a model (fastText, KenLM).
+
+    The model is loaded in the task's own process, never pickled with the step (datatrove ships
+    steps to workers and Slurm jobs by pickle), and before the first document, so a bad model
+    fails the task at once and the step's timer measures scoring only.
+    """
+
+    _model = None
+
+    def load_model(self):
+        raise NotImplementedError
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = self.load_model()
+        return self._model
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_model"] = None
+        return state
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        self.model
+        yield from super().run(data, rank, world_size)

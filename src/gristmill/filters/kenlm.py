@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 from datatrove.data import Document
 
-from gristmill.filters.base import Filter, FilterResult
+from gristmill.filters.base import FilterResult, ModelFilter
 from gristmill.filters.ccnet_normalize import normalize_lines
 from gristmill.filters.langid import ModelError
 
@@ -90,7 +90,7 @@ def bucket(pp: float, cutoffs: tuple[float, float]) -> str:
     return "head" if pp < cutoffs[0] else "middle" if pp < cutoffs[1] else "tail"
 
 
-class KenLM(Filter):
+class KenLM(ModelFilter):
     yaml_name = "kenlm"
     output_fields = {"perplexity": pa.float64(), "perplexity_bucket": pa.string()}
 
@@ -126,22 +126,14 @@ class KenLM(Filter):
                 if not c[0] <= c[1]:
                     raise ValueError(f"kenlm.cutoffs.{lang}: expected [head, middle] with head <= middle, got {list(c)}")
                 self.cutoffs[lang] = c
-        self._models: dict | None = None
+
+    def load_model(self) -> dict:
+        return {lang: load_kenlm(p) for lang, p in self.model_paths.items()}
 
     @property
     def models(self) -> dict:
-        if self._models is None:  # loaded in the task's process, never pickled
-            self._models = {lang: load_kenlm(p) for lang, p in self.model_paths.items()}
-        return self._models
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_models"] = None
-        return state
-
-    def run(self, data, rank: int = 0, world_size: int = 1):
-        self.models  # load before the step's timer starts, and before the first document
-        yield from super().run(data, rank, world_size)
+        """KenLM models by language."""
+        return self.model
 
     def filter(self, doc: Document) -> FilterResult:
         lang = doc.metadata.get("language") or self.default_language

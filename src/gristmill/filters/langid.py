@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 from datatrove.data import Document
 
-from gristmill.filters.base import Filter, FilterResult
+from gristmill.filters.base import FilterResult, ModelFilter
 
 LABEL_PREFIX = "__label__"
 
@@ -41,7 +41,7 @@ def load_fasttext(path: str | Path):
     return fasttext.FastText._FastText(model_path=str(path))
 
 
-class LangId(Filter):
+class LangId(ModelFilter):
     yaml_name = "langid"
     batch_size = 256
     output_fields = {"language": pa.string(), "language_score": pa.float32()}
@@ -62,22 +62,9 @@ class LangId(Filter):
         self.model_path = str(check_fasttext_model(resolve(model) if remote and resolve else model))
         self.languages = set(languages) if languages else None
         self.min_score = min_score
-        self._model = None
 
-    @property
-    def model(self):
-        if self._model is None:  # loaded in the task's process, never pickled
-            self._model = load_fasttext(self.model_path)
-        return self._model
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_model"] = None
-        return state
-
-    def run(self, data, rank: int = 0, world_size: int = 1):
-        self.model  # load before the step's timer starts: stats time the predictions only
-        yield from super().run(data, rank, world_size)
+    def load_model(self):
+        return load_fasttext(self.model_path)
 
     def filter(self, doc: Document) -> FilterResult:
         return self.filter_batch([doc])[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 from datatrove.data import Document
 
-from gristmill.filters.base import Filter, FilterResult
+from gristmill.filters.base import FilterResult, ModelFilter
 from gristmill.filters.langid import ModelError, check_fasttext_model, load_fasttext
 
 
@@ -29,7 +29,7 @@ def label_scores(model, texts: list[str], label: str) -> list[float]:
     return out
 
 
-class Quality(Filter):
+class Quality(ModelFilter):
     yaml_name = "quality"
     batch_size = 256
     output_fields = {"quality_score": pa.float32()}
@@ -46,26 +46,13 @@ class Quality(Filter):
         self.model_path = str(check_fasttext_model(model))  # before any document is read
         self.label = label
         self.min_score = min_score
-        self._model = None
 
-    @property
-    def model(self):
-        if self._model is None:  # loaded in the task's process, never pickled
-            model = load_fasttext(self.model_path)
-            if self.label not in model.get_labels():
-                raise ModelError(f"{self.model_path}: no label {self.label!r} in this classifier "
-                                 f"(it has {model.get_labels()}); set `label`")
-            self._model = model
-        return self._model
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_model"] = None
-        return state
-
-    def run(self, data, rank: int = 0, world_size: int = 1):
-        self.model  # load (and check the label) before the first document and the step's timer
-        yield from super().run(data, rank, world_size)
+    def load_model(self):
+        model = load_fasttext(self.model_path)
+        if self.label not in model.get_labels():
+            raise ModelError(f"{self.model_path}: no label {self.label!r} in this classifier "
+                             f"(it has {model.get_labels()}); set `label`")
+        return model
 
     def filter(self, doc: Document) -> FilterResult:
         return self.filter_batch([doc])[0]
