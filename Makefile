@@ -65,6 +65,8 @@ demo: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(VENV)/bin/pipeline stats runs/crawl
 
 test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
+	@# headless Chromium opens the HTML report in tests/pipeline/test_report.py
+	test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)

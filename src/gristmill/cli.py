@@ -3,6 +3,7 @@
     pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
     pipeline validate CONFIG [--set key=value ...]
     pipeline stats RUN_DIR [--json]
+    pipeline report RUN_DIR [-o report.html]
     pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
     pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
     pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
@@ -58,7 +59,7 @@ def cmd_run(args, console: Console) -> int:
 
 
 def cmd_stats(args, console: Console) -> int:
-    from gristmill.pipeline.stats import as_json, funnel, languages, merge_run
+    from gristmill.pipeline.stats import as_json, funnel, languages, load_scores, merge_run, top_domains
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "plan.json").is_file():
@@ -96,9 +97,31 @@ def cmd_stats(args, console: Console) -> int:
         if len(langs) > 20:
             lt.add_row(f"... {len(langs) - 20} more", f"{sum(list(langs.values())[20:]):,}")
         out.print(lt)
+    domains = top_domains(load_scores(run_dir))
+    if domains["kept"] or domains["dropped"]:
+        dt = Table(title="top domains (in the sampled documents: up to 50 kept and 50 per drop reason)")
+        for col in ("kept", "samples", "dropped", "samples "):
+            dt.add_column(col, justify="right" if col.startswith("samples") else "left")
+        k, d = domains["kept"][:10], domains["dropped"][:10]
+        for i in range(max(len(k), len(d))):
+            a = k[i] if i < len(k) else ("", "")
+            b = d[i] if i < len(d) else ("", "")
+            dt.add_row(a[0], str(a[1]), b[0], str(b[1]))
+        out.print(dt)
     for stage in merged["stages"]:
         if stage["tasks_completed"] < stage["tasks"]:
             out.print(f"[yellow]{stage['label']}: {stage['tasks_completed']}/{stage['tasks']} tasks complete[/]")
+    return 0
+
+
+def cmd_report(args, console: Console) -> int:
+    from gristmill.pipeline.report import write
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "plan.json").is_file():
+        raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
+    path = write(run_dir, args.output)
+    console.print(f"[green]wrote[/] {path} (open it in a browser; it needs no network)")
     return 0
 
 
@@ -153,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_stats)
+    rp = sub.add_parser("report", help="a self-contained HTML report of a run: funnel, score histograms, samples")
+    rp.add_argument("run_dir")
+    rp.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
+    rp.set_defaults(func=cmd_report)
     from gristmill.tokenize.cli import add_parsers as add_token_parsers
 
     add_token_parsers(sub)  # tokenizer train, tokens inspect, tokens export

@@ -8,10 +8,12 @@ dropped documents written for inspection.
 from __future__ import annotations
 
 from abc import abstractmethod
+from pathlib import Path
 
 from datatrove.data import Document, DocumentsPipeline
 
 from gristmill.pipeline.step import Step
+from gristmill.filters.scores import LENGTH_BINS, ScoreRecorder
 from gristmill.pipeline.writers import DroppedSampler
 
 FilterResult = bool | tuple[bool, str]
@@ -32,10 +34,17 @@ class Filter(Step):
     type = "🔻 FILTER"
     #: documents handed to filter_batch at once (models predict faster on batches)
     batch_size: int = 1
+    #: metadata field holding the score this filter thresholds on, histogrammed per run
+    #: (`<stage>/scores/`); None: the document's length in characters
+    score_field: str | None = None
+    #: the histogram's fixed bins: {"scale": "linear"|"log" (log10 of the value), "lo", "hi", "n"}
+    score_bins: dict = LENGTH_BINS
 
     def __init__(self, step_id: str | None = None, dropped: DroppedSampler | None = None):
         super().__init__(step_id)
         self.dropped = dropped
+        #: set by the planner to `<stage>/scores/<step>`; None: scores are kept but not written
+        self.scores_folder = None
 
     @abstractmethod
     def filter(self, doc: Document) -> FilterResult:
@@ -47,15 +56,18 @@ class Filter(Step):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if self.dropped:
             self.dropped.open(rank)
+        scores = ScoreRecorder(self.name, self.score_field, self.score_bins)
         try:
             for batch in _batched(data, self.batch_size):
                 sizes = [len(d.text.encode("utf-8")) for d in batch]
+                chars = [len(d.text) for d in batch]
                 with self.track_time():
                     results = self.filter_batch(batch)
-                for doc, size, result in zip(batch, sizes, results):
+                for doc, size, length, result in zip(batch, sizes, chars, results):
                     self.stat_update("total")
                     self.stat_update("bytes_in", value=size)
                     keep, reason = (result, None) if isinstance(result, bool) else result
+                    scores.add(doc, length, keep, reason)
                     if keep:
                         self.stat_update("forwarded")
                         self.stat_update("bytes_out", value=len(doc.text.encode("utf-8")))
@@ -65,6 +77,8 @@ class Filter(Step):
                         self.stat_update(f"dropped_{reason or 'unspecified'}")
                         if self.dropped:
                             self.dropped.offer(doc, reason)
+            if self.scores_folder is not None:  # the task's input is exhausted: it finished
+                scores.write(Path(self.scores_folder), rank)
         finally:
             if self.dropped:
                 self.dropped.close()

@@ -13,6 +13,7 @@ import pyarrow as pa
 from datatrove.data import Document
 
 from gristmill.filters.base import FilterResult, ModelFilter
+from gristmill.filters.scores import LINEAR_01
 
 LABEL_PREFIX = "__label__"
 
@@ -45,6 +46,8 @@ class LangId(ModelFilter):
     yaml_name = "langid"
     batch_size = 256
     output_fields = {"language": pa.string(), "language_score": pa.float32()}
+    score_field = "language_score"
+    score_bins = LINEAR_01
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ import pyarrow as pa
 from datatrove.data import Document
 
 from gristmill.filters.base import FilterResult, ModelFilter
+from gristmill.filters.scores import LINEAR_01
 from gristmill.filters.langid import ModelError, check_fasttext_model, load_fasttext
 
 
@@ -33,6 +34,8 @@ class Quality(ModelFilter):
     yaml_name = "quality"
     batch_size = 256
     output_fields = {"quality_score": pa.float32()}
+    score_field = "quality_score"
+    score_bins = LINEAR_01
 
     def __init__(
         self,

@@ -76,7 +76,10 @@ def _instantiate(spec: StepSpec, cls: type, stage_folder: Path, fields: dict, cf
         kwargs["dropped"] = DroppedSampler(
             stage_folder / "dropped" / spec.step_id, cfg.output.dropped_sample, {**fields, **cls.output_fields}
         )
-    return cls(step_id=spec.step_id, **kwargs)
+    step = cls(step_id=spec.step_id, **kwargs)
+    if issubclass(cls, Filter):
+        step.scores_folder = str(stage_folder / "scores" / spec.step_id)
+    return step
 
 
 @dataclass

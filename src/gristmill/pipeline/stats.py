@@ -35,6 +35,58 @@ def merge_stage(folder: Path) -> list[dict]:
     return steps
 
 
+def merge_scores(folder: Path) -> dict[str, dict]:
+    """Merge each filter's per-task score histograms and samples into `<stage>/scores.json`."""
+    from gristmill.filters.scores import merge
+
+    merged = {}
+    root = folder / "scores"
+    for step_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        parts = [json.loads(p.read_text()) for p in sorted(step_dir.glob("*.json"))]
+        if parts:
+            merged[step_dir.name] = merge(parts)
+    if merged:
+        (folder / "scores.json").write_text(json.dumps(merged))
+    return merged
+
+
+def load_scores(run_dir: Path) -> dict[str, dict]:
+    """Stage label → step → merged scores (histograms, samples), as `merge_run` wrote them."""
+    out = {}
+    for stage in json.loads((run_dir / "plan.json").read_text())["stages"]:
+        path = run_dir / stage["label"] / "scores.json"
+        if path.is_file():
+            out[stage["label"]] = json.loads(path.read_text())
+    return out
+
+
+def domain(url: str | None) -> str | None:
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(url).hostname if url else None
+    except ValueError:
+        return None
+    return host.removeprefix("www.") if host else None
+
+
+def top_domains(scores: dict[str, dict], n: int = 15) -> dict[str, list[tuple[str, int]]]:
+    """Most frequent domains among the *sampled* kept documents (of the run's last filter) and
+    dropped documents (all filters): an estimate from the bounded samples, not exact counts."""
+    from collections import Counter
+
+    kept, dropped = Counter(), Counter()
+    records = [rec for steps in scores.values() for rec in steps.values()]
+    for rec in records:
+        for s in rec["samples"]:
+            d = domain(s.get("url"))
+            if d and not s["kept"]:
+                dropped[d] += 1
+            elif d and rec is records[-1]:  # kept by the run's last filter
+                kept[d] += 1
+    return {"kept": kept.most_common(n), "dropped": dropped.most_common(n)}
+
+
 def merge_run(run_dir: Path) -> dict:
     plan = json.loads((run_dir / "plan.json").read_text())
     stages = []
@@ -42,6 +94,7 @@ def merge_run(run_dir: Path) -> dict:
         folder = run_dir / stage["label"]
         done = len(list((folder / "completions").glob("*"))) if (folder / "completions").is_dir() else 0
         steps = merge_stage(folder) if (folder / "stats").is_dir() else []
+        merge_scores(folder)
         stages.append({**stage, "tasks_completed": done, "steps": steps})
     merged = {"run_dir": str(run_dir), "stages": stages}
     (run_dir / "stats.json").write_text(json.dumps(merged, indent=2))

@@ -1,0 +1,111 @@
+"""Score histograms and a deterministic sample of documents, kept per filter step during a run.
+
+Memory is bounded whatever the crawl size: fixed-bin histograms (kept and dropped documents
+separately) of the step's score, a document-length histogram before and after the step, and for
+each drop reason (and for kept documents) the `SAMPLE_SIZE` documents with the smallest hash of
+their id: a uniform sample that a re-run, or a different task split, chooses identically.
+Each task writes `<stage>/scores/<step>/<rank>.json` when it finishes; `pipeline.stats`
+merges them per stage into `<stage>/scores.json`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+from pathlib import Path
+
+import xxhash
+
+SAMPLE_SIZE = 50
+SAMPLE_CHARS = 300
+#: document length in characters: log10 bins from 1 to 10**7 characters
+LENGTH_BINS = {"scale": "log", "lo": 0.0, "hi": 7.0, "n": 28}
+LINEAR_01 = {"scale": "linear", "lo": 0.0, "hi": 1.0, "n": 20}
+
+
+def bin_index(value: float, bins: dict) -> int:
+    lo, hi, n = bins["lo"], bins["hi"], bins["n"]
+    if bins["scale"] == "log":
+        value = math.log10(value) if value > 0 else lo
+    i = int((value - lo) / (hi - lo) * n)
+    return 0 if i < 0 else n - 1 if i >= n else i
+
+
+def bin_edges(bins: dict) -> list[float]:
+    """Edges of the bins, in the score's own units (10**x for log bins)."""
+    lo, hi, n = bins["lo"], bins["hi"], bins["n"]
+    edges = [lo + (hi - lo) * i / n for i in range(n + 1)]
+    return [10**e for e in edges] if bins["scale"] == "log" else edges
+
+
+class ScoreRecorder:
+    def __init__(self, step: str, score_field: str | None, bins: dict):
+        self.step = step
+        self.score_field = score_field or "length_chars"
+        self.use_length = score_field is None
+        self.bins = bins
+        n = bins["n"]
+        self.hist = {"kept": [0] * n, "dropped": [0] * n}
+        self.missing = {"kept": 0, "dropped": 0}
+        self.length = {"before": [0] * LENGTH_BINS["n"], "after": [0] * LENGTH_BINS["n"]}
+        # (reason or "" for kept) -> max-heap (as negated hashes) of the SAMPLE_SIZE smallest hashes
+        self._heaps: dict[str, list] = {}
+        self._n = 0
+
+    def add(self, doc, length_before: int, keep: bool, reason: str | None) -> None:
+        self.length["before"][bin_index(length_before, LENGTH_BINS)] += 1
+        if keep:
+            self.length["after"][bin_index(len(doc.text), LENGTH_BINS)] += 1
+        side = "kept" if keep else "dropped"
+        score = length_before if self.use_length else doc.metadata.get(self.score_field)
+        if score is None:
+            self.missing[side] += 1
+        else:
+            self.hist[side][bin_index(score, self.bins)] += 1
+        key = "" if keep else (reason or "unspecified")
+        h = xxhash.xxh3_64_intdigest(doc.id or doc.text)
+        heap = self._heaps.setdefault(key, [])
+        if len(heap) < SAMPLE_SIZE:  # (-hash, -arrival): equal hashes (duplicate ids) keep the first
+            heapq.heappush(heap, (-h, -self._n, self._sample(doc, h, score, keep, key)))
+        elif -heap[0][0] > h:
+            heapq.heapreplace(heap, (-h, -self._n, self._sample(doc, h, score, keep, key)))
+        self._n += 1
+
+    @staticmethod
+    def _sample(doc, h: int, score, keep: bool, reason: str) -> dict:
+        return {"hash": h, "score": None if score is None else float(score), "id": doc.id,
+                "url": doc.metadata.get("url"), "kept": keep, "reason": reason or None,
+                "text": doc.text[:SAMPLE_CHARS]}
+
+    def as_dict(self) -> dict:
+        samples = sorted((s for heap in self._heaps.values() for *_, s in heap),
+                         key=lambda s: (s["reason"] or "", s["hash"]))
+        return {"step": self.step, "score_field": self.score_field, "bins": self.bins, "hist": self.hist,
+                "missing": self.missing, "length_bins": LENGTH_BINS, "length": self.length, "samples": samples}
+
+    def write(self, folder: Path, rank: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{rank:05d}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.as_dict()))
+        os.replace(tmp, path)
+
+
+def merge(parts: list[dict]) -> dict:
+    """Merge per-task score records of one step (histograms summed, samples re-chosen by hash)."""
+    out = json.loads(json.dumps(parts[0]))
+    for p in parts[1:]:
+        for side in out["hist"]:
+            out["hist"][side] = [a + b for a, b in zip(out["hist"][side], p["hist"][side])]
+            out["missing"][side] += p["missing"][side]
+        for side in out["length"]:
+            out["length"][side] = [a + b for a, b in zip(out["length"][side], p["length"][side])]
+    groups: dict[str, list] = {}
+    for p in parts:
+        for s in p["samples"]:
+            groups.setdefault(s["reason"] or "", []).append(s)
+    out["samples"] = [s for key in sorted(groups) for s in heapq.nsmallest(SAMPLE_SIZE, groups[key],
+                                                                          key=lambda s: s["hash"])]
+    return out

@@ -1,0 +1,401 @@
+"""`pipeline report RUN_DIR -o report.html`: one self-contained HTML page about a run.
+
+No network, no JavaScript library, no plotting dependency: the CSS is inline and every plot is
+an SVG built here. Everything that comes from the web (text, URLs, language codes, reasons) is
+escaped with `html.escape`, so a crawled `<script>` shows as text. The page's one inline script
+(our own) marks `document.body.dataset.ok` on load, which the tests read from headless Chromium.
+
+The same figures back `gristmill.stats` (they have `_repr_svg_`, so Jupyter draws them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from html import escape
+from pathlib import Path
+
+import yaml
+
+from gristmill.filters.scores import bin_edges
+from gristmill.pipeline.stats import funnel, languages, load_scores, merge_run, top_domains
+
+KEPT, DROPPED, BEFORE, AFTER, LINE = "#3b7dd8", "#e0703a", "#9aa5b1", "#3b7dd8", "#c0392b"
+
+
+def esc(value) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+class Figure:
+    """An SVG figure; Jupyter draws it inline (`_repr_svg_`), `str()` is the SVG markup."""
+
+    def __init__(self, svg: str):
+        self.svg = svg
+
+    def _repr_svg_(self) -> str:
+        return self.svg
+
+    def __str__(self) -> str:
+        return self.svg
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.svg)
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if a >= 1e3:
+        return f"{v / 1e3:.3g}k"
+    return f"{v:.3g}"
+
+
+def bar_chart(items: list[tuple[str, float]], title: str = "", color: str = KEPT, width: int = 560) -> Figure:
+    """Horizontal bars, one per (label, value)."""
+    row, left, top = 20, 210, 26 if title else 6
+    h = top + row * max(len(items), 1) + 8
+    vmax = max((v for _, v in items), default=0) or 1
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" viewBox="0 0 {width} {h}" '
+             f'font-family="sans-serif" font-size="12">']
+    if title:
+        parts.append(f'<text x="4" y="16" font-weight="bold">{esc(title)}</text>')
+    for i, (label, v) in enumerate(items):
+        y = top + i * row
+        w = (width - left - 70) * v / vmax
+        parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{esc(str(label)[:34])}</text>'
+                     f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" fill="{color}"/>'
+                     f'<text x="{left + w + 4:.1f}" y="{y + 14}">{esc(f"{v:,.0f}")}</text>')
+    parts.append("</svg>")
+    return Figure("".join(parts))
+
+
+def histogram(edges: list[float], series: dict[str, list[int]], title: str = "", log_x: bool = False,
+              threshold: float | None = None, threshold_label: str = "", colors: dict[str, str] | None = None,
+              width: int = 560, height: int = 230) -> Figure:
+    """Overlaid step histograms over shared bin `edges` (log10 x axis if `log_x`), a red line at
+    `threshold`."""
+    colors = colors or {}
+    palette = [KEPT, DROPPED, BEFORE, LINE]
+    ml, mr, mt, mb = 48, 12, 26, 36
+    pw, ph = width - ml - mr, height - mt - mb
+    xs = [math.log10(e) if log_x else e for e in edges]
+    x0, x1 = xs[0], xs[-1]
+    ymax = max((max(c) for c in series.values() if c), default=0) or 1
+    X = lambda x: ml + (x - x0) / (x1 - x0) * pw  # noqa: E731
+    Y = lambda y: mt + ph - y / ymax * ph  # noqa: E731
+    p = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+         f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
+         f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
+         f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>']
+    for frac in (0, 0.5, 1):
+        y = ymax * frac
+        p.append(f'<text x="{ml - 4}" y="{Y(y) + 4:.1f}" text-anchor="end">{_fmt(y)}</text>')
+    ticks = 6
+    for i in range(ticks + 1):
+        x = x0 + (x1 - x0) * i / ticks
+        label = _fmt(10**x) if log_x else _fmt(round(x, 3))
+        p.append(f'<text x="{X(x):.1f}" y="{mt + ph + 14}" text-anchor="middle">{label}</text>')
+    legend_x = ml + pw
+    for k, (name, counts) in enumerate(series.items()):
+        color = colors.get(name, palette[k % len(palette)])
+        pts = [f"{X(xs[0]):.1f},{Y(0):.1f}"]
+        for i, c in enumerate(counts):
+            pts += [f"{X(xs[i]):.1f},{Y(c):.1f}", f"{X(xs[i + 1]):.1f},{Y(c):.1f}"]
+        pts.append(f"{X(xs[-1]):.1f},{Y(0):.1f}")
+        p.append(f'<polygon points="{" ".join(pts)}" fill="{color}" fill-opacity="0.35" stroke="{color}"/>')
+        label = f"{name} ({sum(counts):,})"
+        p.append(f'<rect x="{legend_x - 150}" y="{mt + 2 + 14 * k}" width="10" height="10" fill="{color}"/>'
+                 f'<text x="{legend_x - 136}" y="{mt + 11 + 14 * k}">{esc(label)}</text>')
+    if threshold is not None and (threshold > 0 or not log_x):
+        tx = math.log10(threshold) if log_x else threshold
+        if x0 <= tx <= x1:
+            p.append(f'<line x1="{X(tx):.1f}" y1="{mt}" x2="{X(tx):.1f}" y2="{mt + ph}" stroke="{LINE}" '
+                     f'stroke-width="2" stroke-dasharray="5,3"/>'
+                     f'<text x="{width - 4}" y="15" text-anchor="end" fill="{LINE}">- - {esc(threshold_label)} '
+                     f'{_fmt(threshold)}</text>')
+    p.append(f'<text x="{ml + pw / 2}" y="{height - 4}" text-anchor="middle" fill="#555">'
+             f'{"log scale" if log_x else ""}</text></svg>')
+    return Figure("".join(p))
+
+
+def line_chart(series: dict[str, list[tuple[float, float]]], title: str = "", width: int = 560,
+               height: int = 230) -> Figure:
+    ml, mr, mt, mb = 48, 12, 26, 30
+    pw, ph = width - ml - mr, height - mt - mb
+    pts_all = [pt for s in series.values() for pt in s]
+    if not pts_all:
+        return Figure("")
+    xmin, xmax = min(x for x, _ in pts_all), max(x for x, _ in pts_all)
+    ymin, ymax = min(y for _, y in pts_all), max(y for _, y in pts_all)
+    xmax, ymax = (xmax if xmax > xmin else xmin + 1), (ymax if ymax > ymin else ymin + 1)
+    X = lambda x: ml + (x - xmin) / (xmax - xmin) * pw  # noqa: E731
+    Y = lambda y: mt + ph - (y - ymin) / (ymax - ymin) * ph  # noqa: E731
+    p = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+         f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
+         f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
+         f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>',
+         f'<text x="{ml - 4}" y="{Y(ymax) + 4:.1f}" text-anchor="end">{_fmt(ymax)}</text>',
+         f'<text x="{ml - 4}" y="{Y(ymin) + 4:.1f}" text-anchor="end">{_fmt(ymin)}</text>',
+         f'<text x="{ml}" y="{mt + ph + 14}">{_fmt(xmin)}</text>',
+         f'<text x="{ml + pw}" y="{mt + ph + 14}" text-anchor="end">{_fmt(xmax)}</text>']
+    for k, (name, pts) in enumerate(series.items()):
+        color = [KEPT, DROPPED, LINE][k % 3]
+        p.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
+                 f'points="{" ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in pts)}"/>'
+                 f'<text x="{ml + pw - 100}" y="{mt + 12 + 14 * k}" fill="{color}">{esc(name)}</text>')
+    p.append("</svg>")
+    return Figure("".join(p))
+
+
+# --- what the report reads ------------------------------------------------------------------
+
+#: (yaml step name, parameter, label) of the thresholds drawn on score histograms
+THRESHOLDS = {"langid": ("min_score", "min"), "quality": ("min_score", "min"), "kenlm": ("max_perplexity", "max")}
+
+
+def thresholds(run_dir: Path) -> dict[str, tuple[float, str]]:
+    """step id → (threshold, label), read from the run's config.yaml."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return {}
+    cfg = yaml.safe_load(path.read_text()) or {}
+    out = {}
+    for i, spec in enumerate(cfg.get("steps") or []):
+        if not isinstance(spec, dict) or len(spec) != 1:
+            continue
+        (name, params), = spec.items()
+        if name in THRESHOLDS and isinstance(params, dict):
+            key, label = THRESHOLDS[name]
+            value = params.get(key)
+            if isinstance(value, (int, float)):
+                out[f"{i:02d}_{name}"] = (float(value), f"{label} {key}")
+    return out
+
+
+def score_figure(step: str, rec: dict, threshold: tuple[float, str] | None = None) -> Figure:
+    field = rec["score_field"]
+    return histogram(bin_edges(rec["bins"]), {"kept": rec["hist"]["kept"], "dropped": rec["hist"]["dropped"]},
+                     title=f"{step}: {field}" + (" (documents without a score not shown)" if any(rec["missing"].values()) else ""),
+                     log_x=rec["bins"]["scale"] == "log", threshold=threshold[0] if threshold else None,
+                     threshold_label=threshold[1] if threshold else "", colors={"kept": KEPT, "dropped": DROPPED})
+
+
+def length_figure(step: str, rec: dict) -> Figure:
+    return histogram(bin_edges(rec["length_bins"]), {"before": rec["length"]["before"], "after (kept)": rec["length"]["after"]},
+                     title=f"{step}: document length (characters)", log_x=True,
+                     colors={"before": BEFORE, "after (kept)": AFTER})
+
+
+def token_stats(run_dir: Path) -> dict | None:
+    if not (run_dir / "tokens" / "manifest.json").is_file():
+        return None
+    import numpy as np
+
+    from gristmill.tokenize import open_tokens
+
+    tok = open_tokens(run_dir / "tokens", verify=False)
+    out = {"vocab_size": tok.vocab_size, "splits": {}}
+    for split in tok.splits:
+        lengths = tok.document_lengths(split)
+        out["splits"][split] = {"documents": int(len(lengths)), "tokens": int(lengths.sum()), "lengths": lengths}
+    all_lengths = np.concatenate([s["lengths"] for s in out["splits"].values()]) if out["splits"] else np.zeros(0)
+    out["lengths"] = all_lengths
+    return out
+
+
+def training_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "train" / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def dedup_counters(merged: dict) -> list[tuple[str, dict]]:
+    out = []
+    for stage in merged["stages"]:
+        for step in stage["steps"]:
+            c = step["counters"]
+            if "clusters" in c or "duplicates" in c:
+                out.append((f"{stage['label']} / {step['name']}", c))
+    return out
+
+
+# --- the page -------------------------------------------------------------------------------
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 16px}
+h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}
+h3{font-size:14px;margin:16px 0 6px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+td.l,th.l{text-align:left}th{background:#f3f5f7}
+.grid{display:flex;flex-wrap:wrap;gap:12px}.grid svg{border:1px solid #eee;background:#fff}
+.doc{border:1px solid #e3e3e3;border-left:4px solid #e0703a;margin:6px 0;padding:4px 8px;font-size:12px}
+.doc.kept{border-left-color:#3b7dd8}.doc pre{white-space:pre-wrap;margin:4px 0;max-height:6.5em;overflow:hidden}
+.muted{color:#666;font-size:13px}details{margin:4px 0}summary{cursor:pointer;font-size:13px}
+"""
+
+# Our own script; it reads window.pwned only to let the tests prove no crawled script ran.
+SCRIPT = """<script>
+window.addEventListener('load', function () {
+  if (window.pwned !== undefined) { document.body.dataset.pwned = String(window.pwned); }
+  document.body.dataset.ok = '1';
+});
+</script>"""
+
+
+def _table(headers: list[str], rows: list[list], left: int = 1) -> str:
+    head = "".join(f'<th class="{"l" if i < left else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{esc(v)}</td>' for i, v in enumerate(r))
+                   + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _sample_html(s: dict) -> str:
+    score = "-" if s.get("score") is None else f"{s['score']:.4g}"
+    lines = "\n".join((s.get("text") or "").splitlines()[:5])
+    cls = "doc kept" if s["kept"] else "doc"
+    return (f'<div class="{cls}"><b>{esc("kept" if s["kept"] else s.get("reason"))}</b> · score {esc(score)} · '
+            f'<span class="muted">{esc(s.get("url"))}</span><pre>{esc(lines)}</pre></div>')
+
+
+def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
+    """The report's HTML for a run directory (stats merged afresh)."""
+    run_dir = Path(run_dir)
+    merged = merge_run(run_dir)
+    scores = load_scores(run_dir)
+    thr = thresholds(run_dir)
+    rows = funnel(merged)
+    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>gristmill report: "
+           f"{esc(run_dir.name)}</title><style>{CSS}</style></head><body>",
+           f"<h1>gristmill report: {esc(run_dir)}</h1>"]
+    incomplete = [s for s in merged["stages"] if s["tasks_completed"] < s["tasks"]]
+    for s in incomplete:
+        out.append(f'<p class="muted">{esc(s["label"])}: {s["tasks_completed"]}/{s["tasks"]} tasks complete</p>')
+
+    # funnel
+    out.append('<section id="funnel"><h2>Funnel</h2>')
+    out.append(_table(["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time s", "MB/s"],
+                      [[r.stage, r.step, f"{r.docs_in:,}", f"{r.docs_out:,}",
+                        f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-", f"{r.bytes_in:,}", f"{r.bytes_out:,}",
+                        f"{r.time_s:.2f}", f"{r.mb_per_s:.1f}" if r.mb_per_s else "-"] for r in rows], left=2))
+    out.append(f'<div class="grid">{bar_chart([(r.step, r.docs_out) for r in rows], "documents out of each step")}</div>')
+    out.append("</section>")
+
+    # drops by reason
+    out.append('<section id="reasons"><h2>Drops by reason</h2><div class="grid">')
+    reason_rows = []
+    for r in rows:
+        if r.drops:
+            items = sorted(r.drops.items(), key=lambda kv: -kv[1])
+            out.append(str(bar_chart(items, f"{r.step}: {r.docs_in - r.docs_out:,} of {r.docs_in:,} dropped", DROPPED)))
+            reason_rows += [[r.step, k, f"{v:,}", f"{v / r.docs_in:.1%}" if r.docs_in else "-"] for k, v in items]
+    out.append("</div>" + _table(["step", "reason", "documents", "share of step input"], reason_rows, left=2))
+    out.append("</section>")
+
+    # histograms
+    out.append('<section id="histograms"><h2>Scores and document length, kept vs dropped</h2>')
+    if not scores:
+        out.append('<p class="muted">No score histograms in this run directory (made before they were recorded).</p>')
+    for label, steps in scores.items():
+        out.append(f"<h3>{esc(label)}</h3><div class=grid>")
+        for step, rec in steps.items():
+            out.append(str(score_figure(step, rec, thr.get(step))))
+            out.append(str(length_figure(step, rec)))
+        out.append("</div>")
+    out.append("</section>")
+
+    # languages
+    langs = languages(merged)
+    out.append('<section id="languages"><h2>Languages (langid, before its keep-list)</h2>')
+    if langs:
+        items = list(langs.items())[:20]
+        if len(langs) > 20:
+            items.append((f"{len(langs) - 20} more", sum(list(langs.values())[20:])))
+        out.append(f"<div class=grid>{bar_chart(items, 'documents per language')}</div>")
+    else:
+        out.append('<p class="muted">No langid step in this run.</p>')
+    out.append("</section>")
+
+    # domains
+    dom = top_domains(scores)
+    out.append('<section id="domains"><h2>Top domains</h2><p class="muted">Counted in the sampled documents '
+               "(up to 50 kept by the last filter and 50 per drop reason, chosen by hash of the document id), "
+               "not in all documents.</p><div class=grid>")
+    out.append(str(bar_chart(dom["kept"], "kept (sampled)", KEPT)) + str(bar_chart(dom["dropped"], "dropped (sampled)", DROPPED)))
+    out.append("</div></section>")
+
+    # dedup
+    dd = dedup_counters(merged)
+    if dd:
+        out.append('<section id="dedup"><h2>Deduplication</h2><p class="muted">Cluster sizes are not recorded by the '
+                   "dedup stages; their counters:</p>")
+        for name, c in dd:
+            out.append(f"<h3>{esc(name)}</h3>" + _table(["counter", "value"], [[k, f"{v:,}"] for k, v in c.items()]))
+        out.append("</section>")
+
+    # tokens
+    tok = token_stats(run_dir)
+    if tok:
+        import numpy as np
+
+        out.append('<section id="tokens"><h2>Tokens</h2>')
+        out.append(_table(["split", "documents", "tokens"], [[s, f"{v['documents']:,}", f"{v['tokens']:,}"]
+                                                            for s, v in tok["splits"].items()]))
+        lengths = tok["lengths"]
+        if len(lengths):
+            top = max(1.0, math.log10(max(int(lengths.max()), 1)) + 0.25)
+            edges_log = np.linspace(0, top, 25)
+            counts, _ = np.histogram(np.log10(np.maximum(lengths, 1)), bins=edges_log)
+            out.append("<div class=grid>" + str(histogram([10**e for e in edges_log], {"documents": counts.tolist()},
+                                                          "document length (tokens)", log_x=True)) + "</div>")
+        out.append("</section>")
+
+    # training
+    metrics = training_metrics(run_dir)
+    if metrics:
+        loss = [(m["step"], m["loss"]) for m in metrics if "loss" in m and "step" in m]
+        val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m and "step" in m]
+        out.append('<section id="training"><h2>Training</h2><div class=grid>')
+        out.append(str(line_chart({"loss": loss, **({"val_loss": val} if val else {})}, "loss by step")))
+        out.append("</div></section>")
+
+    # samples
+    out.append('<section id="samples"><h2>Sampled documents</h2><p class="muted">Per filter and reason, documents '
+               "chosen by the smallest hash of their id (first lines of up to 300 characters).</p>")
+    for label, steps in scores.items():
+        for step, rec in steps.items():
+            groups: dict[str, list] = {}
+            for s in rec["samples"]:
+                groups.setdefault("kept" if s["kept"] else s.get("reason") or "unspecified", []).append(s)
+            out.append(f"<h3>{esc(label)} / {esc(step)}</h3>")
+            for reason in sorted(groups, key=lambda g: (g == "kept", g)):
+                docs = groups[reason]
+                out.append(f"<details{' open' if reason != 'kept' else ''}><summary>{esc(reason)} "
+                           f"({len(docs)} sampled)</summary>")
+                out.extend(_sample_html(s) for s in docs[:samples_per_reason])
+                out.append("</details>")
+    out.append("</section>")
+    out.append(SCRIPT + "</body></html>")
+    return "\n".join(out)
+
+
+def write(run_dir: str | Path, output: str | Path) -> Path:
+    output = Path(output)
+    html = build(run_dir)
+    tmp = output.with_name(output.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(output)
+    return output
