@@ -30,6 +30,17 @@ def test_same_clusters_and_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
         cl = np.load(next(s for s in st if s.name == "near_dedup_cluster").folder / "clusters.npy")
         res.append((cl.tolist(), sorted(pq.read_table(st[-1].output, columns=["id"]).column("id").to_pylist())))
     assert res[0] == res[1] and len(res[0][0]) > 100
+    # the cluster size distribution (for `pipeline report`) accounts for every clustered document
+    import json
+
+    cluster = next(s for s in st if s.name == "near_dedup_cluster").folder
+    sizes = {int(k): v for k, v in json.loads((cluster / "cluster_sizes.json").read_text())["sizes"].items()}
+    nodes, roots = np.load(cluster / "clusters.npy").T
+    assert sum(k * v for k, v in sizes.items()) == len(nodes)
+    assert sum(sizes.values()) == int((nodes == roots).sum()) and min(sizes) >= 2
+    from gristmill.pipeline.report import cluster_sizes
+
+    assert cluster_sizes(tmp_path / "r4") == [(cluster.name, {str(k): v for k, v in sizes.items()})]
 
 
 def test_pipeline_run_with_both_dedups_is_task_count_invariant(tmp_path, wet_files):

@@ -236,6 +236,13 @@ class NearDedupVerify(Step):
         yield
 
 
+def write_cluster_sizes(folder: Path, roots: np.ndarray) -> None:
+    """`cluster_sizes.json`: how many duplicate clusters have each size (documents per cluster),
+    for `pipeline report`. One entry per distinct size, so it stays small at any scale."""
+    sizes, counts = np.unique(np.unique(roots, return_counts=True)[1], return_counts=True) if len(roots) else ([], [])
+    write_json_atomic(folder / "cluster_sizes.json", {"sizes": {str(int(k)): int(v) for k, v in zip(sizes, counts)}})
+
+
 class NearDedupCluster(Step):
     type = "🫂 DEDUP"
     yaml_name = "near_dedup_cluster"
@@ -249,6 +256,7 @@ class NearDedupCluster(Step):
             loaders = [(lambda s=s: _shard_edges(self.edge_folder, s)) for s in range(self.shards)]
             nodes, roots = components(loaders)
             save_npy(self.folder / "clusters.npy", np.stack([nodes, roots], axis=1))
+            write_cluster_sizes(self.folder, roots)
             removed = nodes[nodes != roots]
             task_ranks, _ = load_ranks(self.sig_folder)
             src = (removed >> np.uint64(40)).astype(np.int64)

@@ -222,6 +222,14 @@ def training_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
+def cluster_sizes(run_dir: Path) -> list[tuple[str, dict[str, int]]]:
+    """Near-dedup cluster size distributions (`<NN_near_dedup_cluster>/cluster_sizes.json`)."""
+    out = []
+    for path in sorted(Path(run_dir).glob("*_near_dedup_cluster/cluster_sizes.json")):
+        out.append((path.parent.name, json.loads(path.read_text())["sizes"]))
+    return out
+
+
 def dedup_counters(merged: dict) -> list[tuple[str, dict]]:
     out = []
     for stage in merged["stages"]:
@@ -339,9 +347,13 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
 
     # dedup
     dd = dedup_counters(merged)
-    if dd:
-        out.append('<section id="dedup"><h2>Deduplication</h2><p class="muted">Cluster sizes are not recorded by the '
-                   "dedup stages; their counters:</p>")
+    clusters = cluster_sizes(run_dir)
+    if dd or clusters:
+        out.append('<section id="dedup"><h2>Deduplication</h2>')
+        for name, sizes in clusters:
+            items = [(f"{size} docs", n) for size, n in sorted(sizes.items(), key=lambda kv: int(kv[0]))]
+            out.append(f"<h3>{esc(name)}: near-duplicate clusters by size</h3>"
+                       + str(bar_chart(items, "clusters of each size (documents per cluster)", DROPPED)))
         for name, c in dd:
             out.append(f"<h3>{esc(name)}</h3>" + _table(["counter", "value"], [[k, f"{v:,}"] for k, v in c.items()]))
         out.append("</section>")
