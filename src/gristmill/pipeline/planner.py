@@ -76,10 +76,7 @@ def _instantiate(spec: StepSpec, cls: type, stage_folder: Path, fields: dict, cf
         kwargs["dropped"] = DroppedSampler(
             stage_folder / "dropped" / spec.step_id, cfg.output.dropped_sample, {**fields, **cls.output_fields}
         )
-    step = cls(step_id=spec.step_id, **kwargs)
-    if issubclass(cls, Filter):
-        step.scores_folder = str(stage_folder / "scores" / spec.step_id)
-    return step
+    return cls(step_id=spec.step_id, **kwargs)
 
 
 @dataclass
@@ -113,6 +110,9 @@ class PlanContext:
         index = len(self.stages) + 1
         stage = Stage(index, name, self.stage_folder(name), pipeline, tasks or self.cfg.executor.tasks,
                       self.cfg.executor.workers, [s.name for s in pipeline])
+        for step in pipeline:  # every filter of every stage (dedup's too) records its scores
+            if isinstance(step, Filter) and step.scores_folder is None:
+                step.scores_folder = str(stage.folder / "scores" / step.name)
         self.stages.append(stage)
         return stage
 
