@@ -13,7 +13,6 @@ cheap check that catches truncation without hashing).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,19 +21,11 @@ from typing import Iterator, Literal
 import numpy as np
 import pyarrow as pa
 
-from gristmill.tokenize.shards import FORMAT, VERSION
+from gristmill.tokenize.shards import FORMAT, VERSION, sha256_file
 
 
 class TokenShardError(ValueError):
     """A token directory or shard that does not match its manifest; names the file."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -99,7 +90,7 @@ class TokenDir:
             return
         if not path.is_file():
             raise TokenShardError(f"{path}: shard listed in manifest.json is missing")
-        digest = _sha256(path)
+        digest = sha256_file(path)
         if digest != entry["sha256"]:
             raise TokenShardError(f"{path}: sha256 {digest} does not match manifest.json ({entry['sha256']}):"
                                   " the shard is truncated, modified or from another run")
@@ -190,7 +181,7 @@ def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> Toke
     tokdir = TokenDir(root, manifest, verify)
     tok_file = root / manifest["tokenizer"]["file"]
     if verify is True:
-        if not tok_file.is_file() or _sha256(tok_file) != manifest["tokenizer"]["sha256"]:
+        if not tok_file.is_file() or sha256_file(tok_file) != manifest["tokenizer"]["sha256"]:
             raise TokenShardError(f"{tok_file}: missing or its sha256 does not match manifest.json")
         tokdir.verify()
     return tokdir

@@ -98,7 +98,8 @@ class IntermediateWriter:
         os.replace(self.tmp, self.path)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks (shards can be GBs)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -168,7 +169,7 @@ def merge_shards(inputs: Iterable[Path], out_dir: Path, *, tokenizer_file: Path,
             values = np.concatenate(chunk_vals).astype(np_dtype, copy=False)
             write_shard(tmp / name, values, np.asarray(chunk_lens, dtype=np.int64), chunk_ids, dtype, split)
             shards.append({"path": name, "split": split, "documents": len(chunk_ids), "tokens": int(len(values)),
-                           "sha256": _sha256(tmp / name)})
+                           "sha256": sha256_file(tmp / name)})
             if progress:
                 progress(shards[-1])
             chunk_vals, chunk_lens, chunk_ids, count = [], [], [], 0
@@ -193,7 +194,7 @@ def merge_shards(inputs: Iterable[Path], out_dir: Path, *, tokenizer_file: Path,
     manifest = {
         "format": FORMAT,
         "version": VERSION,
-        "tokenizer": {"file": "tokenizer.json", "sha256": _sha256(tmp / "tokenizer.json"), **tokenizer_meta},
+        "tokenizer": {"file": "tokenizer.json", "sha256": sha256_file(tmp / "tokenizer.json"), **tokenizer_meta},
         "dtype": str(dtype),
         "seed": seed,
         "split": {"val_fraction": val_fraction, "method": "xxh3_64('gristmill-val:' + id) < val_fraction * 2**64"},
