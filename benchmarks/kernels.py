@@ -16,7 +16,7 @@ import torch
 
 from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy
 from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton
-from gristmill.trainer.kernels.rope import rope_reference, rope_tables, rope_triton
+from gristmill.trainer.kernels.rope import rope_qkv_reference, rope_qkv_triton, rope_tables
 from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton
 
 SHAPES = {  # dim, heads, ffn, as in configs/train/
@@ -67,7 +67,7 @@ def main() -> None:
         r = torch.randn(B, T, dim, device=dev, dtype=bf)
         w = 1 + 0.1 * torch.randn(dim, device=dev, dtype=bf)
         gu = torch.randn(B, T, 2 * ffn, device=dev, dtype=bf)
-        q = torch.randn(B, T, heads, hd, device=dev, dtype=bf)
+        qkv = torch.randn(B, T, 3 * heads, hd, device=dev, dtype=bf)
         cos, sin = rope_tables(T, hd, 10000.0, dev)
         h = torch.randn(N, dim, device=dev, dtype=bf)
         W = (torch.randn(VOCAB, dim, device=dev) / dim**0.5).to(bf)
@@ -83,13 +83,15 @@ def main() -> None:
                 swiglu_triton, swiglu_reference,
                 (lambda gu: liger.liger_swiglu(*gu.chunk(2, -1))) if liger else None,
                 [gu]),
-            # q and k of equal head count: ours rotates each, Liger both in one call (HF layout)
-            "rope(q,k)": (
-                lambda q, k: (rope_triton(q, cos, sin), rope_triton(k, cos, sin)),
-                lambda q, k: (rope_reference(q, cos, sin), rope_reference(k, cos, sin)),
-                (lambda q, k: liger.liger_rope(q.transpose(1, 2), k.transpose(1, 2), torch.cat([cos, cos], -1)[None].to(bf),
-                                               torch.cat([sin, sin], -1)[None].to(bf))) if liger else None,
-                [q, q.clone()]),
+            # the fused q/k/v projection's output → rotated q, k and v. The reference (compiled)
+            # returns v as a view; ours writes it contiguous. Liger rotates q and k only.
+            "rope(qkv)": (
+                lambda qkv: rope_qkv_triton(qkv, cos, sin, heads, heads),
+                lambda qkv: rope_qkv_reference(qkv, cos, sin, heads, heads),
+                (lambda qkv: liger.liger_rope(*(t.transpose(1, 2) for t in qkv.split(heads, 2)[:2]),
+                                              torch.cat([cos, cos], -1)[None].to(bf),
+                                              torch.cat([sin, sin], -1)[None].to(bf))) if liger else None,
+                [qkv]),
             "linear+cross_entropy": (
                 lambda h, W, t: fused_linear_cross_entropy(h, W, t, 1e-4, impl="triton"),
                 lambda h, W, t: cross_entropy_reference(h, W, t, 1e-4),

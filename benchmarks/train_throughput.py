@@ -184,12 +184,16 @@ def main() -> None:
     if d.is_main:
         print(f"device: {torch.cuda.get_device_name()} × {d.world}, torch {torch.__version__}", flush=True)
     for size in args.sizes.split(","):
+        # fresh compile caches per size: otherwise the second size's new shapes make dynamo
+        # recompile every block with dynamic shapes (slow to build, slower to run)
+        torch._dynamo.reset()
         res = {}
         if args.only != "reference":
             torch.cuda.reset_peak_memory_stats()
             res["ours"] = run_ours(size, tokens, tmp / f"out-{size}", args.steps, args.warmup, args.micro_batch,
                                    d.world, args.set)
             torch.cuda.empty_cache()
+            torch._dynamo.reset()
         cfg = res["ours"]["cfg"] if "ours" in res else load_config(size, [f"data.tokens={tokens}"])
         margs = model_args(cfg, VOCAB)
         if args.only != "ours":

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 from gristmill.trainer.kernels import HAVE_TRITON  # noqa: E402
 from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy  # noqa: E402
 from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton  # noqa: E402
-from gristmill.trainer.kernels.rope import rope_reference, rope_tables, rope_triton  # noqa: E402
+from gristmill.trainer.kernels.rope import rope_qkv_reference, rope_qkv_triton, rope_tables  # noqa: E402
 from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton  # noqa: E402
 
 if not HAVE_TRITON:
@@ -81,14 +81,18 @@ def test_swiglu(shape):
     _check(swiglu_triton, swiglu_reference, [x.bfloat16()])
 
 
-@pytest.mark.parametrize("B,T,H,D", [(2, 256, 12, 64), (1, 2048, 16, 128), (3, 17, 4, 32), (2, 64, 6, 96)])
-def test_rope(B, T, H, D):
-    x = torch.randn(B, T, H, D, device=DEV)
+@pytest.mark.parametrize("B,T,H,KV,D", [(2, 256, 12, 12, 64), (1, 2048, 16, 16, 128), (3, 17, 4, 2, 32),
+                                         (2, 64, 6, 1, 96)])
+def test_rope_qkv(B, T, H, KV, D):
+    qkv = torch.randn(B, T, H + 2 * KV, D, device=DEV)
     cos, sin = rope_tables(T + 5, D, 10000.0, DEV)
-    kern = lambda x: rope_triton(x, cos, sin)  # noqa: E731
-    ref = lambda x: rope_reference(x, cos, sin)  # noqa: E731
-    _fp32_close(kern, ref, [x])
-    _check(kern, ref, [x.bfloat16()])
+    kern = lambda x: rope_qkv_triton(x, cos, sin, H, KV)  # noqa: E731
+    ref = lambda x: tuple(t.contiguous() for t in rope_qkv_reference(x, cos, sin, H, KV))  # noqa: E731
+    _fp32_close(kern, ref, [qkv])
+    _check(kern, ref, [qkv.bfloat16()])
+    q, k, v = kern(qkv)
+    assert q.shape == (B, T, H, D) and k.shape == v.shape == (B, T, KV, D) and q.is_contiguous()
+    torch.testing.assert_close(v, qkv[:, :, H + KV:], rtol=0, atol=0)  # v passes through untouched
 
 
 @pytest.mark.parametrize("N,d,V,z,chunk", [(1024, 256, 32000, 0.0, None), (777, 128, 50257, 1e-4, 100),

@@ -132,3 +132,36 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"train\.steps: .*greater than or equal to 1"):
         from_dict({**base, "train": {"preset": "tiny", "steps": 0}})
     assert from_dict({**base, "train": {"preset": "tiny", "steps": 5}}).train.steps == 5
+
+
+def test_clip_and_guard_matches_clip_grad_norm_and_skips_non_finite():
+    """The clip coefficient handed to the fused AdamW as grad_scale gives the update of
+    clip_grad_norm_ + step; a non-finite norm leaves parameters and moments untouched."""
+    from gristmill.trainer.train import clip_and_guard
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    ours = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    ours.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, fused=True)
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-2, fused=True)
+    for step in range(3):
+        x = torch.randn(8, 16) * 50  # large gradients: clipping is active
+        for m in (ref, ours):
+            m(x).square().mean().backward()
+        want = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 0.5)
+        got = clip_and_guard(opt_ours, list(ours.parameters()), 0.5)
+        assert want.item() > 0.5 and got.item() == pytest.approx(want.item(), rel=1e-6)
+        for opt in (opt_ref, opt_ours):
+            opt.step()
+            opt.zero_grad()
+        for a, b in zip(ref.parameters(), ours.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    before = [p.detach().clone() for p in ours.parameters()]
+    moments = [opt_ours.state[p]["exp_avg"].clone() for p in ours.parameters()]
+    ours(torch.randn(8, 16)).square().mean().backward()
+    next(ours.parameters()).grad[0, 0] = float("inf")
+    assert not torch.isfinite(clip_and_guard(opt_ours, list(ours.parameters()), 0.5))
+    opt_ours.step()
+    for p, b, m in zip(ours.parameters(), before, moments):
+        assert torch.equal(p, b) and torch.equal(opt_ours.state[p]["exp_avg"], m)

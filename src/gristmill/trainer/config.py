@@ -101,6 +101,9 @@ class TrainConfig(_Strict):
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU")
     fsdp: Literal["auto"] | bool = Field("auto", description="FSDP2 fully_shard per block and root; auto: when"
                                          " world size > 1 (at 1 GPU FSDP2 cost 40% of 125M throughput)")
+    fsdp_reshard: bool = Field(True, description="FSDP2 reshard_after_forward: free each block's gathered"
+                               " parameters after its forward and gather them again in backward (ZeRO-3);"
+                               " false keeps them to backward (one all-gather per step, ZeRO-2's memory)")
     nproc: int | None = Field(None, ge=1, description="processes for torchrun; null: visible GPUs, or 1 on CPU")
     seed: int = Field(0, description="model init seed")
     stop_after: int | None = Field(None, ge=1, description="end this run after that step, as a preemption would"

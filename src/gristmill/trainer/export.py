@@ -1,7 +1,7 @@
 """`pipeline export-hf CKPT OUT`: a checkpoint as a Hugging Face `LlamaForCausalLM` directory
 (`config.json` + `model.safetensors`, fp32) whose logits equal ours.
 
-Our layout maps one-to-one except the fused `w13` = [gate; up], which is split. RoPE already
+Our layout maps one-to-one except the fused `wqkv` = [q; k; v] and `w13` = [gate; up], which are split. RoPE already
 uses Hugging Face's "rotate half" convention, so q/k need no permutation.
 """
 
@@ -30,11 +30,13 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     for i, b in enumerate(model.layers):
         p = f"model.layers.{i}."
         gate, up = b.feed_forward.w13.weight.split(a.ffn_dim, dim=0)
+        kv = a.n_kv_heads * a.head_dim
+        q, k, v = b.attention.wqkv.weight.split([a.n_heads * a.head_dim, kv, kv], dim=0)
         sd.update({
             p + "input_layernorm.weight": b.attention_norm.weight,
-            p + "self_attn.q_proj.weight": b.attention.wq.weight,
-            p + "self_attn.k_proj.weight": b.attention.wk.weight,
-            p + "self_attn.v_proj.weight": b.attention.wv.weight,
+            p + "self_attn.q_proj.weight": q,
+            p + "self_attn.k_proj.weight": k,
+            p + "self_attn.v_proj.weight": v,
             p + "self_attn.o_proj.weight": b.attention.wo.weight,
             p + "post_attention_layernorm.weight": b.ffn_norm.weight,
             p + "mlp.gate_proj.weight": gate,

@@ -1,7 +1,7 @@
 """A Llama-style decoder, top to bottom in one file (nanoGPT's habit).
 
-Pre-norm RMSNorm, RoPE ("rotate half", as Hugging Face Llama), SwiGLU with one fused
-gate/up projection, no biases, optional grouped-query attention and tied embeddings. Attention
+Pre-norm RMSNorm, RoPE ("rotate half", as Hugging Face Llama), one fused q/k/v projection,
+SwiGLU with one fused gate/up projection, no biases, optional grouped-query attention and tied embeddings. Attention
 is `F.scaled_dot_product_attention(is_causal=True)`; with per-document masking it gets a
 block-diagonal causal mask instead (dense mask → SDPA's memory-efficient/math path: a
 reference path, correct everywhere, not the fast one on GPU).
@@ -85,16 +85,14 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
         self.kernels = kernels
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        # [q; k; v] in one matmul (one launch, and one input gradient instead of three to add up)
+        self.wqkv = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
     def forward(self, x, cos, sin, mask=None):
         B, T, _ = x.shape
-        q = self.kernels.rope(self.wq(x).view(B, T, self.n_heads, self.head_dim), cos, sin)
-        k = self.kernels.rope(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        qkv = self.wqkv(x).view(B, T, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        q, k, v = self.kernels.rope_qkv(qkv, cos, sin, self.n_heads, self.n_kv_heads)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, head_dim)
         gqa = self.n_kv_heads != self.n_heads
         if mask is None:
@@ -179,7 +177,7 @@ class Transformer(nn.Module):
         self.rope_sin.copy_(sin)
         normal_(self.tok_embeddings.weight, std)
         for block in self.layers:
-            for lin in (block.attention.wq, block.attention.wk, block.attention.wv, block.feed_forward.w13):
+            for lin in (block.attention.wqkv, block.feed_forward.w13):
                 normal_(lin.weight, std)
             for lin in (block.attention.wo, block.feed_forward.w2):
                 normal_(lin.weight, std / math.sqrt(2 * self.args.n_layers))

@@ -85,7 +85,7 @@ def apply_compile(model: nn.Module) -> None:
         block.compile(fullgraph=False)
 
 
-def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype) -> None:
+def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype, reshard: bool = True) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -94,7 +94,7 @@ def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype) -> None:
     n = len(model.layers)
     for i, block in enumerate(model.layers):
         # the last block's parameters are needed again at once by backward: keep them gathered
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < n - 1)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and i < n - 1)
     # the root unit holds embedding, final norm and output layer; the fused linear+CE runs in
     # its forward on the unsharded output weight
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)

@@ -85,24 +85,48 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     if cfg.compile:
         apply_compile(model)
     if use_fsdp:
-        apply_fsdp(model, d, torch.bfloat16 if bf16 else torch.float32)
+        apply_fsdp(model, d, torch.bfloat16 if bf16 else torch.float32, cfg.fsdp_reshard)
     model.to_empty(device=d.device)
     model.init_weights(cfg.seed)
-    fused = d.device.type == "cuda"
+    # fused on every device: the clip coefficient and the non-finite guard go into its kernel
+    # (`clip_and_guard`), and CPU runs take the same path as GPU runs
     optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
-                                  betas=cfg.optim.betas, eps=cfg.optim.eps, fused=fused or None)
+                                  betas=cfg.optim.betas, eps=cfg.optim.eps, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     # without FSDP's mixed precision, bf16 comes from autocast
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp else nullcontext())
     return model, args, optimizer, scheduler, autocast, use_fsdp
 
 
-def _mean_across(value: torch.Tensor) -> float:
-    if dist.get_world_size() > 1:
-        dist.all_reduce(value, op=dist.ReduceOp.AVG if value.is_cuda else dist.ReduceOp.SUM)
-        if not value.is_cuda:
-            value = value / dist.get_world_size()
-    return value.item()
+class StepReadout:
+    """Per-step values (mean loss, grad norm, preemption flag) read on the host one step late.
+
+    Reading a CUDA tensor right away (`.item()`) would stall the host until the GPU has
+    finished the step, and the GPU would idle while the host launches the next one. Instead the
+    values are copied into pinned memory behind the step's work with an event recorded after
+    them; `read()` waits for that event only — by then the host has already queued the next
+    step, so the GPU never runs dry. On CPU the copy is immediate.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.host = torch.empty(3, dtype=torch.float32, pin_memory=device.type == "cuda")
+        self.event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def record(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, preempt: torch.Tensor) -> None:
+        packet = torch.stack([loss_sum.float(), preempt.float()])
+        if dist.get_world_size() > 1:  # loss: mean over ranks; preemption: any rank
+            dist.all_reduce(packet)
+            packet = torch.stack([packet[0] / dist.get_world_size(), packet[1]])
+        self.host.copy_(torch.cat([packet, grad_norm.float().reshape(1)]), non_blocking=True)
+        if self.event is not None:
+            self.event.record()
+
+    def read(self) -> tuple[float, float, bool]:
+        if self.event is not None:
+            self.event.synchronize()
+        loss, preempt, gn = self.host.tolist()
+        return loss, gn, preempt > 0
 
 
 @torch.no_grad()
@@ -123,17 +147,33 @@ def evaluate(model, cfg: TrainConfig, stream: TokenStream, d: Dist, autocast) ->
 PREEMPT_ENV = "GRISTMILL_PREEMPT_FILE"
 
 
-def preempt_requested(device) -> bool:
-    """True on every rank once the preemption file exists on any (the Slurm job's signal trap
-    creates it). A file rather than a signal: torchrun does not forward SIGUSR1 to its workers.
-    Checked after each optimizer step, only when the launcher set the variable."""
+def preempt_flag(device) -> torch.Tensor:
+    """1 once the preemption file exists (the Slurm job's signal trap creates it), as a device
+    tensor that rides along with the step's readout: every rank sees any rank's flag (a sum in
+    the readout's all-reduce). A file rather than a signal: torchrun does not forward SIGUSR1
+    to its workers. Only when the launcher set the variable."""
     path = os.environ.get(PREEMPT_ENV)
-    if not path:
-        return False
-    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0], device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return torch.full((), 1.0 if path and os.path.exists(path) else 0.0, device=device)
+
+
+def clip_and_guard(optimizer, params, max_norm: float) -> torch.Tensor:
+    """Global grad norm, with clipping and the non-finite guard handed to the fused AdamW step.
+
+    No host sync and no extra pass over the gradients: the clip coefficient goes in as the
+    optimizer's `grad_scale` (the fused kernel divides each gradient by it while it updates),
+    and a non-finite norm sets `found_inf`, on which the kernel leaves parameters and moments
+    untouched (the mechanism GradScaler uses). The norm is the same number on every rank.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if hasattr(norm, "full_tensor"):  # DTensor (FSDP): the partial sums, all-reduced
+        norm = norm.full_tensor()
+    norm = norm.float()
+    optimizer.found_inf = (~torch.isfinite(norm)).float()
+    if max_norm > 0:
+        # clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), capped at 1; as a divisor
+        optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+    return norm
 
 
 def train(cfg: TrainConfig, out_dir: Path) -> dict:
@@ -165,9 +205,27 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
     params = [p for p in model.parameters()]
     last_rec: dict = {}
     val_loss = None
+    readout = StepReadout(d.device)
+    pending: dict | None = None  # the step whose readout the host has not taken yet
+
+    def take(p: dict) -> bool:
+        """Logs step p's readout; raises on a non-finite loss. True if preemption was asked."""
+        nonlocal last_rec
+        loss_val, gn, preempted = readout.read()
+        if not (math.isfinite(loss_val) and math.isfinite(gn)):
+            kept = ckpt.latest(ckpt_dir)
+            raise NonFiniteLoss(
+                f"step {p['step']}: loss {loss_val} / grad norm {gn} is not finite; the optimizer skipped the"
+                f" step and training stopped. Last good checkpoint: {kept or 'none'} (kept). Lower optim.lr, raise"
+                " warm-up or set model.z_loss, then re-run to resume from it.")
+        metrics.add_tokens(tokens_per_step)
+        if p["step"] % cfg.log.every == 0 or p["step"] == end:
+            last_rec = metrics.log_step(p["step"], loss_val, p["lr"], gn, {"epoch": p["epoch"]})
+        return preempted
+
     started, start_step = time.perf_counter(), step
+    end = min(cfg.steps, cfg.stop_after or cfg.steps)
     try:
-        end = min(cfg.steps, cfg.stop_after or cfg.steps)
         while step < end:
             batches = loader.next_global_batch()
             loss_sum = torch.zeros((), device=d.device)
@@ -179,35 +237,29 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
                     loss = model(b.inputs, b.targets, b.doc_ids) / len(batches)
                 loss.backward()
                 loss_sum += loss.detach()
-            if cfg.optim.grad_clip > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip, foreach=True)
-            else:
-                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            loss_val = _mean_across(loss_sum)
-            gn = grad_norm.item()
-            if not (math.isfinite(loss_val) and math.isfinite(gn)):
-                kept = ckpt.latest(ckpt_dir)
-                raise NonFiniteLoss(
-                    f"step {step + 1}: loss {loss_val} / grad norm {gn} is not finite; stopped before the optimizer"
-                    f" step. Last good checkpoint: {kept or 'none'} (kept). Lower optim.lr, raise warm-up or set"
-                    " model.z_loss, then re-run to resume from it.")
+            grad_norm = clip_and_guard(optimizer, params, cfg.optim.grad_clip)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             step += 1
-            metrics.add_tokens(tokens_per_step)
-            if step % cfg.log.every == 0 or step == end:
-                last_rec = metrics.log_step(step, loss_val, lr, gn, {"epoch": loader.epoch})
-            if val_stream is not None and ((cfg.eval.every and step % cfg.eval.every == 0) or step == end):
+            # the previous step's readout is complete by now (this step is queued behind it)
+            preempted = take(pending) if pending is not None else False
+            readout.record(loss_sum, grad_norm, preempt_flag(d.device))
+            pending = {"step": step, "lr": lr, "epoch": loader.epoch}
+            evaluate_now = val_stream is not None and ((cfg.eval.every and step % cfg.eval.every == 0) or step == end)
+            save_now = cfg.checkpoint.enabled and (
+                (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == end or preempted)
+            if evaluate_now or save_now or preempted or step == end:
+                # a checkpoint only after its step's loss is known to be finite
+                preempted = take(pending) or preempted
+                pending = None
+                save_now = save_now or (preempted and cfg.checkpoint.enabled)
+            if evaluate_now:
                 val_loss = evaluate(model, cfg, val_stream, d, autocast)
                 if val_loss is not None:
                     metrics.log_eval(step, val_loss)
-            preempted = preempt_requested(d.device)
-            if cfg.checkpoint.enabled and ((cfg.checkpoint.every and step % cfg.checkpoint.every == 0)
-                                           or step == end or preempted):
+            if save_now:
                 ckpt.save(ckpt_dir, step, model, optimizer, scheduler, loader, meta, cfg.checkpoint.keep, d.is_main)
             if preempted:
                 if d.is_main:

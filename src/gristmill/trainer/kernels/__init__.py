@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gristmill.trainer.kernels._triton import HAVE_TRITON
 from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy
 from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton
-from gristmill.trainer.kernels.rope import rope_reference, rope_tables, rope_triton
+from gristmill.trainer.kernels.rope import rope_qkv_reference, rope_qkv_triton, rope_tables
 from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton
 
 __all__ = ["HAVE_TRITON", "Kernels", "rope_tables"]
@@ -47,8 +47,11 @@ class Kernels:
     def swiglu(self, gate_up):
         return swiglu_triton(gate_up) if self.triton and gate_up.is_cuda else swiglu_reference(gate_up)
 
-    def rope(self, x, cos, sin):
-        return rope_triton(x, cos, sin) if self.triton and x.is_cuda else rope_reference(x, cos, sin)
+    def rope_qkv(self, qkv, cos, sin, n_heads, n_kv_heads):
+        """(B, T, n_heads + 2·n_kv_heads, head_dim) → rotated q, rotated k, v."""
+        if self.triton and qkv.is_cuda:
+            return rope_qkv_triton(qkv, cos, sin, n_heads, n_kv_heads)
+        return rope_qkv_reference(qkv, cos, sin, n_heads, n_kv_heads)
 
     def linear_cross_entropy(self, h, weight, targets, z_loss=0.0, chunk_tokens=None):
         if self.triton and h.is_cuda:
