@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_throughput import VOCAB, RefModel  # noqa: E402
 
 from gristmill.trainer.config import load as load_config  # noqa: E402
+from gristmill.trainer.optim import clip_and_guard  # noqa: E402
 from gristmill.trainer.parallel import init_distributed  # noqa: E402
 from gristmill.trainer.train import build, model_args  # noqa: E402
 
@@ -34,7 +35,7 @@ def ours_step_fn(cfg, d):
         with autocast:
             loss = model(x[:, :-1], x[:, 1:])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        clip_and_guard(opt, params, 1.0)  # as the trainer's loop does
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss

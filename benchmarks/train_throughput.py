@@ -14,6 +14,7 @@ after warm-up; MFU = tokens/s/GPU × (6·N + 12·L·d·T) / peak.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -117,6 +118,22 @@ class RefModel(nn.Module):
         return self.head_fn(x, targets)
 
 
+_BASE = [0]
+
+
+def start_memory() -> None:
+    """Peak memory counts from here, less what is already allocated (earlier sizes' leftovers
+    in a multi-size run)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    _BASE[0] = torch.cuda.memory_allocated()
+
+
+def peak_gib() -> float:
+    return (torch.cuda.max_memory_allocated() - _BASE[0]) / 2**30
+
+
 def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: int, d) -> dict:
     m = RefModel(args_model.dim, args_model.n_layers, args_model.n_heads, args_model.ffn_dim, VOCAB, seq).to(d.device)
     for block in m.layers:
@@ -142,7 +159,7 @@ def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: in
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     tps = micro_batch * seq / statistics.median(times[warmup:])  # per GPU
-    return {"tokens_per_s_per_gpu": tps, "max_memory_gib": torch.cuda.max_memory_allocated(d.device) / 2**30}
+    return {"tokens_per_s_per_gpu": tps, "max_memory_gib": peak_gib()}
 
 
 def run_ours(size: str, tokens: Path, out: Path, steps: int, warmup: int, micro_batch: int | None, world: int,
@@ -157,7 +174,7 @@ def run_ours(size: str, tokens: Path, out: Path, steps: int, warmup: int, micro_
     train(cfg, out)
     recs = [json.loads(line) for line in open(out / "metrics.jsonl")] if (out / "metrics.jsonl").exists() else []
     tps = statistics.median(r["tokens_per_s_per_device"] for r in recs[warmup:]) if recs else 0.0
-    return {"tokens_per_s_per_gpu": tps, "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+    return {"tokens_per_s_per_gpu": tps, "max_memory_gib": peak_gib(),
             "micro_batch": cfg.data.micro_batch, "cfg": cfg}
 
 
@@ -169,7 +186,18 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=None, help="override the presets' micro_batch")
     p.add_argument("--only", choices=["ours", "reference"], default=None)
     p.add_argument("--set", action="append", default=[], help="extra train-config overrides for ours")
+    p.add_argument("--torch-optimizer", action="store_true",
+                   help="ours with torch's fused AdamW and clip_grad_norm_ on DTensors (A/B of trainer.optim)")
     args = p.parse_args()
+    if args.torch_optimizer:
+        import gristmill.trainer.train as T
+
+        def torch_clip(optimizer, params, max_norm):
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+            return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+        T.AdamW = lambda params, **kw: torch.optim.AdamW(params, fused=True, **kw)
+        T.clip_and_guard = torch_clip
     d = init_distributed()
     peak = peak_flops(d.device)
     # one directory for all ranks: rank 0 makes it and tells the others where
@@ -189,7 +217,7 @@ def main() -> None:
         torch._dynamo.reset()
         res = {}
         if args.only != "reference":
-            torch.cuda.reset_peak_memory_stats()
+            start_memory()
             res["ours"] = run_ours(size, tokens, tmp / f"out-{size}", args.steps, args.warmup, args.micro_batch,
                                    d.world, args.set)
             torch.cuda.empty_cache()
@@ -197,7 +225,7 @@ def main() -> None:
         cfg = res["ours"]["cfg"] if "ours" in res else load_config(size, [f"data.tokens={tokens}"])
         margs = model_args(cfg, VOCAB)
         if args.only != "ours":
-            torch.cuda.reset_peak_memory_stats()
+            start_memory()
             mb = args.micro_batch or cfg.data.micro_batch
             res["reference"] = run_reference(margs, mb, cfg.data.seq_len, args.steps, args.warmup, d)
             torch.cuda.empty_cache()

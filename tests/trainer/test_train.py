@@ -69,6 +69,7 @@ def test_pipeline_hook_launches_torchrun_on_two_ranks_and_resumes_on_one(baselin
     console = Console(stderr=True)
     section = TrainSection(preset="tiny", steps=STEPS, nproc=2,
                            set=["checkpoint.every=3", "eval.batches=0", "log.progress=false", "data.seq_len=32",
+                                "fsdp_unit_layers=2",  # both blocks in one FSDP2 unit
                                 "stop_after=3"])
     assert after_pipeline(section, run_dir, console) is None  # no tokens yet: skipped
     shutil.copytree(token_dir, run_dir / "tokens")
@@ -134,17 +135,18 @@ def test_config_errors_name_the_key():
     assert from_dict({**base, "train": {"preset": "tiny", "steps": 5}}).train.steps == 5
 
 
-def test_clip_and_guard_matches_clip_grad_norm_and_skips_non_finite():
-    """The clip coefficient handed to the fused AdamW as grad_scale gives the update of
-    clip_grad_norm_ + step; a non-finite norm leaves parameters and moments untouched."""
-    from gristmill.trainer.train import clip_and_guard
+def test_adamw_and_clip_and_guard_match_torch_and_skip_non_finite():
+    """Our AdamW (fused kernel on local tensors) with the clip coefficient as grad_scale gives
+    the update of clip_grad_norm_ + torch's AdamW; its state has torch's layout (checkpoints);
+    a non-finite norm leaves parameters, moments and the step count untouched."""
+    from gristmill.trainer.optim import AdamW, clip_and_guard
 
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
     ours = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
     ours.load_state_dict(ref.state_dict())
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, fused=True)
-    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-2, fused=True)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_ours = AdamW(ours.parameters(), lr=1e-2, weight_decay=0.1)
     for step in range(3):
         x = torch.randn(8, 16) * 50  # large gradients: clipping is active
         for m in (ref, ours):
@@ -157,6 +159,10 @@ def test_clip_and_guard_matches_clip_grad_norm_and_skips_non_finite():
             opt.zero_grad()
         for a, b in zip(ref.parameters(), ours.parameters()):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    sd_ref, sd_ours = opt_ref.state_dict(), opt_ours.state_dict()
+    assert sd_ours["state"].keys() == sd_ref["state"].keys()
+    for k, st in sd_ref["state"].items():
+        assert st.keys() == sd_ours["state"][k].keys() and sd_ours["state"][k]["step"].item() == 3
     before = [p.detach().clone() for p in ours.parameters()]
     moments = [opt_ours.state[p]["exp_avg"].clone() for p in ours.parameters()]
     ours(torch.randn(8, 16)).square().mean().backward()
@@ -165,3 +171,4 @@ def test_clip_and_guard_matches_clip_grad_norm_and_skips_non_finite():
     opt_ours.step()
     for p, b, m in zip(ours.parameters(), before, moments):
         assert torch.equal(p, b) and torch.equal(opt_ours.state[p]["exp_avg"], m)
+        assert opt_ours.state[p]["step"].item() == 3

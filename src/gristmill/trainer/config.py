@@ -104,6 +104,8 @@ class TrainConfig(_Strict):
     fsdp_reshard: bool = Field(True, description="FSDP2 reshard_after_forward: free each block's gathered"
                                " parameters after its forward and gather them again in backward (ZeRO-3);"
                                " false keeps them to backward (one all-gather per step, ZeRO-2's memory)")
+    fsdp_unit_layers: int = Field(1, ge=1, description="consecutive blocks per FSDP2 unit (one all-gather and"
+                                   " one reduce-scatter each); >1 trades overlap for less per-unit host time")
     nproc: int | None = Field(None, ge=1, description="processes for torchrun; null: visible GPUs, or 1 on CPU")
     seed: int = Field(0, description="model init seed")
     stop_after: int | None = Field(None, ge=1, description="end this run after that step, as a preemption would"

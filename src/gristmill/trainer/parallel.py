@@ -85,25 +85,21 @@ def apply_compile(model: nn.Module) -> None:
         block.compile(fullgraph=False)
 
 
-def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype, reshard: bool = True) -> None:
+def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype, reshard: bool = True,
+               unit_layers: int = 1) -> None:
+    """FSDP2: `unit_layers` consecutive blocks per unit (one all-gather and one reduce-scatter
+    each; fewer, larger units cost less host time per step on small models), then the root."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(d.device.type, (d.world,))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    n = len(model.layers)
-    for i, block in enumerate(model.layers):
-        # the last block's parameters are needed again at once by backward: keep them gathered
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and i < n - 1)
+    layers = list(model.layers)
+    units = [layers[i:i + unit_layers] for i in range(0, len(layers), unit_layers)]
+    for i, unit in enumerate(units):
+        # the last unit's parameters are needed again at once by backward: keep them gathered
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=mp,
+                    reshard_after_forward=reshard and i < len(units) - 1)
     # the root unit holds embedding, final norm and output layer; the fused linear+CE runs in
     # its forward on the unsharded output weight
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices (ndim ≥ 2) except the token embedding (also the tied output); never norms."""
-    embed = {id(p) for p in model.tok_embeddings.parameters()}
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.ndim >= 2 and id(p) not in embed else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -4,8 +4,9 @@
 
 Build the model on the meta device → activation checkpointing → compile per block → FSDP2 →
 `to_empty` + `init_weights` → fused AdamW → resume from the latest checkpoint → loop: micro-
-batches with gradient accumulation (gradient sync only on the last), NaN/inf check, clip, step,
-schedule, metrics, validation, checkpoint.
+batches with gradient accumulation (gradient sync only on the last), grad norm with clipping and
+the NaN/inf guard inside the optimizer step, schedule, the previous step's readout (metrics, a
+non-finite loss stops), validation, checkpoint. The host never waits for the GPU mid-loop.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from gristmill.trainer.data import TokenStream, TrainLoader, val_batches
 from gristmill.trainer.kernels import HAVE_TRITON, Kernels
 from gristmill.trainer.metrics import Metrics
 from gristmill.trainer.model import ModelArgs, Transformer
-from gristmill.trainer.parallel import Dist, apply_ac, apply_compile, apply_fsdp, init_distributed, param_groups
+from gristmill.trainer.optim import AdamW, clip_and_guard, param_groups
+from gristmill.trainer.parallel import Dist, apply_ac, apply_compile, apply_fsdp, init_distributed
 
 
 class NonFiniteLoss(RuntimeError):
@@ -85,13 +87,13 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     if cfg.compile:
         apply_compile(model)
     if use_fsdp:
-        apply_fsdp(model, d, torch.bfloat16 if bf16 else torch.float32, cfg.fsdp_reshard)
+        apply_fsdp(model, d, torch.bfloat16 if bf16 else torch.float32, cfg.fsdp_reshard, cfg.fsdp_unit_layers)
     model.to_empty(device=d.device)
     model.init_weights(cfg.seed)
-    # fused on every device: the clip coefficient and the non-finite guard go into its kernel
-    # (`clip_and_guard`), and CPU runs take the same path as GPU runs
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
-                                  betas=cfg.optim.betas, eps=cfg.optim.eps, fused=True)
+    # fused on every device (CPU runs take the GPU's code path): clipping and the non-finite
+    # guard go into its kernel (optim.clip_and_guard)
+    optimizer = AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr, betas=cfg.optim.betas,
+                      eps=cfg.optim.eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     # without FSDP's mixed precision, bf16 comes from autocast
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp else nullcontext())
@@ -154,26 +156,6 @@ def preempt_flag(device) -> torch.Tensor:
     to its workers. Only when the launcher set the variable."""
     path = os.environ.get(PREEMPT_ENV)
     return torch.full((), 1.0 if path and os.path.exists(path) else 0.0, device=device)
-
-
-def clip_and_guard(optimizer, params, max_norm: float) -> torch.Tensor:
-    """Global grad norm, with clipping and the non-finite guard handed to the fused AdamW step.
-
-    No host sync and no extra pass over the gradients: the clip coefficient goes in as the
-    optimizer's `grad_scale` (the fused kernel divides each gradient by it while it updates),
-    and a non-finite norm sets `found_inf`, on which the kernel leaves parameters and moments
-    untouched (the mechanism GradScaler uses). The norm is the same number on every rank.
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if hasattr(norm, "full_tensor"):  # DTensor (FSDP): the partial sums, all-reduced
-        norm = norm.full_tensor()
-    norm = norm.float()
-    optimizer.found_inf = (~torch.isfinite(norm)).float()
-    if max_norm > 0:
-        # clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), capped at 1; as a divisor
-        optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
-    return norm
 
 
 def train(cfg: TrainConfig, out_dir: Path) -> dict:

@@ -96,15 +96,19 @@ def _rows_triton(logits, targets, scale, z_loss, ignore_index):
     return loss, logits
 
 
-def _accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b with fp32 accumulation; bf16 inputs use CUDA's mm(out_dtype=fp32) when present."""
+def _accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, first: bool) -> None:
+    """acc (+)= a @ b in fp32. bf16 inputs: one cuBLAS call that reads and writes the fp32
+    accumulator in its epilogue (`addmm(out_dtype=fp32, out=acc)`, beta 0 on the first chunk
+    so `acc` needs no zero-fill); older torch: an fp32 product, then an add."""
+    beta = 0.0 if first else 1.0
     if a.dtype == torch.float32:
-        acc.addmm_(a, b)
+        torch.addmm(acc, a, b, beta=beta, out=acc)
         return
     try:
-        acc.add_(torch.mm(a, b, out_dtype=torch.float32))
+        torch.addmm(acc, a, b, beta=beta, out_dtype=torch.float32, out=acc)
     except (RuntimeError, TypeError, NotImplementedError):
-        acc.add_(torch.mm(a, b).float())
+        prod = torch.mm(a, b).float()
+        acc.copy_(prod) if first else acc.add_(prod)
 
 
 CHUNK_LOGIT_BYTES = 256 * 2**20
@@ -134,7 +138,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         rows = _rows_triton if impl == "triton" else _rows_torch
         losses = torch.empty(N, dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h2) if need_grad_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad_w else None
+        grad_w = torch.empty(weight.shape, dtype=torch.float32, device=weight.device) if need_grad_w else None
         for s in range(0, N, chunk):
             hc, tc = h2[s:s + chunk], targets[s:s + chunk].contiguous()
             logits = hc @ weight.t()
@@ -142,7 +146,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             if need_grad_h:
                 torch.mm(glogits, weight, out=grad_h[s:s + chunk])
             if need_grad_w:
-                _accumulate_fp32(grad_w, glogits.t(), hc)
+                _accumulate_fp32(grad_w, glogits.t(), hc, first=s == 0)
         ctx.save_for_backward(grad_h if need_grad_h else None, grad_w if need_grad_w else None)
         ctx.shape, ctx.wdtype = h.shape, wdtype
         return losses.sum() * scale[0]
@@ -151,7 +155,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         gh = (grad_h * grad_out.to(grad_h.dtype)).view(ctx.shape) if grad_h is not None else None
-        gw = (grad_w * grad_out).to(ctx.wdtype) if grad_w is not None else None
+        gw = grad_w.mul_(grad_out).to(ctx.wdtype) if grad_w is not None else None
         return gh, gw, None, None, None, None, None, None, None
 
 

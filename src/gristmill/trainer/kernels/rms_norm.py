@@ -98,13 +98,16 @@ class RMSNormFunction(torch.autograd.Function):
         dh = dh.reshape(M, N).contiguous() if has_dh else dy
         dx = torch.empty_like(dy)
         sms = torch.cuda.get_device_properties(dy.device).multi_processor_count
-        block, warps = row_settings(N)
-        rows = max(1, min(4, 4096 // block))
+        block, _ = row_settings(N)
+        # tile of 1 row (d ≤ 1024) or 2 rows, 4 warps, 8 programs per SM: the fastest of
+        # warps {4, 8, 16} × rows {1, 2, 4, 8} × programs/SM {4, 8, 16} on an H100 at
+        # d = 768 / 1024 / 2048 (5–12% over the row_settings warps with 4096-element tiles)
+        rows = 1 if block <= 1024 else 2
         rows_per_program = rows * triton.cdiv(M, min(8 * sms, M) * rows)
         programs = triton.cdiv(M, rows_per_program)
         dw_partial = torch.empty((programs, N), dtype=torch.float32, device=dy.device)
         _rms_norm_bwd[(programs,)](dy, dh, h, weight, rstd, dx, dw_partial, M, N, rows_per_program,
-                                   HAS_DH=has_dh, BLOCK=block, ROWS=rows, num_warps=warps)
+                                   HAS_DH=has_dh, BLOCK=block, ROWS=rows, num_warps=4)
         dw = dw_partial.sum(0).to(weight.dtype)
         dx = dx.view(ctx.shape)
         return dx, (dx if ctx.has_res else None), dw, None
