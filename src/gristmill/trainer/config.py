@@ -100,7 +100,7 @@ class TrainConfig(_Strict):
     ac: Literal["none", "selective", "full"] = "none"
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU")
     fsdp: Literal["auto"] | bool = Field("auto", description="FSDP2 fully_shard per block and root; auto: when"
-                                         " world size > 1 (at 1 GPU FSDP2 cost 40% of 125M throughput)")
+                                         " world size > 1 (at world size 1 it only adds copies and host time)")
     fsdp_reshard: bool = Field(True, description="FSDP2 reshard_after_forward: free each block's gathered"
                                " parameters after its forward and gather them again in backward (ZeRO-3);"
                                " false keeps them to backward (one all-gather per step, ZeRO-2's memory)")
