@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import VOCAB, RefModel  # noqa: E402
+from train_throughput import VOCAB, reference_step  # noqa: E402
 
 from gristmill.trainer.config import load as load_config  # noqa: E402
 from gristmill.trainer.optim import clip_and_guard  # noqa: E402
@@ -36,25 +36,6 @@ def ours_step_fn(cfg, d):
             loss = model(x[:, :-1], x[:, 1:])
         loss.backward()
         clip_and_guard(opt, params, 1.0)  # as the trainer's loop does
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    return step
-
-
-def ref_step_fn(margs, seq, d):
-    m = RefModel(margs.dim, margs.n_layers, margs.n_heads, margs.ffn_dim, VOCAB, seq).to(d.device)
-    for block in m.layers:
-        block.compile()
-    m.head_fn = torch.compile(m.head)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
-
-    def step(x):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(x[:, :-1], x[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
@@ -138,7 +119,7 @@ def main():
         torch.cuda.empty_cache()
     if args.only != "ours":
         torch.cuda.reset_peak_memory_stats()
-        res["reference"] = profile("reference", ref_step_fn(margs, seq, d), mb, seq, args.top)
+        res["reference"] = profile("reference", reference_step(margs, seq, d), mb, seq, args.top)
     if len(res) == 2:
         print(f"\nratio ours/reference (tokens/s): {res['reference'] / res['ours']:.3f}")
 

@@ -134,7 +134,9 @@ def peak_gib() -> float:
     return (torch.cuda.max_memory_allocated() - _BASE[0]) / 2**30
 
 
-def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: int, d) -> dict:
+def reference_step(args_model, seq: int, d):
+    """The compiled plain reference and its training step: `step(x) -> loss` on (B, seq + 1)
+    tokens (bf16 autocast, clip_grad_norm_, fused AdamW; DDP when world size > 1)."""
     m = RefModel(args_model.dim, args_model.n_layers, args_model.n_heads, args_model.ffn_dim, VOCAB, seq).to(d.device)
     for block in m.layers:
         block.compile()
@@ -143,19 +145,28 @@ def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: in
     if d.world > 1:
         model = nn.parallel.DistributedDataParallel(m, device_ids=[d.device.index])
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
-    g = torch.Generator(device=d.device).manual_seed(d.rank)
-    times = []
-    for i in range(steps):
-        x = torch.randint(0, VOCAB, (micro_batch, seq + 1), device=d.device, generator=g)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step(x):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(x[:, :-1], x[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss.item()
+        return loss
+
+    return step
+
+
+def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: int, d) -> dict:
+    step = reference_step(args_model, seq, d)
+    g = torch.Generator(device=d.device).manual_seed(d.rank)
+    times = []
+    for i in range(steps):
+        x = torch.randint(0, VOCAB, (micro_batch, seq + 1), device=d.device, generator=g)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(x).item()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     tps = micro_batch * seq / statistics.median(times[warmup:])  # per GPU

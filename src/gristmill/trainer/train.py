@@ -111,16 +111,15 @@ class StepReadout:
     """
 
     def __init__(self, device: torch.device):
-        self.device = device
         self.host = torch.empty(3, dtype=torch.float32, pin_memory=device.type == "cuda")
         self.event = torch.cuda.Event() if device.type == "cuda" else None
 
     def record(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, preempt: torch.Tensor) -> None:
-        packet = torch.stack([loss_sum.float(), preempt.float()])
-        if dist.get_world_size() > 1:  # loss: mean over ranks; preemption: any rank
-            dist.all_reduce(packet)
-            packet = torch.stack([packet[0] / dist.get_world_size(), packet[1]])
-        self.host.copy_(torch.cat([packet, grad_norm.float().reshape(1)]), non_blocking=True)
+        packet = torch.stack([loss_sum.float(), preempt.float(), grad_norm.float()])
+        if dist.get_world_size() > 1:  # loss: mean over ranks; preemption: any rank (the norm is global)
+            dist.all_reduce(packet[:2])
+            packet[0] /= dist.get_world_size()
+        self.host.copy_(packet, non_blocking=True)
         if self.event is not None:
             self.event.record()
 
@@ -230,13 +229,14 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
             readout.record(loss_sum, grad_norm, preempt_flag(d.device))
             pending = {"step": step, "lr": lr, "epoch": loader.epoch}
             evaluate_now = val_stream is not None and ((cfg.eval.every and step % cfg.eval.every == 0) or step == end)
-            save_now = cfg.checkpoint.enabled and (
-                (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == end or preempted)
-            if evaluate_now or save_now or preempted or step == end:
+            every = cfg.checkpoint.every
+            periodic_save = cfg.checkpoint.enabled and bool(every) and step % every == 0
+            save_now = False
+            if evaluate_now or periodic_save or preempted or step == end:
                 # a checkpoint only after its step's loss is known to be finite
                 preempted = take(pending) or preempted
                 pending = None
-                save_now = save_now or (preempted and cfg.checkpoint.enabled)
+                save_now = cfg.checkpoint.enabled and (periodic_save or step == end or preempted)
             if evaluate_now:
                 val_loss = evaluate(model, cfg, val_stream, d, autocast)
                 if val_loss is not None:
