@@ -29,13 +29,12 @@ from gristmill.trainer.train import build, model_args  # noqa: E402
 
 def ours_step_fn(cfg, d):
     model, args, opt, _, autocast, _ = build(cfg, d, VOCAB)
-    params = list(model.parameters())
 
     def step(x):
         with autocast:
             loss = model(x[:, :-1], x[:, 1:])
         loss.backward()
-        clip_and_guard(opt, params, 1.0)  # as the trainer's loop does
+        clip_and_guard(opt, 1.0)  # as the trainer's loop does
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss

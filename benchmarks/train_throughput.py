@@ -198,17 +198,20 @@ def main() -> None:
     p.add_argument("--only", choices=["ours", "reference"], default=None)
     p.add_argument("--set", action="append", default=[], help="extra train-config overrides for ours")
     p.add_argument("--torch-optimizer", action="store_true",
-                   help="ours with torch's fused AdamW and clip_grad_norm_ on DTensors (A/B of trainer.optim)")
+                   help="ours with torch's fused AdamW and clip_grad_norm_ on DTensors, fp32 weights under"
+                        " autocast without FSDP (A/B of trainer.optim)")
     args = p.parse_args()
     if args.torch_optimizer:
         import gristmill.trainer.train as T
 
-        def torch_clip(optimizer, params, max_norm):
+        def torch_clip(optimizer, max_norm):
+            params = [p for g in optimizer.param_groups for p in g["params"]]
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
             return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
         T.AdamW = lambda params, **kw: torch.optim.AdamW(params, fused=True, **kw)
         T.clip_and_guard = torch_clip
+        args.set.append("master_weights=false")  # torch's AdamW has no fp32 masters: autocast instead
     d = init_distributed()
     peak = peak_flops(d.device)
     # one directory for all ranks: rank 0 makes it and tells the others where

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the Triton kernels need a GPU", allow_module_level=True)
 
 from gristmill.trainer.kernels import HAVE_TRITON  # noqa: E402
+from gristmill.trainer.kernels.adamw import adamw_master_reference, adamw_master_triton  # noqa: E402
 from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy  # noqa: E402
 from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton  # noqa: E402
 from gristmill.trainer.kernels.rope import rope_qkv_reference, rope_qkv_triton, rope_tables  # noqa: E402
@@ -138,3 +139,36 @@ def test_model_triton_matches_reference():
     assert abs(losses[0] - losses[1]) < 1e-4
     for (n, a), b in zip(ref.named_parameters(), tri.parameters()):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5, msg=lambda m: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("n", [1, 4095, 4096 * 3 + 17, 2_000_003])
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_adamw_master(n, grad_dtype, scaled):
+    """Three steps of the master-weight AdamW kernel against torch's fused AdamW on the fp32
+    master + cast: master and moments to 1e-5 relative, the bf16 weight exactly the master's
+    cast; found_inf leaves all five tensors untouched."""
+    g = torch.Generator(device=DEV).manual_seed(n)
+    master = torch.randn(n, device=DEV, generator=g)
+    states = []
+    for _ in range(2):
+        states.append([master.clone(), torch.zeros_like(master), torch.zeros_like(master),
+                       master.bfloat16(), torch.zeros((), device=DEV)])
+    hyper = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    for _ in range(3):
+        grad = (torch.randn(n, device=DEV, generator=g) * 0.3).to(grad_dtype)
+        scale = torch.rand((), device=DEV, generator=g) + 1.0 if scaled else None
+        for fn, (p, m, v, w, step) in zip((adamw_master_reference, adamw_master_triton), states):
+            step += 1
+            # a copy each: torch's fused kernel writes the unscaled gradient back in place
+            fn(p, grad.clone(), m, v, w, step, grad_scale=scale, found_inf=torch.zeros((), device=DEV), **hyper)
+    (p0, m0, v0, w0, _), (p1, m1, v1, w1, _) = states
+    torch.testing.assert_close(p1, p0, rtol=1e-5, atol=1e-7)
+    # moments: a few ulp apart (another order of the same fp32 operations; m ~ 0.03 here)
+    torch.testing.assert_close(m1, m0, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-9)
+    assert torch.equal(w1, p1.bfloat16()) and not torch.equal(p1, master)
+    before = [t.clone() for t in states[1]]
+    p, m, v, w, step = states[1]
+    adamw_master_triton(p, grad, m, v, w, step, grad_scale=None, found_inf=torch.ones((), device=DEV), **hyper)
+    assert all(torch.equal(a, b) for a, b in zip(before, states[1]))

@@ -172,7 +172,7 @@ def test_adamw_and_clip_and_guard_match_torch_and_skip_non_finite():
         for m in (ref, ours):
             m(x).square().mean().backward()
         want = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 0.5)
-        got = clip_and_guard(opt_ours, list(ours.parameters()), 0.5)
+        got = clip_and_guard(opt_ours, 0.5)
         assert want.item() > 0.5 and got.item() == pytest.approx(want.item(), rel=1e-6)
         for opt in (opt_ref, opt_ours):
             opt.step()
@@ -187,8 +187,84 @@ def test_adamw_and_clip_and_guard_match_torch_and_skip_non_finite():
     moments = [opt_ours.state[p]["exp_avg"].clone() for p in ours.parameters()]
     ours(torch.randn(8, 16)).square().mean().backward()
     next(ours.parameters()).grad[0, 0] = float("inf")
-    assert not torch.isfinite(clip_and_guard(opt_ours, list(ours.parameters()), 0.5))
+    assert not torch.isfinite(clip_and_guard(opt_ours, 0.5))
     opt_ours.step()
     for p, b, m in zip(ours.parameters(), before, moments):
         assert torch.equal(p, b) and torch.equal(opt_ours.state[p]["exp_avg"], m)
         assert opt_ours.state[p]["step"].item() == 3
+
+
+def test_master_adamw_is_adamw_on_fp32_masters():
+    """MasterAdamW on a bf16 model gives the fp32 weights that torch's AdamW reaches from the
+    same (bf16) gradients; accumulation sums in fp32; the bf16 weights are the masters' cast;
+    a non-finite norm skips the step; under fp32_params() the state dicts are fp32."""
+    from gristmill.trainer.optim import MasterAdamW, clip_and_guard
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    ours = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    ours.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_ours = MasterAdamW(ours.parameters(), lr=1e-2, weight_decay=0.1)
+    assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
+    for step in range(3):
+        fp32_sums = [torch.zeros_like(p) for p in ref.parameters()]
+        for _ in range(2):  # two micro-batches
+            x = (torch.randn(8, 16) * 50).bfloat16()  # large gradients: clipping is active
+            ours(x).float().square().mean().backward()
+            for s, p in zip(fp32_sums, ours.parameters()):
+                s += p.grad.float()
+            opt_ours.accumulate_grads()
+            assert all(p.grad is None for p in ours.parameters())
+        for p, s in zip(ref.parameters(), fp32_sums):
+            p.grad = s.clone()
+        want = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 0.5)
+        got = clip_and_guard(opt_ours, 0.5)
+        assert want.item() > 0.5 and got.item() == pytest.approx(want.item(), rel=1e-5)
+        for opt in (opt_ref, opt_ours):
+            opt.step()
+            opt.zero_grad()
+        for a, b in zip(ref.parameters(), ours.parameters()):
+            torch.testing.assert_close(opt_ours.masters[b], a.detach(), rtol=1e-5, atol=1e-6)
+            assert torch.equal(b.detach(), opt_ours.masters[b].bfloat16())
+    before = {p: opt_ours.masters[p].clone() for p in ours.parameters()}
+    ours(torch.randn(8, 16).bfloat16()).float().square().mean().backward()
+    next(ours.parameters()).grad[0, 0] = float("inf")
+    assert not torch.isfinite(clip_and_guard(opt_ours, 0.5))
+    opt_ours.step()
+    opt_ours.zero_grad()
+    for p, b in before.items():
+        assert torch.equal(opt_ours.masters[p], b) and opt_ours.state[p]["step"].item() == 3
+    with opt_ours.fp32_params():
+        sd = ours.state_dict()
+        assert all(v.dtype == torch.float32 for v in sd.values())
+        assert all(v.dtype == torch.float32 for st in opt_ours.state_dict()["state"].values()
+                   for k, v in st.items() if k != "step")
+        first = next(ours.parameters())
+        first.data.fill_(0.25)  # as a checkpoint load writes into the masters
+    assert first.dtype == torch.bfloat16 and torch.all(first == 0.25)
+    assert torch.all(opt_ours.masters[first] == 0.25)
+
+
+def test_master_weights_run_resumes_bitwise_and_checkpoints_fp32(token_dir, tmp_path):
+    """bf16 on one process = bf16 weights + fp32 masters (CPU: the reference update). A run of
+    N + resume + N equals 2N bitwise; its checkpoint holds fp32 weights and resumes as well
+    with fp32 weights under autocast (master_weights: false)."""
+    full, out = tmp_path / "full", tmp_path / "resumed"
+    train(_cfg(token_dir, STEPS, "precision=bf16"), full)
+    train(_cfg(token_dir, STEPS, "precision=bf16", "stop_after=3"), out)
+    train(_cfg(token_dir, STEPS, "precision=bf16"), out)
+    a, b = _losses(full), _losses(out)
+    assert [a[s] for s in range(1, STEPS + 1)] == [b[s] for s in range(1, STEPS + 1)]
+    assert a[STEPS] < a[1]  # it learns in bf16 too
+    from gristmill.trainer.export import load_model
+
+    model, _ = load_model(full)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    # the fp32 masters, not bf16 values: at least one weight is not representable in bf16
+    assert any(not torch.equal(p, p.bfloat16().float()) for p in model.parameters())
+    other = tmp_path / "fp32"
+    shutil.copytree(full / "checkpoints" / "step-00000003", other / "checkpoints" / "step-00000003")
+    train(_cfg(token_dir, STEPS, "precision=bf16", "master_weights=false"), other)
+    c = _losses(other)
+    assert set(c) == {4, 5, 6} and all(abs(c[s] - a[s]) < 0.05 for s in c)

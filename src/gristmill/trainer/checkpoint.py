@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -33,12 +34,19 @@ class AppState(Stateful):
     def __init__(self, model, optimizer):
         self.model, self.optimizer = model, optimizer
 
+    def _fp32(self):
+        """With master weights (optim.MasterAdamW) the state dicts hold the fp32 masters."""
+        return getattr(self.optimizer, "fp32_params", nullcontext)()
+
     def state_dict(self):
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        with self._fp32():
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state):
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        with self._fp32():
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
 
 
 class RNGState(Stateful):

@@ -99,6 +99,9 @@ class TrainConfig(_Strict):
     compile: bool = Field(False, description="torch.compile each block")
     ac: Literal["none", "selective", "full"] = "none"
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU")
+    master_weights: Literal["auto"] | bool = Field("auto", description="bf16 without FSDP: the model holds bf16"
+                                                   " weights and the optimizer their fp32 masters (no per-step"
+                                                   " casts); false: fp32 weights under autocast")
     fsdp: Literal["auto"] | bool = Field("auto", description="FSDP2 fully_shard per block and root; auto: when"
                                          " world size > 1 (at world size 1 it only adds copies and host time)")
     fsdp_reshard: bool = Field(True, description="FSDP2 reshard_after_forward: free each block's gathered"

@@ -12,12 +12,20 @@ step, which at 125M on two GPUs was a quarter of the step.
 scalar under FSDP) and hands the clip coefficient to the fused kernel as `grad_scale` and a
 non-finite norm as `found_inf`, on which the kernel leaves parameters and moments untouched
 (the mechanism GradScaler uses).
+
+`MasterAdamW` is the same optimizer for a model that computes in bf16 without FSDP: it turns the
+model's parameters into bf16 and keeps their fp32 masters (kernel: `kernels/adamw.py`), so no
+autocast cast runs per step. Checkpoints still hold fp32 weights and torch's optimizer state.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
+
+from gristmill.trainer.kernels.adamw import adamw_master_reference, adamw_master_triton
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -30,6 +38,14 @@ class AdamW(torch.optim.AdamW):
 
     def __init__(self, params, **kwargs):
         super().__init__(params, fused=True, **kwargs)
+
+    def grads(self) -> list[torch.Tensor]:
+        """The gradients the next step applies (what the grad norm is taken of)."""
+        return [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+
+    def accumulate_grads(self) -> None:
+        """After each micro-batch's backward when accumulating (nothing to do: the fp32
+        gradients accumulate in place)."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -65,9 +81,97 @@ class AdamW(torch.optim.AdamW):
         return None
 
 
-def grad_norm(params) -> torch.Tensor:
+class MasterAdamW(AdamW):
+    """AdamW for a bf16 model with fp32 master weights, without FSDP (FSDP2's mixed precision
+    keeps the same split itself).
+
+    Give it the fp32 parameters after their init: it copies each to an fp32 master and makes the
+    parameter itself bf16, so forward and backward run in bf16 with bf16 gradients and no
+    per-step casts. `step()` updates master and moments and rewrites the bf16 weight in one
+    kernel per tensor. When accumulating micro-batches, `accumulate_grads()` moves each bf16
+    gradient into an fp32 sum (as FSDP2 accumulates in its reduce dtype). For checkpoints,
+    `fp32_params()` shows the masters as the model's parameters, so state dicts are fp32 and
+    the same as any other run's (resumable with or without master weights, on any world size).
+    """
+
+    def __init__(self, params, triton: bool = False, **kwargs):
+        super().__init__(params, **kwargs)
+        self.triton = triton
+        self.masters: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._acc: dict[torch.nn.Parameter, torch.Tensor] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype != torch.float32 or hasattr(p, "_local_tensor"):
+                    raise ValueError("MasterAdamW: expects plain fp32 parameters (it makes the bf16 ones);"
+                                     f" got {type(p).__name__} {p.dtype}")
+                master = p.detach().clone()
+                p.data = master.to(torch.bfloat16)
+                self.masters[p] = master
+                # state now, not lazily: its moments must be fp32 although the parameter is bf16
+                self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                                 "exp_avg": torch.zeros_like(master), "exp_avg_sq": torch.zeros_like(master)}
+
+    def grads(self) -> list[torch.Tensor]:
+        return [self._acc.get(p, p.grad) for g in self.param_groups for p in g["params"]
+                if p in self._acc or p.grad is not None]
+
+    def accumulate_grads(self) -> None:
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        old = [p for p in params if p in self._acc]  # dict lookup: by identity
+        for p in params:
+            if p not in self._acc:
+                self._acc[p] = p.grad.float()
+        if old:
+            torch._foreach_add_([self._acc[p] for p in old], [p.grad for p in old])
+        for p in params:
+            p.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._acc.clear()
+        super().zero_grad(set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("MasterAdamW.step: closures are not supported")
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        update = adamw_master_triton if self.triton else adamw_master_reference
+        for group in self.param_groups:
+            todo = [(p, self._acc.get(p, p.grad)) for p in group["params"] if p in self._acc or p.grad is not None]
+            if not todo:
+                continue
+            steps = [self.state[p]["step"] for p, _ in todo]
+            torch._foreach_add_(steps, 1)
+            beta1, beta2 = group["betas"]
+            for p, g in todo:
+                st = self.state[p]
+                update(self.masters[p], g, st["exp_avg"], st["exp_avg_sq"], p.data, st["step"], lr=group["lr"],
+                       beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                       grad_scale=grad_scale, found_inf=found_inf)
+            if found_inf is not None:  # a skipped step does not count
+                torch._foreach_sub_(steps, [found_inf] * len(steps))
+        return None
+
+    @contextmanager
+    def fp32_params(self):
+        """Inside, each parameter holds its fp32 master (state dicts read and load fp32); on
+        exit the bf16 weights are re-made from the masters (which a load may have changed)."""
+        weights = {}
+        for p, master in self.masters.items():
+            weights[p], p.data = p.data, master
+        try:
+            yield
+        finally:
+            for p, w in weights.items():
+                self.masters[p] = p.data
+                w.copy_(p.data)
+                p.data = w
+
+
+def grad_norm(grads) -> torch.Tensor:
     """Global L2 norm of the gradients (fp32 scalar, the same on every rank)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [g for g in grads if g is not None]
     sharded = False
     for g in grads:
         placements = getattr(g, "placements", None)
@@ -77,7 +181,7 @@ def grad_norm(params) -> torch.Tensor:
             sharded = True
     local = [_local(g) for g in grads]
     if local:
-        sq = torch.stack(torch._foreach_norm(local)).float().square().sum()
+        sq = torch.stack(torch._foreach_norm(local, 2, dtype=torch.float32)).square().sum()
     else:
         sq = torch.zeros((), dtype=torch.float32)
     if sharded and dist.is_initialized() and dist.get_world_size() > 1:
@@ -85,10 +189,10 @@ def grad_norm(params) -> torch.Tensor:
     return sq.sqrt()
 
 
-def clip_and_guard(optimizer: torch.optim.Optimizer, params, max_norm: float) -> torch.Tensor:
-    """Grad norm; sets the optimizer's `grad_scale` (clip: clip_grad_norm_'s coefficient
+def clip_and_guard(optimizer: AdamW, max_norm: float) -> torch.Tensor:
+    """Grad norm of what the optimizer will apply; sets the optimizer's `grad_scale` (clip: clip_grad_norm_'s coefficient
     max_norm / (norm + 1e-6), capped at 1, as a divisor) and `found_inf` (non-finite norm)."""
-    norm = grad_norm(params)
+    norm = grad_norm(optimizer.grads())
     optimizer.found_inf = (~torch.isfinite(norm)).float()
     if max_norm > 0:
         optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)

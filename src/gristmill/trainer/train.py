@@ -30,7 +30,7 @@ from gristmill.trainer.data import TokenStream, TrainLoader, val_batches
 from gristmill.trainer.kernels import HAVE_TRITON, Kernels
 from gristmill.trainer.metrics import Metrics
 from gristmill.trainer.model import ModelArgs, Transformer
-from gristmill.trainer.optim import AdamW, clip_and_guard, param_groups
+from gristmill.trainer.optim import AdamW, MasterAdamW, clip_and_guard, param_groups
 from gristmill.trainer.parallel import Dist, apply_ac, apply_compile, apply_fsdp, init_distributed
 
 
@@ -81,8 +81,9 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     if not use_fsdp and d.world > 1:
         raise ValueError("fsdp: false needs world size 1 (there is no other data-parallel wrapper)")
     torch.manual_seed(cfg.seed)
+    kernels = resolve_kernels(cfg, d.device)
     with torch.device("meta"):
-        model = Transformer(args, resolve_kernels(cfg, d.device))
+        model = Transformer(args, kernels)
     apply_ac(model, cfg.ac)
     if cfg.compile:
         apply_compile(model)
@@ -92,11 +93,18 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     model.init_weights(cfg.seed)
     # fused on every device (CPU runs take the GPU's code path): clipping and the non-finite
     # guard go into its kernel (optim.clip_and_guard)
-    optimizer = AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                      eps=cfg.optim.eps)
+    groups = param_groups(model, cfg.optim.weight_decay)
+    hyper = {"lr": cfg.optim.lr, "betas": cfg.optim.betas, "eps": cfg.optim.eps}
+    # bf16 without FSDP: bf16 weights + fp32 masters in the optimizer (no per-step casts), or
+    # fp32 weights under autocast; FSDP's mixed precision does the former by itself
+    master = bf16 and not use_fsdp and cfg.master_weights is not False
+    if master:
+        optimizer = MasterAdamW(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
+    else:
+        optimizer = AdamW(groups, **hyper)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    # without FSDP's mixed precision, bf16 comes from autocast
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp else nullcontext())
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master
+                else nullcontext())
     return model, args, optimizer, scheduler, autocast, use_fsdp
 
 
@@ -183,7 +191,6 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
     tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
     metrics = Metrics(out_dir, d.is_main, cfg.steps, step, cfg.log.tensorboard, cfg.log.progress,
                       args.flops_per_token(cfg.data.seq_len), d.device, d.world)
-    params = [p for p in model.parameters()]
     last_rec: dict = {}
     val_loss = None
     readout = StepReadout(d.device)
@@ -217,8 +224,10 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
                 with autocast:
                     loss = model(b.inputs, b.targets, b.doc_ids) / len(batches)
                 loss.backward()
+                if len(batches) > 1:
+                    optimizer.accumulate_grads()
                 loss_sum += loss.detach()
-            grad_norm = clip_and_guard(optimizer, params, cfg.optim.grad_clip)
+            grad_norm = clip_and_guard(optimizer, cfg.optim.grad_clip)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
