@@ -246,10 +246,11 @@ def test_master_adamw_is_adamw_on_fp32_masters():
     assert torch.all(opt_ours.masters[first] == 0.25)
 
 
-def test_master_weights_run_resumes_bitwise_and_checkpoints_fp32(token_dir, tmp_path):
+def test_master_weights_run_resumes_bitwise_and_checkpoints_fp32(baseline, token_dir, tmp_path):
     """bf16 on one process = bf16 weights + fp32 masters (CPU: the reference update). A run of
     N + resume + N equals 2N bitwise; its checkpoint holds fp32 weights and resumes as well
-    with fp32 weights under autocast (master_weights: false)."""
+    with fp32 weights under autocast (master_weights: false); an fp32 run's checkpoint resumes
+    with master weights."""
     full, out = tmp_path / "full", tmp_path / "resumed"
     train(_cfg(token_dir, STEPS, "precision=bf16"), full)
     train(_cfg(token_dir, STEPS, "precision=bf16", "stop_after=3"), out)
@@ -268,3 +269,8 @@ def test_master_weights_run_resumes_bitwise_and_checkpoints_fp32(token_dir, tmp_
     train(_cfg(token_dir, STEPS, "precision=bf16", "master_weights=false"), other)
     c = _losses(other)
     assert set(c) == {4, 5, 6} and all(abs(c[s] - a[s]) < 0.05 for s in c)
+    into_master = tmp_path / "into-master"
+    shutil.copytree(baseline / "checkpoints" / "step-00000003", into_master / "checkpoints" / "step-00000003")
+    train(_cfg(token_dir, STEPS, "precision=bf16"), into_master)
+    fp32_run, d = _losses(baseline), _losses(into_master)
+    assert set(d) == {4, 5, 6} and all(abs(d[s] - fp32_run[s]) < 0.05 for s in d)
