@@ -14,13 +14,18 @@ step the host runs ahead of the GPU and only the GPU time counts.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy
-from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton
-from gristmill.trainer.kernels.rope import rope_qkv_reference, rope_qkv_triton, rope_tables
-from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_step import kernel_times  # noqa: E402
+
+from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy  # noqa: E402
+from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton  # noqa: E402
+from gristmill.trainer.kernels.rope import rope_qkv_reference, rope_qkv_triton, rope_tables  # noqa: E402
+from gristmill.trainer.kernels.swiglu import swiglu_reference, swiglu_triton  # noqa: E402
 
 SHAPES = {  # dim, heads, ffn, as in configs/train/
     "125m": (768, 12, 2048),
@@ -58,9 +63,7 @@ def gpu_ms(step, iters: int = 20) -> float:
         for _ in range(iters):
             step()
         torch.cuda.synchronize()
-    total_us = sum(getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-                   for ev in prof.key_averages() if ev.key and not ev.key.startswith("ProfilerStep"))
-    return total_us / iters / 1000
+    return sum(ms for ms, _, _ in kernel_times(prof, iters))
 
 
 def main() -> None:

@@ -42,6 +42,17 @@ def ours_step_fn(cfg, d):
     return step
 
 
+def kernel_times(prof, calls: int) -> list[tuple[float, float, str]]:
+    """(ms per call, launches per call, kernel name) from a CUDA-activity torch.profiler run
+    of `calls` calls, longest first."""
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.key and not ev.key.startswith("ProfilerStep"):
+            rows.append((t / calls / 1000, ev.count / calls, ev.key))
+    return sorted(rows, reverse=True)
+
+
 def profile(name, step, mb, seq, top, steps=6, prof_steps=3):
     g = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randint(0, VOCAB, (mb, seq + 1), device="cuda", generator=g) for _ in range(4)]
@@ -63,12 +74,7 @@ def profile(name, step, mb, seq, top, steps=6, prof_steps=3):
         for i in range(prof_steps):
             step(xs[i % 4])
         torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0 and ev.key and not ev.key.startswith("ProfilerStep"):
-            rows.append((t / prof_steps / 1000, ev.count / prof_steps, ev.key))
-    rows.sort(reverse=True)
+    rows = kernel_times(prof, prof_steps)
     busy = sum(r[0] for r in rows)
     print(f"\n== {name}: {ms:.2f} ms/step ({mb * seq / ms * 1000:,.0f} tok/s), kernels busy {busy:.2f} ms/step,"
           f" peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)

@@ -33,8 +33,8 @@ from gristmill.trainer.launch import launch  # noqa: E402
 
 
 def losses(out: Path) -> dict[int, float]:
-    recs = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    return {r["step"]: r["loss"] for r in recs if "loss" in r and "val_loss" not in r}
+    """Training loss per step from `metrics.jsonl` (validation records carry `val_loss` only)."""
+    return {r["step"]: r["loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "loss" in r}
 
 
 def run(cfg, out: Path, nproc: int) -> float:

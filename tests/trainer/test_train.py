@@ -155,18 +155,23 @@ def test_config_errors_name_the_key():
     assert from_dict({**base, "train": {"preset": "tiny", "steps": 5}}).train.steps == 5
 
 
+def _twin_mlps(optimizer_cls):
+    """Two equal small MLPs: one with torch's AdamW, one with ours (same hyper-parameters)."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    ours = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    ours.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    return ref, ours, opt_ref, optimizer_cls(ours.parameters(), lr=1e-2, weight_decay=0.1)
+
+
 def test_adamw_and_clip_and_guard_match_torch_and_skip_non_finite():
     """Our AdamW (fused kernel on local tensors) with the clip coefficient as grad_scale gives
     the update of clip_grad_norm_ + torch's AdamW; its state has torch's layout (checkpoints);
     a non-finite norm leaves parameters, moments and the step count untouched."""
     from gristmill.trainer.optim import AdamW, clip_and_guard
 
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
-    ours = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
-    ours.load_state_dict(ref.state_dict())
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
-    opt_ours = AdamW(ours.parameters(), lr=1e-2, weight_decay=0.1)
+    ref, ours, opt_ref, opt_ours = _twin_mlps(AdamW)
     for step in range(3):
         x = torch.randn(8, 16) * 50  # large gradients: clipping is active
         for m in (ref, ours):
@@ -200,12 +205,7 @@ def test_master_adamw_is_adamw_on_fp32_masters():
     a non-finite norm skips the step; under fp32_params() the state dicts are fp32."""
     from gristmill.trainer.optim import MasterAdamW, clip_and_guard
 
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
-    ours = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
-    ours.load_state_dict(ref.state_dict())
-    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
-    opt_ours = MasterAdamW(ours.parameters(), lr=1e-2, weight_decay=0.1)
+    ref, ours, opt_ref, opt_ours = _twin_mlps(MasterAdamW)
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
     for step in range(3):
         fp32_sums = [torch.zeros_like(p) for p in ref.parameters()]

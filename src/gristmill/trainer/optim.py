@@ -111,9 +111,12 @@ class MasterAdamW(AdamW):
                 self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
                                  "exp_avg": torch.zeros_like(master), "exp_avg_sq": torch.zeros_like(master)}
 
+    def _pending(self, params) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """(parameter, gradient to apply): the fp32 sum when accumulating, else the bf16 grad."""
+        return [(p, self._acc.get(p, p.grad)) for p in params if p in self._acc or p.grad is not None]
+
     def grads(self) -> list[torch.Tensor]:
-        return [self._acc.get(p, p.grad) for g in self.param_groups for p in g["params"]
-                if p in self._acc or p.grad is not None]
+        return [g for group in self.param_groups for _, g in self._pending(group["params"])]
 
     def accumulate_grads(self) -> None:
         params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
@@ -138,7 +141,7 @@ class MasterAdamW(AdamW):
         found_inf = getattr(self, "found_inf", None)
         update = adamw_master_triton if self.triton else adamw_master_reference
         for group in self.param_groups:
-            todo = [(p, self._acc.get(p, p.grad)) for p in group["params"] if p in self._acc or p.grad is not None]
+            todo = self._pending(group["params"])
             if not todo:
                 continue
             steps = [self.state[p]["step"] for p, _ in todo]
@@ -190,8 +193,9 @@ def grad_norm(grads) -> torch.Tensor:
 
 
 def clip_and_guard(optimizer: AdamW, max_norm: float) -> torch.Tensor:
-    """Grad norm of what the optimizer will apply; sets the optimizer's `grad_scale` (clip: clip_grad_norm_'s coefficient
-    max_norm / (norm + 1e-6), capped at 1, as a divisor) and `found_inf` (non-finite norm)."""
+    """Grad norm of what the optimizer will apply; sets the optimizer's `grad_scale` (clip:
+    clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), capped at 1, as a divisor) and
+    `found_inf` (non-finite norm)."""
     norm = grad_norm(optimizer.grads())
     optimizer.found_inf = (~torch.isfinite(norm)).float()
     if max_norm > 0:

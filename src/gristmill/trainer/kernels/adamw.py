@@ -76,9 +76,9 @@ def adamw_master_triton(master, grad, exp_avg, exp_avg_sq, weight, step, *, lr, 
     for t in (grad, exp_avg, exp_avg_sq, weight):
         if not t.is_contiguous() or t.numel() != n:
             raise ValueError("adamw_master: tensors must be contiguous and of one size")
-    dummy = step
     _adamw_master[(triton.cdiv(n, BLOCK),)](
         master, grad, exp_avg, exp_avg_sq, weight, n, step,
-        grad_scale if grad_scale is not None else dummy, found_inf if found_inf is not None else dummy,
+        # absent scale / inf flag: any fp32 pointer, never read (HAS_SCALE / HAS_INF false)
+        grad_scale if grad_scale is not None else step, found_inf if found_inf is not None else step,
         lr, beta1, beta2, eps, lr * weight_decay, _log(beta1), _log(beta2),
         HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, BLOCK=BLOCK, num_warps=8)
