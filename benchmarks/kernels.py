@@ -2,25 +2,22 @@
 kernel, forward + backward, at the model presets' shapes. Needs a CUDA GPU; Liger is optional
 (`pip install liger-kernel`, benchmark-only).
 
-    python benchmarks/kernels.py [--sizes 125m,1b] [--tokens 16384]
+    python benchmarks/kernels.py [--sizes 125m,1b] [--tokens 16384] [--ops rms,rope]
 
 Prints milliseconds per fwd+bwd and the ratios `compile / ours` and `liger / ours` (> 1: ours
-is faster), twice: wall time per call (`triton.testing.do_bench`), and GPU time — the summed
-duration of the call's kernels under torch.profiler. An op of ~0.1 ms (RMSNorm) is bound by host
-launch overhead when timed alone, which swings its wall ratio from run to run; in a training
-step the host runs ahead of the GPU and only the GPU time counts.
+is faster), twice: wall time per call (`triton.testing.do_bench`, L2 flushed before each call),
+and GPU time — calls queued behind a sleep kernel and run back to back, as inside a training
+step. An op of ~0.1 ms (RMSNorm) is bound by host launch overhead when timed alone, which swings
+its wall ratio from run to run; in a training step the host runs ahead of the GPU and only the
+GPU time counts.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+import statistics
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_step import kernel_times  # noqa: E402
 
 from gristmill.trainer.kernels.cross_entropy import cross_entropy_reference, fused_linear_cross_entropy  # noqa: E402
 from gristmill.trainer.kernels.rms_norm import rms_norm_reference, rms_norm_triton  # noqa: E402
@@ -35,8 +32,8 @@ SHAPES = {  # dim, heads, ffn, as in configs/train/
 VOCAB = 32000
 
 
-def bench(fn, inputs, rep_ms=200) -> float:
-    """Median ms of fwd+bwd (upstream gradient of ones-like random, fixed)."""
+def bench(fn, inputs, rep_ms=200) -> tuple[float, float]:
+    """(wall ms, queued GPU ms) of one fwd+bwd, with a fixed random upstream gradient."""
     import triton.testing
 
     xs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
@@ -51,25 +48,42 @@ def bench(fn, inputs, rep_ms=200) -> float:
         torch.autograd.backward(o if isinstance(o, tuple) else (o,), grads)
 
     wall = triton.testing.do_bench(step, warmup=25, rep=rep_ms)
-    return wall, gpu_ms(step)
+    return wall, queued_ms(step)
 
 
-def gpu_ms(step, iters: int = 20) -> float:
-    """Summed kernel time per call (ms), from torch.profiler's CUDA activity."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            step()
+def queued_ms(step, calls: int = 40, repeats: int = 7) -> float:
+    """GPU time per call with the host out of the way: a sleep kernel holds the GPU while the host
+    queues `calls` calls, then the calls run back to back, as they do inside a training step
+    (where the host runs ahead). Median of `repeats` timings; inter-kernel gaps are included, so
+    an extra launch costs what it costs on the GPU."""
+    for _ in range(3):
+        step()
+    cycles = 10**7
+    times = []
+    while len(times) < repeats:
         torch.cuda.synchronize()
-    return sum(ms for ms, _, _ in kernel_times(prof, iters))
+        torch.cuda._sleep(cycles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            step()
+        queued = not start.query()  # the sleep still running: every call was queued in time
+        end.record()
+        torch.cuda.synchronize()
+        # the host was slower than the sleep: sleep longer and time again (up to ~0.15 s: an op that
+        # waits for the GPU itself cannot be queued, and its time is its wall time)
+        if not queued and cycles < 2**28:
+            cycles *= 2
+            continue
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="125m,350m,1b")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per call (micro-batch × seq_len)")
+    p.add_argument("--ops", default="", help="comma-separated substrings of the op names to run (default: all)")
     args = p.parse_args()
     try:
         from liger_kernel.transformers import functional as liger
@@ -81,6 +95,9 @@ def main() -> None:
     B = args.tokens // T
     rows = []
     for size in args.sizes.split(","):
+        # fresh compiles per size: with the previous size's graphs cached, dynamo recompiles with
+        # dynamic shapes and the reference's kernels get slower than a static compile
+        torch._dynamo.reset()
         dim, heads, ffn = SHAPES[size]
         hd = heads and dim // heads
         N = B * T
@@ -104,8 +121,8 @@ def main() -> None:
                 swiglu_triton, swiglu_reference,
                 (lambda gu: liger.liger_swiglu(*gu.chunk(2, -1))) if liger else None,
                 [gu]),
-            # the fused q/k/v projection's output → rotated q, k and v. The reference (compiled)
-            # returns v as a view; ours writes it contiguous. Liger rotates q and k only.
+            # the fused q/k/v projection's output → rotated q, k and v (a view in both ours and
+            # the reference). Liger rotates q and k only.
             "rope(qkv)": (
                 lambda qkv: rope_qkv_triton(qkv, cos, sin, heads, heads),
                 lambda qkv: rope_qkv_reference(qkv, cos, sin, heads, heads),
@@ -120,6 +137,8 @@ def main() -> None:
                 [h, W, tgt]),
         }
         for name, (ours, ref, lig, inputs) in cases.items():
+            if args.ops and not any(o in name for o in args.ops.split(",")):
+                continue
             torch.cuda.synchronize()
             results = {}
             for label, fn in (("ours", ours), ("eager", ref), ("compile", torch.compile(ref)), ("liger", lig)):
