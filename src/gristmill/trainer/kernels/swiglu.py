@@ -12,8 +12,6 @@ import torch.nn.functional as F
 
 from gristmill.trainer.kernels._triton import tl, triton
 
-BLOCK = 1024
-
 
 def swiglu_reference(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
@@ -21,53 +19,74 @@ def swiglu_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _swiglu_fwd(AB, C, F, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < F
-    a = tl.load(AB + row * 2 * F + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(AB + row * 2 * F + F + cols, mask=mask, other=0.0).to(tl.float32)
+def _swiglu_fwd(AB, C, M, F, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = (rows < M) & (cols < F)
+    ab = AB + rows.to(tl.int64) * 2 * F + cols
+    a = tl.load(ab, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(ab + F, mask=mask, other=0.0).to(tl.float32)
     c = a * tl.sigmoid(a) * b
-    tl.store(C + row * F + cols, c.to(C.dtype.element_ty), mask=mask)
+    tl.store(C + rows.to(tl.int64) * F + cols, c.to(C.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _swiglu_bwd(AB, DC, DAB, F, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < F
-    a = tl.load(AB + row * 2 * F + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(AB + row * 2 * F + F + cols, mask=mask, other=0.0).to(tl.float32)
-    dc = tl.load(DC + row * F + cols, mask=mask, other=0.0).to(tl.float32)
+def _swiglu_bwd(AB, DC, DAB, M, F, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = (rows < M) & (cols < F)
+    ab = rows.to(tl.int64) * 2 * F + cols
+    a = tl.load(AB + ab, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(AB + ab + F, mask=mask, other=0.0).to(tl.float32)
+    dc = tl.load(DC + rows.to(tl.int64) * F + cols, mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(a)
     da = dc * b * s * (1.0 + a * (1.0 - s))
     db = dc * a * s
-    tl.store(DAB + row * 2 * F + cols, da.to(DAB.dtype.element_ty), mask=mask)
-    tl.store(DAB + row * 2 * F + F + cols, db.to(DAB.dtype.element_ty), mask=mask)
+    tl.store(DAB + ab, da.to(DAB.dtype.element_ty), mask=mask)
+    tl.store(DAB + ab + F, db.to(DAB.dtype.element_ty), mask=mask)
+
+
+def tile_settings(f: int) -> tuple[int, int, int]:
+    """(BLOCK columns, rows, warps) of one program's tile, for d_ff = `f`: one row, up to 4096
+    columns. The fastest, within 1%, of BLOCK {512 … 4096} × rows {1, 2, 4} × warps {4, 8, 16}
+    on an H100 at d_ff 2048 / 2816 / 5632 (3% over 1024-column tiles of 4 warps)."""
+    block = min(4096, triton.next_power_of_2(f))
+    return block, 1, 16 if block == 4096 else 8
+
+
+def swiglu_fwd(ab, settings=None):
+    """(M, 2F) gate/up → (M, F). `settings` overrides tile_settings (benchmark sweeps)."""
+    M, F_ = ab.shape[0], ab.shape[1] // 2
+    block, rows, warps = settings or tile_settings(F_)
+    c = torch.empty((M, F_), dtype=ab.dtype, device=ab.device)
+    _swiglu_fwd[(triton.cdiv(M, rows), triton.cdiv(F_, block))](ab, c, M, F_, BLOCK=block, ROWS=rows, num_warps=warps)
+    return c
+
+
+def swiglu_bwd(ab, dc, settings=None):
+    M, F_ = ab.shape[0], ab.shape[1] // 2
+    block, rows, warps = settings or tile_settings(F_)
+    dab = torch.empty_like(ab)
+    _swiglu_bwd[(triton.cdiv(M, rows), triton.cdiv(F_, block))](ab, dc, dab, M, F_, BLOCK=block, ROWS=rows,
+                                                                 num_warps=warps)
+    return dab
 
 
 class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate_up):
         shape = gate_up.shape
-        F2 = shape[-1]
-        ab = gate_up.reshape(-1, F2).contiguous()
-        M, F_ = ab.shape[0], F2 // 2
-        c = torch.empty((M, F_), dtype=ab.dtype, device=ab.device)
-        _swiglu_fwd[(M, triton.cdiv(F_, BLOCK))](ab, c, F_, BLOCK=BLOCK, num_warps=4)
+        ab = gate_up.reshape(-1, shape[-1]).contiguous()
+        c = swiglu_fwd(ab)
         ctx.save_for_backward(ab)
         ctx.shape = shape
-        return c.view(*shape[:-1], F_)
+        return c.view(*shape[:-1], c.shape[-1])
 
     @staticmethod
     def backward(ctx, dc):
         (ab,) = ctx.saved_tensors
-        M, F2 = ab.shape
-        F_ = F2 // 2
-        dc = dc.reshape(M, F_).contiguous()
-        dab = torch.empty_like(ab)
-        _swiglu_bwd[(M, triton.cdiv(F_, BLOCK))](ab, dc, dab, F_, BLOCK=BLOCK, num_warps=4)
-        return dab.view(ctx.shape)
+        dc = dc.reshape(ab.shape[0], ab.shape[1] // 2).contiguous()
+        return swiglu_bwd(ab, dc).view(ctx.shape)
 
 
 def swiglu_triton(gate_up: torch.Tensor) -> torch.Tensor:
