@@ -91,9 +91,23 @@ def test_rope_qkv(B, T, H, KV, D):
     ref = lambda x: tuple(t.contiguous() for t in rope_qkv_reference(x, cos, sin, H, KV))  # noqa: E731
     _fp32_close(kern, ref, [qkv])
     _check(kern, ref, [qkv.bfloat16()])
-    q, k, v = kern(qkv)
-    assert q.shape == (B, T, H, D) and k.shape == v.shape == (B, T, KV, D) and q.is_contiguous()
-    torch.testing.assert_close(v, qkv[:, :, H + KV:], rtol=0, atol=0)  # v passes through untouched
+    # forward: q and k rotated in place in the projection output, all three returned as views
+    x = qkv.bfloat16()
+    orig = x.clone()
+    q, k, v = kern(x)
+    assert q.shape == (B, T, H, D) and k.shape == v.shape == (B, T, KV, D)
+    assert (q.data_ptr(), k.data_ptr(), v.data_ptr()) == tuple(t.data_ptr() for t in x.split([H, KV, KV], 2))
+    torch.testing.assert_close(v, orig[:, :, H + KV:], rtol=0, atol=0)  # v passes through untouched
+    rq, rk, _ = rope_qkv_reference(orig.float(), cos, sin, H, KV)
+    torch.testing.assert_close(q.float(), rq, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(k.float(), rk, rtol=1e-2, atol=1e-2)
+    # a non-contiguous input is copied, not modified
+    wider = torch.cat([orig, orig[:, :, :1]], dim=2)
+    kern(wider[:, :, :-1])
+    torch.testing.assert_close(wider[:, :, :-1], orig, rtol=0, atol=0)
+    # attention hands back dq, dk, dv in its (B, heads, T, D) layout: strided here
+    heads_first = lambda f: lambda x: tuple(t.transpose(1, 2) for t in f(x))  # noqa: E731
+    _fp32_close(heads_first(kern), heads_first(ref), [qkv])
 
 
 @pytest.mark.parametrize("N,d,V,z,chunk", [(1024, 256, 32000, 0.0, None), (777, 128, 50257, 1e-4, 100),
@@ -120,16 +134,21 @@ def test_fused_ce_weight_grad_accumulates_in_fp32():
     _check(kern, ref, [h.bfloat16(), w.bfloat16(), t])
 
 
-def test_model_triton_matches_reference():
+@pytest.mark.parametrize("ac", ["none", "full", "selective"])
+def test_model_triton_matches_reference(ac):
+    """Also under activation checkpointing: the in-place RoPE must not corrupt what a recompute
+    reuses (selective checkpointing keeps the q/k/v matmul's output)."""
     from gristmill.trainer.kernels import Kernels
     from gristmill.trainer.model import ModelArgs, Transformer
+    from gristmill.trainer.parallel import apply_ac
 
     args = ModelArgs(vocab_size=1000, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=128, z_loss=1e-4)
     torch.manual_seed(0)
     ref = Transformer(args, Kernels("reference")).to(DEV)
     ref.init_weights()
-    tri = Transformer(args, Kernels("triton")).to(DEV)
+    tri = Transformer(args, Kernels("triton", rope_in_place=ac != "selective")).to(DEV)
     tri.load_state_dict(ref.state_dict())
+    apply_ac(tri, ac)
     x = torch.randint(0, 1000, (2, 129), device=DEV)
     losses = []
     for m in (ref, tri):

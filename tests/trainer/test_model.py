@@ -94,3 +94,18 @@ def test_triton_backend_without_triton_is_a_clear_error():
         pytest.skip("Triton is installed here")
     with pytest.raises(RuntimeError, match="kernels: reference"):
         Kernels("triton")
+
+
+def test_rope_in_place_off_under_selective_checkpointing():
+    """Selective checkpointing keeps the q/k/v matmul's output for its recompute, so the RoPE
+    kernel must not rotate that output in place there (and does elsewhere: it saves a copy)."""
+    from pathlib import Path
+
+    from gristmill.trainer.config import load
+    from gristmill.trainer.train import resolve_kernels
+
+    configs = Path(__file__).resolve().parents[2] / "configs" / "train"
+    cpu = torch.device("cpu")
+    for ac, in_place in (("none", True), ("full", True), ("selective", False)):
+        cfg = load(configs / "125m.yaml", [f"ac={ac}"])
+        assert resolve_kernels(cfg, cpu).rope_in_place is in_place, ac

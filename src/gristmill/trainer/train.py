@@ -71,7 +71,8 @@ def resolve_kernels(cfg: TrainConfig, device: torch.device) -> Kernels:
     backend = cfg.kernels
     if backend == "auto":
         backend = "triton" if device.type == "cuda" and HAVE_TRITON else "reference"
-    return Kernels(backend, fused_ce=cfg.fused_ce)
+    # selective checkpointing keeps matmul outputs for its recompute: RoPE must not rotate them in place
+    return Kernels(backend, fused_ce=cfg.fused_ce, rope_in_place=cfg.ac != "selective")
 
 
 def build(cfg: TrainConfig, d: Dist, vocab_size: int):

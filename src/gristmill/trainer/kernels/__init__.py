@@ -23,11 +23,14 @@ class Kernels:
     """The four ops the model uses, as Triton kernels or as PyTorch references.
 
     `fused_ce` picks the chunked linear+cross-entropy even with reference kernels (its per-row
-    step then runs in PyTorch): memory stays O(chunk × vocab) on any device.
+    step then runs in PyTorch): memory stays O(chunk × vocab) on any device. `rope_in_place`:
+    the RoPE kernel rotates the q/k/v projection's output in place (off under selective
+    activation checkpointing, which keeps that output for its recompute; see kernels.rope).
     """
 
     backend: str = "reference"
     fused_ce: bool = False
+    rope_in_place: bool = True
 
     def __post_init__(self):
         if self.backend not in ("triton", "reference"):
@@ -50,7 +53,7 @@ class Kernels:
     def rope_qkv(self, qkv, cos, sin, n_heads, n_kv_heads):
         """(B, T, n_heads + 2·n_kv_heads, head_dim) → rotated q, rotated k, v."""
         if self.triton and qkv.is_cuda:
-            return rope_qkv_triton(qkv, cos, sin, n_heads, n_kv_heads)
+            return rope_qkv_triton(qkv, cos, sin, n_heads, n_kv_heads, self.rope_in_place)
         return rope_qkv_reference(qkv, cos, sin, n_heads, n_kv_heads)
 
     def linear_cross_entropy(self, h, weight, targets, z_loss=0.0, chunk_tokens=None):
