@@ -134,15 +134,15 @@ def one_pass_warps(v: int) -> int:
     return max(4, min(32, triton.next_power_of_2(v) // (32 * 32)))
 
 
-def _rows_triton(logits, targets, scale, z_loss, ignore_index, one_pass=None, warps=None):
+def _rows_triton(logits, targets, scale, z_loss, ignore_index):
     C, V = logits.shape
     loss = torch.empty(C, dtype=torch.float32, device=logits.device)
-    if one_pass if one_pass is not None else V <= ONE_PASS_MAX_VOCAB:
+    if V <= ONE_PASS_MAX_VOCAB:
         _ce_rows_one_pass[(C,)](logits, logits.stride(0), targets, loss, scale, V, ignore_index, z_loss,
-                                BLOCK=triton.next_power_of_2(V), num_warps=warps or one_pass_warps(V))
+                                BLOCK=triton.next_power_of_2(V), num_warps=one_pass_warps(V))
     else:
         _ce_rows[(C,)](logits, logits.stride(0), targets, loss, scale, V, ignore_index, z_loss,
-                       BLOCK=min(_CE_BLOCK, triton.next_power_of_2(V)), num_warps=warps or (16 if V >= 32768 else 8))
+                       BLOCK=min(_CE_BLOCK, triton.next_power_of_2(V)), num_warps=16 if V >= 32768 else 8)
     return loss, logits
 
 

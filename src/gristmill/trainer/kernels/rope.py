@@ -15,7 +15,7 @@ Backward is one kernel too: it rotates dq, dk by −θ and writes them with dv s
 gradient of the fused projection's output — the concatenation autograd would otherwise do as
 a separate pass (and, with three projections, the two adds of their input gradients). dq, dk,
 dv are read with whatever strides attention hands back.
-A program handles all heads of TOKENS consecutive tokens.
+One program per token handles all its heads.
 """
 
 from __future__ import annotations
@@ -64,75 +64,60 @@ def _rotate_heads(SRC, DST, src_base, dst_base, src_hs, dst_hs, c, s, n, HALF: t
 
 
 @triton.jit
-def _rope_qkv_fwd(QKV, OUT, COS, SIN, M, T, H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
+def _rope_qkv_fwd(QKV, OUT, COS, SIN, T, H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
                   HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_KV: tl.constexpr, BLOCK_DV: tl.constexpr, COPY_V: tl.constexpr, TOKENS: tl.constexpr):
+                  BLOCK_KV: tl.constexpr, BLOCK_DV: tl.constexpr, COPY_V: tl.constexpr):
     # OUT is QKV (in place, v left where it is) or a new tensor of the same layout (v copied)
+    row = tl.program_id(0).to(tl.int64)  # token index in batch*seq
+    t = row % T
     d = tl.arange(0, BLOCK_D)[None, :]
-    hv = tl.arange(0, BLOCK_KV)[:, None]
-    dv_ = tl.arange(0, BLOCK_DV)[None, :]
-    for i in tl.static_range(TOKENS):
-        row = tl.program_id(0).to(tl.int64) * TOKENS + i  # token index in batch*seq
-        t = row % T
-        c = tl.load(COS + t * HALF + d, mask=d < HALF, other=0.0)
-        s = tl.load(SIN + t * HALF + d, mask=d < HALF, other=0.0)
-        base = row * (H + 2 * KV) * D
-        live = row < M  # the last program's tokens past the end rotate no heads
-        _rotate_heads(QKV, OUT, base, base, D, D, c, s, tl.where(live, H, 0), HALF, BLOCK_Q, BLOCK_D)
-        _rotate_heads(QKV, OUT, base + H * D, base + H * D, D, D, c, s, tl.where(live, KV, 0), HALF,
-                      BLOCK_K, BLOCK_D)
-        if COPY_V:
-            vmask = live & (hv < KV) & (dv_ < D)
-            v_off = base + (H + KV) * D + hv * D + dv_
-            tl.store(OUT + v_off, tl.load(QKV + v_off, mask=vmask), mask=vmask)
+    c = tl.load(COS + t * HALF + d, mask=d < HALF, other=0.0)
+    s = tl.load(SIN + t * HALF + d, mask=d < HALF, other=0.0)
+    base = row * (H + 2 * KV) * D
+    _rotate_heads(QKV, OUT, base, base, D, D, c, s, H, HALF, BLOCK_Q, BLOCK_D)
+    _rotate_heads(QKV, OUT, base + H * D, base + H * D, D, D, c, s, KV, HALF, BLOCK_K, BLOCK_D)
+    if COPY_V:
+        hv = tl.arange(0, BLOCK_KV)[:, None]
+        dv = tl.arange(0, BLOCK_DV)[None, :]
+        vmask = (hv < KV) & (dv < D)
+        v_off = base + (H + KV) * D + hv * D + dv
+        tl.store(OUT + v_off, tl.load(QKV + v_off, mask=vmask), mask=vmask)
 
 
 @triton.jit
-def _rope_qkv_bwd(DQ, DK, DV, DQKV, COS, SIN, M, T, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
+def _rope_qkv_bwd(DQ, DK, DV, DQKV, COS, SIN, T, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
                   H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  TOKENS: tl.constexpr):
+                  BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_DV: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    b = row // T
+    t = row % T
     d = tl.arange(0, BLOCK_D)[None, :]
+    c = tl.load(COS + t * HALF + d, mask=d < HALF, other=0.0)
+    s = -tl.load(SIN + t * HALF + d, mask=d < HALF, other=0.0)  # rotation by −θ
+    dst = row * (H + 2 * KV) * D
+    _rotate_heads(DQ, DQKV, b * sq_b + t * sq_t, dst, sq_h, D, c, s, H, HALF, BLOCK_Q, BLOCK_D)
+    _rotate_heads(DK, DQKV, b * sk_b + t * sk_t, dst + H * D, sk_h, D, c, s, KV, HALF, BLOCK_K, BLOCK_D)
     hv = tl.arange(0, BLOCK_KV)[:, None]
     dv_ = tl.arange(0, BLOCK_DV)[None, :]
-    for i in tl.static_range(TOKENS):
-        row = tl.program_id(0).to(tl.int64) * TOKENS + i
-        b = row // T
-        t = row % T
-        c = tl.load(COS + t * HALF + d, mask=d < HALF, other=0.0)
-        s = -tl.load(SIN + t * HALF + d, mask=d < HALF, other=0.0)  # rotation by −θ
-        dst = row * (H + 2 * KV) * D
-        live = row < M
-        _rotate_heads(DQ, DQKV, b * sq_b + t * sq_t, dst, sq_h, D, c, s, tl.where(live, H, 0), HALF, BLOCK_Q,
-                      BLOCK_D)
-        _rotate_heads(DK, DQKV, b * sk_b + t * sk_t, dst + H * D, sk_h, D, c, s, tl.where(live, KV, 0), HALF,
-                      BLOCK_K, BLOCK_D)
-        vmask = live & (hv < KV) & (dv_ < D)
-        dv = tl.load(DV + b * sv_b + t * sv_t + hv * sv_h + dv_, mask=vmask)
-        tl.store(DQKV + dst + (H + KV) * D + hv * D + dv_, dv, mask=vmask)
+    vmask = (hv < KV) & (dv_ < D)
+    dv = tl.load(DV + b * sv_b + t * sv_t + hv * sv_h + dv_, mask=vmask)
+    tl.store(DQKV + dst + (H + KV) * D + hv * D + dv_, dv, mask=vmask)
 
 
-def rope_settings(n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[int, int]:
-    """(tokens per program, warps): one token, 4 warps — the fastest of tokens {1, 2, 4, 8} ×
-    warps {1, 2, 4, 8} on an H100 at 12 × 64 and 16 × 64 / 128 heads (within 2% of 8 warps)."""
-    return 1, 4
-
-
-def _blocks(H: int, KV: int, D: int, settings) -> dict:
-    tokens, warps = settings or rope_settings(H, KV, D)
+def _blocks(H: int, KV: int, D: int) -> dict:
+    # one token per program, 4 warps: the fastest of tokens {1, 2, 4, 8} × warps {1, 2, 4, 8} on
+    # an H100 at 12 × 64 and 16 × 64 / 128 heads (within 2% of 8 warps)
     return dict(H=H, KV=KV, D=D, HALF=D // 2, BLOCK_Q=triton.next_power_of_2(H), BLOCK_K=triton.next_power_of_2(KV),
-                BLOCK_D=triton.next_power_of_2(D // 2), TOKENS=tokens, num_warps=warps)
+                BLOCK_D=triton.next_power_of_2(D // 2), BLOCK_KV=triton.next_power_of_2(KV),
+                BLOCK_DV=triton.next_power_of_2(D), num_warps=4)
 
 
-def rope_qkv_fwd(qkv, cos, sin, n_heads, n_kv_heads, in_place=True, settings=None):
+def rope_qkv_fwd(qkv, cos, sin, n_heads, n_kv_heads, in_place=True):
     """Rotate the q and k heads of a contiguous (B, T, H + 2·KV, D) tensor, in place or into a
     new tensor (v copied along). Returns the rotated tensor."""
     B, T, _, D = qkv.shape
     out = qkv if in_place else torch.empty_like(qkv)
-    kw = _blocks(n_heads, n_kv_heads, D, settings)
-    _rope_qkv_fwd[(triton.cdiv(B * T, kw["TOKENS"]),)](
-        qkv, out, cos, sin, B * T, T, BLOCK_KV=triton.next_power_of_2(n_kv_heads), BLOCK_DV=triton.next_power_of_2(D),
-        COPY_V=not in_place, **kw)
+    _rope_qkv_fwd[(B * T,)](qkv, out, cos, sin, T, COPY_V=not in_place, **_blocks(n_heads, n_kv_heads, D))
     return out
 
 
@@ -141,17 +126,15 @@ def _token_strides(g: torch.Tensor) -> tuple[int, int, int]:
     return g.stride(0), g.stride(1), g.stride(2)
 
 
-def rope_qkv_bwd(dq, dk, dv, cos, sin, settings=None):
+def rope_qkv_bwd(dq, dk, dv, cos, sin):
     """dq (B, T, H, D), dk and dv (B, T, KV, D), any strides with a unit last one → the gradient
     of the fused qkv, contiguous."""
     B, T, H, D = dq.shape
     KV = dk.shape[2]
     dq, dk, dv = (g if g.stride(-1) == 1 else g.contiguous() for g in (dq, dk, dv))
     dqkv = dq.new_empty(B, T, H + 2 * KV, D)
-    kw = _blocks(H, KV, D, settings)
-    _rope_qkv_bwd[(triton.cdiv(B * T, kw["TOKENS"]),)](
-        dq, dk, dv, dqkv, cos, sin, B * T, T, *_token_strides(dq), *_token_strides(dk), *_token_strides(dv),
-        BLOCK_KV=triton.next_power_of_2(KV), BLOCK_DV=triton.next_power_of_2(D), **kw)
+    _rope_qkv_bwd[(B * T,)](dq, dk, dv, dqkv, cos, sin, T, *_token_strides(dq), *_token_strides(dk),
+                            *_token_strides(dv), **_blocks(H, KV, D))
     return dqkv
 
 

@@ -54,18 +54,18 @@ def tile_settings(f: int) -> tuple[int, int, int]:
     return block, 1, 16 if block == 4096 else 8
 
 
-def swiglu_fwd(ab, settings=None):
-    """(M, 2F) gate/up → (M, F). `settings` overrides tile_settings (benchmark sweeps)."""
+def swiglu_fwd(ab):
+    """(M, 2F) gate/up → (M, F)."""
     M, F_ = ab.shape[0], ab.shape[1] // 2
-    block, rows, warps = settings or tile_settings(F_)
+    block, rows, warps = tile_settings(F_)
     c = torch.empty((M, F_), dtype=ab.dtype, device=ab.device)
     _swiglu_fwd[(triton.cdiv(M, rows), triton.cdiv(F_, block))](ab, c, M, F_, BLOCK=block, ROWS=rows, num_warps=warps)
     return c
 
 
-def swiglu_bwd(ab, dc, settings=None):
+def swiglu_bwd(ab, dc):
     M, F_ = ab.shape[0], ab.shape[1] // 2
-    block, rows, warps = settings or tile_settings(F_)
+    block, rows, warps = tile_settings(F_)
     dab = torch.empty_like(ab)
     _swiglu_bwd[(triton.cdiv(M, rows), triton.cdiv(F_, block))](ab, dc, dab, M, F_, BLOCK=block, ROWS=rows,
                                                                  num_warps=warps)
