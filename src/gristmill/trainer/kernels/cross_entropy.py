@@ -147,8 +147,11 @@ def _rows_triton(logits, targets, scale, z_loss, ignore_index):
 
 
 def _scale_to(grad: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """grad (fp32) · scale (a 0-d tensor), in `dtype`; one kernel on GPU."""
-    if not (grad.is_cuda and HAVE_TRITON) or dtype == torch.float32:
+    """grad (fp32, contiguous, consumed) · scale (a 0-d tensor), in `dtype`: in place for fp32,
+    else one kernel on GPU (a multiply and a cast would pass over the fp32 tensor three times)."""
+    if dtype == torch.float32:
+        return grad.mul_(scale)
+    if not (grad.is_cuda and HAVE_TRITON):
         return (grad * scale).to(dtype)
     out = torch.empty(grad.shape, dtype=dtype, device=grad.device)
     n, block = grad.numel(), 4096
@@ -217,7 +220,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         gh = _scale_to(grad_h, grad_out, ctx.hdtype).view(ctx.shape) if grad_h is not None else None
-        gw = grad_w.mul_(grad_out).to(ctx.wdtype) if grad_w is not None else None
+        gw = _scale_to(grad_w, grad_out, ctx.wdtype) if grad_w is not None else None
         return gh, gw, None, None, None, None, None, None, None
 
 
