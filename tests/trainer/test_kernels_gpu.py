@@ -163,16 +163,20 @@ def test_model_triton_matches_reference(ac):
 @pytest.mark.parametrize("n", [1, 4095, 4096 * 3 + 17, 2_000_003])
 @pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("scaled", [False, True])
-def test_adamw_master(n, grad_dtype, scaled):
+@pytest.mark.parametrize("low", [True, False], ids=["bf16-weight", "fp32-only"])
+def test_adamw_master(n, grad_dtype, scaled, low):
     """Three steps of the master-weight AdamW kernel against torch's fused AdamW on the fp32
     master + cast: master and moments to 1e-5 relative, the bf16 weight exactly the master's
-    cast; found_inf leaves all five tensors untouched."""
+    cast; found_inf leaves all five tensors untouched. Without a bf16 weight (FSDP2's fp32
+    shards) the same update on the fp32 parameter alone."""
+    if not low and grad_dtype != torch.float32:
+        pytest.skip("fp32 parameters come with fp32 gradients (FSDP2's reduce dtype)")
     g = torch.Generator(device=DEV).manual_seed(n)
     master = torch.randn(n, device=DEV, generator=g)
     states = []
     for _ in range(2):
         states.append([master.clone(), torch.zeros_like(master), torch.zeros_like(master),
-                       master.bfloat16(), torch.zeros((), device=DEV)])
+                       master.bfloat16() if low else None, torch.zeros((), device=DEV)])
     hyper = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
     for _ in range(3):
         grad = (torch.randn(n, device=DEV, generator=g) * 0.3).to(grad_dtype)
@@ -186,8 +190,40 @@ def test_adamw_master(n, grad_dtype, scaled):
     # moments: a few ulp apart (another order of the same fp32 operations; m ~ 0.03 here)
     torch.testing.assert_close(m1, m0, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-9)
-    assert torch.equal(w1, p1.bfloat16()) and not torch.equal(p1, master)
-    before = [t.clone() for t in states[1]]
+    assert not torch.equal(p1, master)
+    if low:
+        assert torch.equal(w1, p1.bfloat16())
+    before = [t.clone() for t in states[1] if t is not None]
     p, m, v, w, step = states[1]
     adamw_master_triton(p, grad, m, v, w, step, grad_scale=None, found_inf=torch.ones((), device=DEV), **hyper)
-    assert all(torch.equal(a, b) for a, b in zip(before, states[1]))
+    assert all(torch.equal(a, b) for a, b in zip(before, [t for t in states[1] if t is not None]))
+
+
+def test_adamw_triton_path_matches_torch_adamw(monkeypatch):
+    """The trainer's AdamW with `triton=True` on fp32 parameters (FSDP2's shards) runs our kernel
+    — once per tensor — and reaches torch's AdamW + clip_grad_norm_ over three clipped steps (to
+    1e-4: the two models' GPU matmuls differ in the last bits once their weights do, and inputs
+    of ×50 amplify that; a wrong update — no clipping, no bias correction — is off by > 1e-2)."""
+    import gristmill.trainer.optim as optim
+
+    calls = []
+    monkeypatch.setattr(optim, "adamw_master_triton", lambda *a, **k: (calls.append(1), adamw_master_triton(*a, **k)))
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)).to(DEV)
+    ours = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)).to(DEV)
+    ours.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_ours = optim.AdamW(ours.parameters(), triton=True, lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        x = torch.randn(32, 64, device=DEV) * 50  # large gradients: clipping is active
+        for m in (ref, ours):
+            m(x).square().mean().backward()
+        want = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 0.5)
+        got = optim.clip_and_guard(opt_ours, 0.5)
+        assert want.item() > 0.5 and got.item() == pytest.approx(want.item(), rel=1e-4)
+        for opt in (opt_ref, opt_ours):
+            opt.step()
+            opt.zero_grad()
+    assert len(calls) == 3 * 4
+    for a, b in zip(ref.parameters(), ours.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

@@ -2,11 +2,13 @@
 gradients, and no DTensor dispatch on the hot path.
 
 `AdamW` is torch's AdamW (same parameter groups, same state — `step`, `exp_avg`, `exp_avg_sq` —
-so checkpoints and `get_state_dict` see nothing new) whose `step()` calls the fused kernel
-(`torch._fused_adamw_`) once per (device, dtype) group on the *local* tensors of FSDP2's DTensor
-parameters, gradients and moments. AdamW is elementwise, so updating each rank's shard is the
-whole update; going through DTensor's dispatcher instead cost milliseconds of host time per
-step, which at 125M on two GPUs was a quarter of the step.
+so checkpoints and `get_state_dict` see nothing new) whose `step()` updates the *local* tensors
+of FSDP2's DTensor parameters, gradients and moments: with `triton=True` (GPU, fp32 parameters
+and gradients) our AdamW kernel, one launch per tensor (`kernels/adamw.py`, ~1.5× torch's on
+these shards), else torch's fused kernel (`torch._fused_adamw_`) once per (device, dtype)
+group. AdamW is elementwise, so updating each rank's shard is the whole update; going through
+DTensor's dispatcher instead cost milliseconds of host time per step, which at 125M on two GPUs
+was a quarter of the step.
 
 `clip_and_guard` computes the global grad norm from the local shards (one all-reduce of a
 scalar under FSDP) and hands the clip coefficient to the fused kernel as `grad_scale` and a
@@ -36,8 +38,9 @@ class AdamW(torch.optim.AdamW):
     """Fused AdamW that steps on local shards; `grad_scale` / `found_inf` attributes as set by
     `clip_and_guard` (or absent: no clipping, no guard)."""
 
-    def __init__(self, params, **kwargs):
+    def __init__(self, params, triton: bool = False, **kwargs):
         super().__init__(params, fused=True, **kwargs)
+        self.triton = triton
 
     def grads(self) -> list[torch.Tensor]:
         """The gradients the next step applies (what the grad norm is taken of)."""
@@ -69,13 +72,18 @@ class AdamW(torch.optim.AdamW):
                                       state["step"])):
                     lst.append(t)
             beta1, beta2 = group["betas"]
-            for (device, _), (ps, gs, ms, vs, steps) in buckets.items():
+            for (device, dtype), (ps, gs, ms, vs, steps) in buckets.items():
                 scale = grad_scale.to(device, non_blocking=True) if grad_scale is not None else None
                 inf = found_inf.to(device, non_blocking=True) if found_inf is not None else None
                 torch._foreach_add_(steps, 1)
-                torch._fused_adamw_(ps, gs, ms, vs, [], steps, amsgrad=False, lr=group["lr"], beta1=beta1,
-                                    beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-                                    maximize=False, grad_scale=scale, found_inf=inf)
+                hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
+                             eps=group["eps"], grad_scale=scale, found_inf=inf)
+                if self.triton and device.type == "cuda" and dtype == torch.float32 and all(
+                        t.dtype == torch.float32 and t.is_contiguous() for t in (*gs, *ps, *ms, *vs)):
+                    for p, g, m, v, st in zip(ps, gs, ms, vs, steps):
+                        adamw_master_triton(p, g, m, v, None, st, **hyper)
+                else:
+                    torch._fused_adamw_(ps, gs, ms, vs, [], steps, amsgrad=False, maximize=False, **hyper)
                 if inf is not None:  # a skipped step does not count
                     torch._foreach_sub_(steps, [inf] * len(steps))
         return None

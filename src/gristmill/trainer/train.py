@@ -102,7 +102,7 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     if master:
         optimizer = MasterAdamW(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
     else:
-        optimizer = AdamW(groups, **hyper)
+        optimizer = AdamW(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master
                 else nullcontext())

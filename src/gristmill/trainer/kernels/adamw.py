@@ -1,4 +1,5 @@
-"""AdamW on an fp32 master weight that also writes the bf16 weight the model computes with.
+"""AdamW on an fp32 master weight that also writes the bf16 weight the model computes with
+(or, given no bf16 weight, plain AdamW on an fp32 parameter: FSDP2's shards).
 
 Without FSDP, bf16 compute over fp32 weights used to come from autocast, which casts every
 weight to bf16 in each forward and every weight gradient back to fp32 in backward: 12 extra
@@ -14,6 +15,11 @@ moments, then `p -= lr / bc1 · m / (√v / √bc2 + eps)`); the gradient may be
 accumulation keeps an fp32 sum) and is divided by `grad_scale` (the clip coefficient); a
 non-zero `found_inf` leaves everything untouched. The reference is torch's own fused kernel on
 the master followed by a cast.
+
+Under FSDP2 the parameters are fp32 shards with fp32 gradients (its reduce dtype) and there is
+no bf16 weight to write (FSDP2 casts in its all-gather): 24 bytes per parameter. The same kernel
+runs there without the bf16 store; on an H200 it took ~3.5 ms where torch's fused AdamW took
+5.2 ms for the 0.53B parameters of one rank's half of 1B.
 """
 
 from __future__ import annotations
@@ -29,16 +35,18 @@ BLOCK = 4096
 
 def adamw_master_reference(master, grad, exp_avg, exp_avg_sq, weight, step, *, lr, beta1, beta2, eps,
                            weight_decay, grad_scale=None, found_inf=None) -> None:
-    """torch._fused_adamw_ on the fp32 master (step already incremented), then weight ← master."""
+    """torch._fused_adamw_ on the fp32 master (step already incremented), then weight ← master
+    (if given)."""
     torch._fused_adamw_([master], [grad.float()], [exp_avg], [exp_avg_sq], [], [step], amsgrad=False, lr=lr,
                         beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, maximize=False,
                         grad_scale=grad_scale, found_inf=found_inf)
-    weight.copy_(master)
+    if weight is not None:
+        weight.copy_(master)
 
 
 @triton.jit
 def _adamw_master(P32, G, EA, EAS, P16, N, STEP, SCALE, INF, lr, beta1, beta2, eps, decay, log_beta1, log_beta2,
-                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
+                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, WRITE_LOW: tl.constexpr, BLOCK: tl.constexpr):
     if HAS_INF:
         if tl.load(INF) != 0.0:
             return
@@ -61,7 +69,8 @@ def _adamw_master(P32, G, EA, EAS, P16, N, STEP, SCALE, INF, lr, beta1, beta2, e
     tl.store(P32 + offs, p, mask=mask)
     tl.store(EA + offs, m, mask=mask)
     tl.store(EAS + offs, v, mask=mask)
-    tl.store(P16 + offs, p.to(P16.dtype.element_ty), mask=mask)
+    if WRITE_LOW:
+        tl.store(P16 + offs, p.to(P16.dtype.element_ty), mask=mask)
 
 
 def _log(beta: float) -> float:
@@ -71,14 +80,16 @@ def _log(beta: float) -> float:
 def adamw_master_triton(master, grad, exp_avg, exp_avg_sq, weight, step, *, lr, beta1, beta2, eps, weight_decay,
                         grad_scale=None, found_inf=None) -> None:
     """One launch per tensor (the arguments' alignment lets Triton vectorise every load; a
-    pointer table for all tensors in one launch would not)."""
+    pointer table for all tensors in one launch would not). `weight` None: no low-precision
+    copy to write (the master is the parameter)."""
     n = master.numel()
-    for t in (grad, exp_avg, exp_avg_sq, weight):
+    for t in (grad, exp_avg, exp_avg_sq, weight if weight is not None else master):
         if not t.is_contiguous() or t.numel() != n:
             raise ValueError("adamw_master: tensors must be contiguous and of one size")
     _adamw_master[(triton.cdiv(n, BLOCK),)](
-        master, grad, exp_avg, exp_avg_sq, weight, n, step,
+        master, grad, exp_avg, exp_avg_sq, weight if weight is not None else master, n, step,
         # absent scale / inf flag: any fp32 pointer, never read (HAS_SCALE / HAS_INF false)
         grad_scale if grad_scale is not None else step, found_inf if found_inf is not None else step,
         lr, beta1, beta2, eps, lr * weight_decay, _log(beta1), _log(beta2),
-        HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, BLOCK=BLOCK, num_warps=8)
+        HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, WRITE_LOW=weight is not None,
+        BLOCK=BLOCK, num_warps=8)
