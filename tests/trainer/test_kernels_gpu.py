@@ -2,7 +2,8 @@
 
 Tolerance rule: in bf16, a kernel's error against an fp32 computation of the same op must be at
 most 2× the bf16 reference's own error against that fp32 computation (plus a small absolute
-floor for values that are ~0); in fp32, kernel and reference agree to 1e-5 relative.
+floor for values that are ~0); in fp32, kernel and reference agree to 1e-5 relative (absolute:
+1e-5 of the tensor's largest value).
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ def _check(kernel, reference, inputs_bf16):
 
 
 def _fp32_close(kernel, reference, inputs):
+    # absolute floor relative to the tensor's scale: a weight gradient sums over every row, and
+    # two fp32 summation orders of 1,024 rows (values ~30) differ by ~1e-5 at entries near 0
     for i, (r, k) in enumerate(zip(_run(reference, inputs), _run(kernel, inputs))):
-        torch.testing.assert_close(k, r, rtol=1e-5, atol=1e-5, msg=lambda m: f"tensor {i}: {m}")
+        torch.testing.assert_close(k, r, rtol=1e-5, atol=1e-5 * max(1.0, r.abs().max().item()),
+                                   msg=lambda m: f"tensor {i}: {m}")
 
 
 @pytest.mark.parametrize("shape", [(4, 256, 768), (2, 100, 2048), (3, 7, 1000)])
