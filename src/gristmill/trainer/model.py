@@ -127,6 +127,21 @@ class Block(nn.Module):
         return h + self.feed_forward(y)
 
 
+class OutputLayer(nn.Linear):
+    """The output projection; given targets, the mean loss of its logits through the chunked
+    linear + cross-entropy, which never materialises them. Called as a module (not read as a
+    weight) so that FSDP2's hooks gather and reduce it as a unit of its own."""
+
+    def __init__(self, args: ModelArgs, kernels: Kernels):
+        super().__init__(args.dim, args.vocab_size, bias=False)
+        self.kernels, self.z_loss, self.chunk_tokens = kernels, args.z_loss, args.ce_chunk_tokens
+
+    def forward(self, h, targets=None):
+        if targets is None:
+            return F.linear(h, self.weight)
+        return self.kernels.linear_cross_entropy(h, self.weight, targets, self.z_loss, self.chunk_tokens)
+
+
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     """(B, T) document index per position → (B, 1, T, T) bool: causal and within one document."""
     T = doc_ids.shape[1]
@@ -143,7 +158,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, self.kernels) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps, self.kernels)
-        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = None if args.tie_embeddings else OutputLayer(args, self.kernels)
         cos, sin = rope_tables(args.max_seq_len, args.head_dim, args.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -202,7 +217,9 @@ class Transformer(nn.Module):
         """Logits (B, T, V) without `targets`; the mean loss with them (logits never materialised
         on the fused path)."""
         h = self.hidden(tokens, doc_ids)
-        weight = self.output_weight
+        if self.output is not None:
+            return self.output(h, targets)
+        weight = self.tok_embeddings.weight  # tied
         if targets is None:
             return F.linear(h, weight)
         return self.kernels.linear_cross_entropy(h, weight, targets, self.args.z_loss, self.args.ce_chunk_tokens)
