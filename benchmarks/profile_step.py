@@ -3,6 +3,8 @@
 timed on their own at the model's attention shape.
 
     python benchmarks/profile_step.py --size 125m [--set model.attention=flash] [--top 25]
+    torchrun --nproc-per-node 2 --local-ranks-filter 0 benchmarks/profile_step.py --size 1b --only ours \
+        --json fsdp.json --trace fsdp-trace.json
 
 Prints, for each model, the step time (CUDA events, median) and the kernels with the most GPU
 time over the profiled steps (name truncated, share of the step, calls per step). Needs a GPU.
@@ -53,7 +55,7 @@ def kernel_times(prof, calls: int) -> list[tuple[float, float, str]]:
     return sorted(rows, reverse=True)
 
 
-def profile(name, step, mb, seq, top, steps=6, prof_steps=3):
+def profile(name, step, mb, seq, top, steps=6, prof_steps=3, json_path=None, trace_path=None):
     g = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randint(0, VOCAB, (mb, seq + 1), device="cuda", generator=g) for _ in range(4)]
     for i in range(steps):
@@ -76,6 +78,12 @@ def profile(name, step, mb, seq, top, steps=6, prof_steps=3):
         torch.cuda.synchronize()
     rows = kernel_times(prof, prof_steps)
     busy = sum(r[0] for r in rows)
+    if json_path:  # for diffing two runs kernel by kernel (e.g. one GPU against FSDP on two)
+        import json
+
+        Path(json_path).write_text(json.dumps({"ms_per_step": ms, "kernels": rows}))
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
     print(f"\n== {name}: {ms:.2f} ms/step ({mb * seq / ms * 1000:,.0f} tok/s), kernels busy {busy:.2f} ms/step,"
           f" peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
     for t, n, key in rows[:top]:
@@ -110,6 +118,8 @@ def main():
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--only", choices=["ours", "reference"])
+    p.add_argument("--json", help="write ours' step time and kernel table here (rank 0)")
+    p.add_argument("--trace", help="write ours' profiled steps as a Chrome trace here (rank 0)")
     args = p.parse_args()
     d = init_distributed()
     cfg = load_config(args.size, ["data.tokens=/nonexistent", "compile=true", "kernels=triton", *args.set])
@@ -120,7 +130,8 @@ def main():
     res = {}
     if args.only != "reference":
         torch.cuda.reset_peak_memory_stats()
-        res["ours"] = profile("ours", ours_step_fn(cfg, d), mb, seq, args.top)
+        res["ours"] = profile("ours", ours_step_fn(cfg, d), mb, seq, args.top,
+                              json_path=args.json if d.is_main else None, trace_path=args.trace if d.is_main else None)
         torch.cuda.empty_cache()
     if args.only != "ours":
         torch.cuda.reset_peak_memory_stats()
