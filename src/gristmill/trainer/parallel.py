@@ -1,6 +1,6 @@
 """Process group, and parallelism applied to the plain model from outside (torchtitan's order):
-activation checkpointing, then torch.compile per block, then FSDP2 `fully_shard` per block and
-at the root.
+activation checkpointing, then torch.compile per block, then FSDP2 `fully_shard` per block (or
+group of blocks), on the embedding and the head when there is more than one group, and at the root.
 
 On GPU: NCCL, `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` — fp32 master weights
 and optimizer state, sharded; bf16 compute. On CPU: gloo and fp32. FSDP2 on a CPU gloo mesh
