@@ -127,19 +127,24 @@ class Block(nn.Module):
         return h + self.feed_forward(y)
 
 
+def head(h, weight, targets, kernels: Kernels, args: ModelArgs):
+    """Logits of `h` under the output `weight`, or with `targets` their mean loss through the
+    chunked linear + cross-entropy, which never materialises them."""
+    if targets is None:
+        return F.linear(h, weight)
+    return kernels.linear_cross_entropy(h, weight, targets, args.z_loss, args.ce_chunk_tokens)
+
+
 class OutputLayer(nn.Linear):
-    """The output projection; given targets, the mean loss of its logits through the chunked
-    linear + cross-entropy, which never materialises them. Called as a module (not read as a
-    weight) so that FSDP2's hooks gather and reduce it as a unit of its own."""
+    """The untied output projection, `head` run as a module (not its weight read from outside)
+    so that FSDP2's hooks gather and reduce it as a unit of its own."""
 
     def __init__(self, args: ModelArgs, kernels: Kernels):
         super().__init__(args.dim, args.vocab_size, bias=False)
-        self.kernels, self.z_loss, self.chunk_tokens = kernels, args.z_loss, args.ce_chunk_tokens
+        self.args, self.kernels = args, kernels
 
     def forward(self, h, targets=None):
-        if targets is None:
-            return F.linear(h, self.weight)
-        return self.kernels.linear_cross_entropy(h, self.weight, targets, self.z_loss, self.chunk_tokens)
+        return head(h, self.weight, targets, self.kernels, self.args)
 
 
 def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -219,7 +224,4 @@ class Transformer(nn.Module):
         h = self.hidden(tokens, doc_ids)
         if self.output is not None:
             return self.output(h, targets)
-        weight = self.tok_embeddings.weight  # tied
-        if targets is None:
-            return F.linear(h, weight)
-        return self.kernels.linear_cross_entropy(h, weight, targets, self.args.z_loss, self.args.ce_chunk_tokens)
+        return head(h, self.tok_embeddings.weight, targets, self.kernels, self.args)  # tied

@@ -99,10 +99,8 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     # bf16 without FSDP: bf16 weights + fp32 masters in the optimizer (no per-step casts), or
     # fp32 weights under autocast; FSDP's mixed precision does the former by itself
     master = bf16 and not use_fsdp and cfg.master_weights is not False
-    if master:
-        optimizer = MasterAdamW(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
-    else:
-        optimizer = AdamW(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
+    optimizer = (MasterAdamW if master else AdamW)(groups, triton=kernels.triton and d.device.type == "cuda",
+                                                   **hyper)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master
                 else nullcontext())
