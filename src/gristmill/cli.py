@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from loguru import logger
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gristmill import __version__
 from gristmill.config import ConfigError, load
@@ -33,6 +35,19 @@ def _human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return str(n)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(value: object) -> Text:
+    """Text from the crawl (hostnames, drop reasons, log lines) as inert terminal output.
+
+    A hostname can carry ESC sequences that would recolour, retitle or clear a terminal, and
+    `[...]` that rich would read as markup: control and bidi characters are shown escaped,
+    and a Text object is never parsed for markup.
+    """
+    return Text(_CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), str(value)))
 
 
 def cmd_validate(args, console: Console) -> int:
@@ -77,7 +92,7 @@ def cmd_stats(args, console: Console) -> int:
     for r in rows:
         kept = f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-"
         speed = f"{r.mb_per_s:.1f}" if r.mb_per_s else "-"
-        table.add_row(r.stage, r.step, f"{r.docs_in:,}", f"{r.docs_out:,}", kept, _human_bytes(r.bytes_in),
+        table.add_row(safe(r.stage), safe(r.step), f"{r.docs_in:,}", f"{r.docs_out:,}", kept, _human_bytes(r.bytes_in),
                       _human_bytes(r.bytes_out), f"{r.time_s:.2f}s", speed)
     out.print(table)
     reasons = Table(title="drops by reason")
@@ -85,7 +100,7 @@ def cmd_stats(args, console: Console) -> int:
         reasons.add_column(col, justify="right" if col in ("documents", "share of step input") else "left")
     for r in rows:
         for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
-            reasons.add_row(r.step, reason, f"{n:,}", f"{n / r.docs_in:.1%}" if r.docs_in else "-")
+            reasons.add_row(safe(r.step), safe(reason), f"{n:,}", f"{n / r.docs_in:.1%}" if r.docs_in else "-")
     out.print(reasons)
     langs = languages(merged)
     if langs:
@@ -93,7 +108,7 @@ def cmd_stats(args, console: Console) -> int:
         lt.add_column("language")
         lt.add_column("documents", justify="right")
         for lang, n in list(langs.items())[:20]:
-            lt.add_row(lang, f"{n:,}")
+            lt.add_row(safe(lang), f"{n:,}")
         if len(langs) > 20:
             lt.add_row(f"... {len(langs) - 20} more", f"{sum(list(langs.values())[20:]):,}")
         out.print(lt)
@@ -106,7 +121,7 @@ def cmd_stats(args, console: Console) -> int:
         for i in range(max(len(k), len(d))):
             a = k[i] if i < len(k) else ("", "")
             b = d[i] if i < len(d) else ("", "")
-            dt.add_row(a[0], str(a[1]), b[0], str(b[1]))
+            dt.add_row(safe(a[0]), str(a[1]), safe(b[0]), str(b[1]))
         out.print(dt)
     for stage in merged["stages"]:
         if stage["tasks_completed"] < stage["tasks"]:
@@ -143,7 +158,7 @@ def cmd_status(args, console: Console) -> int:
     for st in statuses:
         for rank, tail in st.failed_tasks.items():
             out.print(f"[red]{st.label} task {rank} failed[/]; log {run_dir / st.label / 'logs' / f'task_{rank:05d}.log'}:")
-            out.print(tail, markup=False, highlight=False)
+            out.print(safe(tail), highlight=False)
     if any(st.state != "complete" for st in statuses):
         out.print(f"resume with: {resume_command(run_dir)}", markup=False)
         return 1 if any(st.state.startswith(("failed", "cancelled")) for st in statuses) else 0
@@ -203,14 +218,29 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level="WARNING", format="{level: <8} | {message}")
     console = Console(stderr=True)
+    from gristmill.dirlock import LockHeld
+    from gristmill.pipeline.commoncrawl import DownloadError
+
     try:
         return args.func(args, console)
-    except ConfigError as e:
+    except (ConfigError, LockHeld, DownloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as e:  # missing/corrupt model, missing input: found before running
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a read-only or vanished directory: one line naming the path
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; re-run the same command to finish what is missing", file=sys.stderr)
+        return 130
+
+
+def os_error_line(e: OSError) -> str:
+    what = e.strerror or str(e)
+    paths = [p for p in (e.filename, e.filename2) if p is not None]
+    return f"{what}: {' -> '.join(map(str, paths))}" if paths else what
 
 
 if __name__ == "__main__":

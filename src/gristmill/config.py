@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, field_validator,
+                      model_validator)
 
 
 class ConfigError(ValueError):
@@ -32,8 +33,26 @@ def _fraction(value: Any) -> Any:
 Fraction = Annotated[float, BeforeValidator(_fraction)]
 
 
+def _numeric_types(annotation: Any) -> set[type]:
+    args = typing.get_args(annotation)
+    if args and typing.get_origin(annotation) is not Annotated:
+        return set().union(*(_numeric_types(a) for a in args))
+    base = args[0] if args else annotation
+    return {base} & {int, float, bool}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info) -> Any:
+        # pydantic turns `true` into 1 for an int field; `--set executor.tasks=true` is a mistake
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            kinds = _numeric_types(cls.model_fields[info.field_name].annotation)
+            if kinds and bool not in kinds:
+                raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
 
 # --- sections ---------------------------------------------------------------------------
@@ -174,7 +193,7 @@ def _config_from_signature(cls: type, name: str) -> type[BaseModel]:
         if p.name in ("self", "step_id", "dropped") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
         fields[p.name] = (hints.get(p.name, Any), p.default)
-    return create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
+    return create_model(name, __base__=_Strict, **fields)
 
 
 def step_registry() -> dict[str, tuple[type[BaseModel], type]]:
@@ -227,7 +246,7 @@ class TrainSection(_Strict):
 
 
 class RunConfig(_Strict):
-    run_dir: str = Field("runs/crawl", description="where stages, stats and outputs are written")
+    run_dir: str = Field("runs/crawl", min_length=1, description="where stages, stats and outputs are written")
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     input: InputConfig
     steps: list[Any] = Field(default_factory=list, description="steps in the order documents meet them")
@@ -237,6 +256,12 @@ class RunConfig(_Strict):
 
     # filled by load(): the validated steps
     _specs: list[StepSpec] = []
+
+    @field_validator("run_dir")
+    @classmethod
+    def _expand_home(cls, value: str) -> str:
+        # `--run-dir '~/x'` (quoted, so no shell expanded it) means the home directory's x
+        return os.path.expanduser(value)
 
     @property
     def specs(self) -> list[StepSpec]:

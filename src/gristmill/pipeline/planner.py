@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import glob
 import inspect
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+from loguru import logger
 
 from gristmill.config import ConfigError, RunConfig, StepSpec, step_registry
 from gristmill.filters.base import Filter
@@ -56,14 +58,30 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
         cc = cfg.input.commoncrawl
         return list_wet_paths(cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher)
     sources: list[str] = []
+    seen: dict[str, str] = {}  # real path -> how it was first named
     for i, pattern in enumerate(cfg.input.paths):
         if pattern.startswith(("http://", "https://")):
+            if pattern in seen:
+                logger.warning(f"input.paths[{i}]: {pattern} is listed twice; it is read once")
+                continue
+            seen[pattern] = pattern
             sources.append(pattern)
             continue
         matches = sorted(glob.glob(str(Path(pattern).expanduser())))
         if not matches:
             raise ConfigError(f"input.paths[{i}]: no file matches {pattern!r}")
-        sources.extend(matches)
+        folders = [m for m in matches if Path(m).is_dir()]
+        if folders:
+            raise ConfigError(f"input.paths[{i}]: {folders[0]} is a directory, not a WET file;"
+                              f" give the files, e.g. {str(Path(folders[0]) / '*.warc.wet.gz')!r}")
+        for m in matches:
+            real = os.path.realpath(m)
+            if real in seen:
+                # read twice, its documents would be duplicated (and dedup would count them as such)
+                logger.warning(f"input.paths[{i}]: {m} is also matched as {seen[real]}; it is read once")
+                continue
+            seen[real] = m
+            sources.append(m)
     return sources
 
 
@@ -117,7 +135,7 @@ class PlanContext:
         return stage
 
 
-def _stream_stage(ctx: PlanContext, specs: list[StepSpec], last: bool) -> Stage:
+def _stream_stage(ctx: PlanContext, specs: list[StepSpec]) -> Stage:
     """Reader, the streamable steps fused in one pass, Parquet writer."""
     registry = step_registry()
     cfg = ctx.cfg
@@ -133,9 +151,17 @@ def _stream_stage(ctx: PlanContext, specs: list[StepSpec], last: bool) -> Stage:
         cls = registry[spec.name][1]
         steps.append(_instantiate(spec, cls, folder, ctx.fields, cfg, ctx.fetcher))
         ctx.fields.update(cls.output_fields)
-    per_language = cfg.output.per_language and last  # folders only in the run's final output
-    steps.append(ParquetWriter(folder / "output", dict(ctx.fields), ctx.compression, per_language))
+    steps.append(ParquetWriter(folder / "output", dict(ctx.fields), ctx.compression))
     return ctx.new_stage(name, steps)
+
+
+def _split_final_output_by_language(stage: Stage) -> None:
+    """`output.per_language`: folders per language in the run's final documents only, whichever
+    step (a filter stage, dedup's last stage) writes them; earlier stages stay flat."""
+    writers = [s for s in stage.pipeline if isinstance(s, ParquetWriter) and s.folder == stage.output]
+    if not writers:
+        raise ConfigError(f"output.per_language: stage {stage.label} writes no documents to split by language")
+    writers[-1].per_language = True
 
 
 def plan(cfg: RunConfig) -> list[Stage]:
@@ -149,12 +175,14 @@ def plan(cfg: RunConfig) -> list[Stage]:
             pending.append(spec)
             continue
         if pending or not ctx.stages:  # documents must be on disk before a global step
-            _stream_stage(ctx, pending, last=False)
+            _stream_stage(ctx, pending)
             pending = []
         cls.build_stages(spec, ctx, ctx.stages[-1].output)
         ctx.fields.update(cls.output_fields)
     if pending or not ctx.stages:
-        _stream_stage(ctx, pending, last=True)
+        _stream_stage(ctx, pending)
+    if cfg.output.per_language:
+        _split_final_output_by_language(ctx.stages[-1])
     if cfg.tokenize is not None:  # token shards of the final documents: the run's last data stages
         from gristmill.tokenize.stages import build_stages as build_token_stages
 

@@ -13,15 +13,27 @@ error unless `--force` (start over) is given.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
 import yaml
+from loguru import logger
 
 from gristmill.config import ConfigError
+from gristmill.dirlock import LOCK_NAME
 
-# Settings that change how or where a run goes, never what it writes (key prefixes).
-_OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm")
+# Settings that change how or where a run goes, never what it writes (key prefixes). `run_dir`
+# itself is one: a run directory moved or copied elsewhere resumes where it stopped.
+_OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm", "run_dir")
+# Written by gristmill in every run directory it creates; `--force` removes nothing from a
+# directory without it (or, for directories made before the marker existed, config + plan).
+MARKER = ".gristmill-run"
+# What gristmill writes at the top of a run directory besides its stage folders (NN_name).
+_OWN_FILES = ("config.yaml", "plan.json", "command.json", "slurm_jobs.json", "stats.json", MARKER)
+_OWN_FOLDERS = ("tokens", "train")
+_STAGE_FOLDER = re.compile(r"^\d{2}_[a-z0-9_]+$")
 
 
 def _flatten(node, prefix="") -> dict[str, object]:
@@ -45,15 +57,57 @@ def config_differences(old: dict, new: dict) -> list[str]:
     return [f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}" for k in keys]
 
 
+def is_run_dir(run_dir: Path) -> bool:
+    return (run_dir / MARKER).is_file() or ((run_dir / "config.yaml").is_file() and (run_dir / "plan.json").is_file())
+
+
+def check_location(run_dir: Path) -> None:
+    """Refuse places no run should write into (or `--force` clear): `/`, the home directory and
+    its ancestors, a path that is a file. Raised before anything is created or locked."""
+    where = Path(os.path.abspath(run_dir))
+    home = Path(os.path.abspath(Path.home()))
+    if where == Path(where.anchor) or where == home or where in home.parents:
+        raise ConfigError(f"run_dir {run_dir}: refusing to use {where} as a run directory "
+                          "(the filesystem root, your home directory or one above it); name a folder of its own")
+    if where.exists() and not where.is_dir():
+        raise ConfigError(f"run_dir {run_dir}: exists and is not a directory")
+    for parent in where.parents:  # `runs/x` where `runs` is a file: say so, not NotADirectoryError
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"run_dir {run_dir}: {parent} is a file, not a directory")
+            break
+    foreign = _foreign_entries(run_dir) if where.is_dir() and not is_run_dir(where) else []
+    if foreign:
+        # Never suggest --force here: the directory holds files gristmill did not write.
+        raise ConfigError(f"{run_dir} exists, is not empty and is not a gristmill run directory"
+                          f" (it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''});"
+                          " choose a new or empty --run-dir")
+
+
+def _foreign_entries(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME)
+
+
 def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
-    """Make the run directory ready; returns True when it resumes an earlier run."""
+    """Make the run directory ready (the caller holds its lock); True when it resumes a run."""
+    check_location(run_dir)
     config_path = run_dir / "config.yaml"
     resumed = False
-    if config_path.is_file():
+    if is_run_dir(run_dir):
         if force:
-            clear(run_dir)
-        else:
-            diffs = config_differences(yaml.safe_load(config_path.read_text()), resolved)
+            kept = clear(run_dir)
+            if kept:
+                logger.warning(f"{run_dir}: --force kept what gristmill did not write: {', '.join(kept)}")
+        elif config_path.is_file():
+            try:
+                old = yaml.safe_load(config_path.read_text())
+                if not isinstance(old, dict):
+                    raise ValueError(f"expected a mapping, got {type(old).__name__}")
+            except (yaml.YAMLError, ValueError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{config_path}: unreadable ({str(e).splitlines()[0]}); the earlier run"
+                                  " cannot be checked against this configuration. Use --force to start"
+                                  " this run directory over, or another --run-dir") from None
+            diffs = config_differences(old, resolved)
             if diffs:
                 raise ConfigError(
                     f"{run_dir} holds a run made with another configuration:\n  "
@@ -61,18 +115,37 @@ def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
                     + "\nUse --force to start it over, or --run-dir for a new one."
                 )
             resumed = True
-    elif run_dir.exists() and any(run_dir.iterdir()) and not force:
-        raise ConfigError(f"{run_dir} exists and is not a gristmill run directory; use --force or another --run-dir")
-    elif force and run_dir.exists():
-        clear(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    (run_dir / MARKER).write_text("gristmill run directory: `pipeline run --force` clears what gristmill wrote here\n")
+    _write_atomic(config_path, yaml.safe_dump(resolved, sort_keys=False))
     return resumed
 
 
-def clear(run_dir: Path) -> None:
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def clear(run_dir: Path) -> list[str]:
+    """Remove what gristmill wrote (its files, stage folders, tokens/, train/); keep the rest.
+
+    Returns the names of entries left alone, so the caller can say so.
+    """
+    kept = []
     for child in run_dir.iterdir():
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
+        name = child.name
+        if name == LOCK_NAME:
+            continue
+        ours = name in _OWN_FILES or name.endswith(".tmp") or (
+            child.is_dir() and not child.is_symlink() and (name in _OWN_FOLDERS or _STAGE_FOLDER.match(name)))
+        if not ours:
+            kept.append(name)
+        elif child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    return sorted(kept)
 
 
 def write_plan(run_dir: Path, stages) -> None:

@@ -6,10 +6,12 @@ import threading
 import time
 from pathlib import Path
 
+from loguru import logger
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gristmill.config import RunConfig
+from gristmill.dirlock import hold
 from gristmill.pipeline import run_dir as rd
 from gristmill.pipeline.executors import make_executor, make_slurm_executor
 from gristmill.pipeline.planner import Stage, plan
@@ -102,7 +104,15 @@ def run(cfg: RunConfig, force: bool = False, console: Console | None = None, wai
     """
     console = console or Console(stderr=True)
     run_dir = Path(cfg.run_dir)
+    rd.check_location(run_dir)  # refuse `/`, $HOME, a foreign directory: before anything is created
     stages = plan(cfg)  # validates sources and models before the run directory is touched
+    # Held to the end (training included): a second command on this directory stops at once.
+    with hold(run_dir, "run directory"):
+        return _run_locked(cfg, stages, run_dir, force, console, wait, command)
+
+
+def _run_locked(cfg: RunConfig, stages: list[Stage], run_dir: Path, force: bool, console: Console, wait: bool,
+                command: list[str] | None) -> dict:
     resumed = rd.prepare(run_dir, cfg.resolved(), force)
     rd.write_plan(run_dir, stages)
     if command:
@@ -132,8 +142,15 @@ def run(cfg: RunConfig, force: bool = False, console: Console | None = None, wai
             else:
                 _run_stage(stage, console)
             merge_stage(stage.folder)
-    finally:
-        merged = merge_run(run_dir)
+    except BaseException:
+        # Keep the stats of what completed, but never let a second failure (the same full
+        # disk, say) replace the error the user needs to see.
+        try:
+            merge_run(run_dir)
+        except Exception as merge_error:  # noqa: BLE001
+            logger.warning(f"stats of {run_dir} not merged: {merge_error}")
+        raise
+    merged = merge_run(run_dir)
     _summary(merged, run_dir, started, console)
     if cfg.train is not None:  # train on <run_dir>/tokens/ into <run_dir>/train/ (resumes if there)
         from gristmill.trainer.launch import after_pipeline
