@@ -322,8 +322,9 @@ def test_truncated_body_without_length_is_resumed_not_cached(hostile, fetcher, w
     assert path.read_bytes() == wet_files[1].read_bytes()
     # Not cached: fetched again. A closed connection leaves a .part to resume with Range; a
     # broken chunked body raises inside http.client's read, which drops the bytes of that read.
-    resumed_from = f"bytes={cut}-" if how == "close" else None
-    assert hits(hostile, REL17) == [("/" + REL17, None), ("/" + REL17, resumed_from)]
+    resumed_from = {f"bytes={cut}-"} if how == "close" else {None, f"bytes={cut}-"}
+    assert [r[1] for r in hits(hostile, REL17)][0] is None
+    assert len(hits(hostile, REL17)) == 2 and hits(hostile, REL17)[1][1] in resumed_from
     said = "short body: ends inside the gzip member" if how == "close" else "connection lost mid-body"
     assert any(url in line and said in line for line in log_lines)
 
