@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -101,11 +102,23 @@ def test_truncated_kenlm_binary_is_refused(tmp_path, kenlm_model, cut):
     assert str(e.value).startswith(f"{bad}: ") and "\n" not in str(e.value)
 
 
-def test_trial_load_survives_a_segfaulting_model(tmp_path, lid_model):
-    """The child process takes the crash; the planning process only hears of it."""
-    bad = copy_cut(lid_model, tmp_path / "x.ftz", 900000)
-    with pytest.raises(ModelError, match="fastText could not load it: killed by SIGSEGV"):
-        trial_load(model_check._FASTTEXT_TRIAL, bad, "fastText")
+def test_trial_load_survives_a_segfault(tmp_path, lid_model):
+    """The child process takes the crash (a real one, in native code); planning only hears of it."""
+    model = copy_cut(lid_model, tmp_path / "x.ftz", 900000)
+    crash = "import ctypes, sys; ctypes.string_at(0)"
+    with pytest.raises(ModelError, match="^fastText could not load it: killed by SIGSEGV$"):
+        trial_load(crash, model, "fastText")
+
+
+def test_damage_only_a_trial_load_finds_is_refused(tmp_path, lid_model):
+    """An unknown loss id in the header keeps the layout intact; fastText refuses it on load."""
+    data = bytearray(lid_model.read_bytes())
+    struct.pack_into("<i", data, 32, 99)  # Args: magic, version, dim, ws, epoch, minCount, neg, wordNgrams, loss
+    bad = tmp_path / "langid.ftz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match=rf"^{bad}: truncated or corrupt fastText model \(fastText could not load"
+                                         r" it: RuntimeError: Unknown loss\)"):
+        LangId(model=str(bad))
 
 
 def test_trial_load_runs_once_per_file_version(tmp_path, lid_model, monkeypatch):

@@ -216,10 +216,10 @@ def test_interrupted_run_leaves_no_process(tmp_path, wet_files, lid_model, clean
         expected, name = 128 + signal.SIGINT, "SIGINT"
     code = cmd.wait()
     out = one_line(cmd.output())
+    assert cmd.leftovers() == [], out
     assert code == expected, out
     assert f"interrupted ({name}) stage 01_curate" in out, out
     assert "Traceback" not in out
-    assert cmd.leftovers() == []
     _assert_resumes(cmd, tmp_path, clean["long"])
 
 

@@ -178,8 +178,8 @@ _FASTTEXT_TRIAL = r"""
 import json, resource, sys
 sys.path[:] = json.loads(sys.argv[3])
 import fasttext
-limit = int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + int(sys.argv[2]),) * 2)
 model = fasttext.FastText._FastText(model_path=sys.argv[1])
 labels, probs = model.predict("a short probe sentence", k=1)
 assert all(0.0 <= float(p) <= 1.0 + 1e-6 for p in probs), probs
@@ -190,23 +190,13 @@ _KENLM_TRIAL = r"""
 import json, math, resource, sys
 sys.path[:] = json.loads(sys.argv[3])
 import kenlm
-limit = int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + int(sys.argv[2]),) * 2)
 model = kenlm.Model(sys.argv[1])
 score = model.score("a short probe sentence", bos=True, eos=True)
 assert math.isfinite(score) and score < 0, score
 print(json.dumps({"order": model.order}))
 """
-
-
-def _vm_size() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 30
 
 
 def trial_load(code: str, path: Path, library: str) -> dict:
@@ -215,9 +205,10 @@ def trial_load(code: str, path: Path, library: str) -> dict:
     Returns what the child printed (JSON); raises ModelError with why the load failed.
     """
     size = path.stat().st_size
-    # The interpreter with the library imported plus twice the file, plus headroom: a valid
-    # model never needs more; a corrupt size field asks for far more and fails at once.
-    limit = _vm_size() + 2 * size + (2 << 30)
+    # Address space beyond the child's interpreter with the library imported: twice the file
+    # plus headroom. A valid model never needs more; a corrupt size field asks for far more
+    # and fails at once instead of taking the machine's memory.
+    limit = 2 * size + (2 << 30)
     timeout = 60 + size / 20e6
     try:
         res = subprocess.run([sys.executable, "-c", code, str(path), str(limit), json.dumps(sys.path)],
@@ -233,7 +224,7 @@ def trial_load(code: str, path: Path, library: str) -> dict:
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["exit code %d" % res.returncode])[-1]
         if "MemoryError" in last or "bad_alloc" in last:
-            last += f" (asked for more than {limit / 2**30:.1f} GiB)"
+            last += f" (asked for more than {limit / 2**30:.1f} GiB more)"
         raise ModelError(f"{library} could not load it: {last}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 

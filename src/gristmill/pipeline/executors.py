@@ -184,6 +184,8 @@ def _stop(tasks) -> None:
         for t in tasks:
             try:
                 os.killpg(t.proc.pid, sig)
+                if sig == signal.SIGTERM:
+                    os.killpg(t.proc.pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only when continued
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + (STOP_GRACE_S if sig == signal.SIGTERM else 30)
