@@ -229,3 +229,12 @@ def test_describe_exit_words():
     assert describe_exit(1, "ValueError: x") == "failed: ValueError: x"
     assert describe_exit(137, "") == "exited with code 137 without reporting an error"
     assert describe_exit(0, "") == "exited without marking itself complete"
+
+
+def test_command_killed_by_sigkill_takes_its_tasks_with_it(tmp_path, wet_files, lid_model):
+    """No handler runs on SIGKILL: the tasks die with their parent (PR_SET_PDEATHSIG)."""
+    cmd = Command(tmp_path, config(tmp_path / "run", wet_files, lid_model, workers=2, copies=8))
+    cmd.task_pid(0), cmd.task_pid(1)
+    os.kill(cmd.proc.pid, signal.SIGKILL)
+    assert cmd.wait() == -signal.SIGKILL
+    assert cmd.leftovers() == []
