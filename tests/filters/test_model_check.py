@@ -20,7 +20,7 @@ from gristmill.config import from_dict
 from gristmill.filters import model_check
 from gristmill.filters.kenlm import KenLM
 from gristmill.filters.langid import LangId
-from gristmill.filters.model_check import ModelError, check_fasttext, trial_load
+from gristmill.filters.model_check import ModelError, trial_load
 from gristmill.filters.quality import Quality
 from gristmill.pipeline.planner import plan
 
