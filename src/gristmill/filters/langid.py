@@ -13,33 +13,24 @@ import pyarrow as pa
 from datatrove.data import Document
 
 from gristmill.filters.base import FilterResult, ModelFilter
+from gristmill.filters.model_check import Checked, ModelError, check_fasttext, unchanged  # noqa: F401 (ModelError re-exported)
 from gristmill.filters.scores import LINEAR_01
 
 LABEL_PREFIX = "__label__"
 
 
-class ModelError(ValueError):
-    """The model file is missing or unreadable: raised before any document is read."""
-
-
 def check_fasttext_model(path: str | Path) -> Path:
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ModelError(f"fastText model not found: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    # fastText .bin/.ftz files start with the int32 magic 793712314 (little endian).
-    if magic != (793712314).to_bytes(4, "little"):
-        raise ModelError(f"{path}: not a fastText model (bad magic number)")
-    return path
+    """Validate a fastText model now (cheap checks, then a trial load in a child process)."""
+    return Path(check_fasttext(path).path)
 
 
-def load_fasttext(path: str | Path):
+def load_fasttext(path: str | Path | Checked):
+    """Load a fastText model validated by `check_fasttext` (validated now if given a path)."""
     import fasttext
 
-    path = check_fasttext_model(path)
+    checked = path if isinstance(path, Checked) else check_fasttext(path)
     # fasttext prints a deprecation warning to stderr on every load_model; _FastText skips it.
-    return fasttext.FastText._FastText(model_path=str(path))
+    return fasttext.FastText._FastText(model_path=unchanged(checked))
 
 
 class LangId(ModelFilter):
@@ -59,15 +50,16 @@ class LangId(ModelFilter):
         resolve=None,
     ):
         super().__init__(step_id, dropped)
-        # URLs are fetched to a local cache first; paths are checked now, so a bad model fails
-        # the run before any document is read.
+        # URLs are fetched to a local cache first; the file is validated now, in the planning
+        # process, so a bad model fails the run before any document is read.
         remote = str(model).startswith(("http://", "https://"))
-        self.model_path = str(check_fasttext_model(resolve(model) if remote and resolve else model))
+        self.checked = check_fasttext(resolve(model) if remote and resolve else model)
+        self.model_path = self.checked.path
         self.languages = set(languages) if languages else None
         self.min_score = min_score
 
     def load_model(self):
-        return load_fasttext(self.model_path)
+        return load_fasttext(self.checked)
 
     def filter(self, doc: Document) -> FilterResult:
         return self.filter_batch([doc])[0]

@@ -13,7 +13,8 @@ from datatrove.data import Document
 
 from gristmill.filters.base import FilterResult, ModelFilter
 from gristmill.filters.scores import LINEAR_01
-from gristmill.filters.langid import ModelError, check_fasttext_model, load_fasttext
+from gristmill.filters.langid import load_fasttext
+from gristmill.filters.model_check import ModelError, check_fasttext
 
 
 def prepare(text: str) -> str:
@@ -46,16 +47,17 @@ class Quality(ModelFilter):
         dropped=None,
     ):
         super().__init__(step_id, dropped)
-        self.model_path = str(check_fasttext_model(model))  # before any document is read
+        # Validated now, in the planning process, with its labels: before any document is read.
+        self.checked = check_fasttext(model, "fastText classifier")
+        self.model_path = self.checked.path
+        labels = self.checked.info["labels"]
+        if label not in labels:
+            raise ModelError(f"{self.model_path}: no label {label!r} in this classifier (it has {labels}); set `label`")
         self.label = label
         self.min_score = min_score
 
     def load_model(self):
-        model = load_fasttext(self.model_path)
-        if self.label not in model.get_labels():
-            raise ModelError(f"{self.model_path}: no label {self.label!r} in this classifier "
-                             f"(it has {model.get_labels()}); set `label`")
-        return model
+        return load_fasttext(self.checked)
 
     def filter(self, doc: Document) -> FilterResult:
         return self.filter_batch([doc])[0]
