@@ -46,7 +46,29 @@ from gristmill.pipeline.planner import Stage
 
 _original_add_task_logger = dt_base.add_task_logger
 _original_close_task_logger = dt_base.close_task_logger
-_TERMINAL = {"level": "WARNING", "format": "{level: <8} | {message}"}
+
+
+
+def _one_line(record) -> str:
+    # A callable format gets no traceback appended: tracebacks belong in the task's log file,
+    # the terminal shows one line per warning or error.
+    return "{level: <8} | {message}\n"
+
+
+_TERMINAL = {"level": "WARNING", "format": _one_line}
+
+
+def _guarded(stream):
+    """A log sink that survives a full disk: the task fails with its own error, once, instead
+    of loguru printing a traceback for every log line it could not write."""
+
+    def write(message: str) -> None:
+        try:
+            stream.write(message)
+        except OSError:
+            pass
+
+    return write
 
 
 def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
@@ -55,7 +77,8 @@ def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
     # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
     logger.remove()
     logger.add(sys.stderr, **_TERMINAL)
-    logger.add(logfile, level="DEBUG", format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
+    logger.add(_guarded(logfile), level="DEBUG",
+               format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
     return logfile
 
 
@@ -153,19 +176,28 @@ def _kill_after(steps: list, rank: int) -> list:
     return [steps[0], kill_after, *steps[1:]]
 
 
+def _error_line(e: BaseException, stage_dir: str | None) -> str:
+    if isinstance(e, OSError) and (e.errno is not None or e.filename):
+        # pyarrow and others raise ENOSPC without the path: name the stage folder being written
+        where = e.filename or f"writing under {stage_dir}"
+        return f"{e.strerror or e}: {where}"
+    return f"{type(e).__name__}: {e}"
+
+
 def _task_main() -> None:
     """Entry point of a task's child process: run one rank of the pickled executor."""
     executor_file, rank, local_rank, parent, status_fd = sys.argv[2:7]
     _die_with_parent(int(parent))
     status = os.fdopen(int(status_fd), "w")
-    code = 0
+    code, stage_dir = 0, None
     try:
         with open(executor_file, "rb") as f:
             executor = dill.load(f)
+        stage_dir = getattr(executor.logging_dir, "path", None)
         executor.pipeline = _kill_after(executor.pipeline, int(rank))
         executor._run_for_rank(int(rank), int(local_rank))
     except BaseException as e:  # reported by the supervisor; the traceback is in the task log
-        status.write(f"{type(e).__name__}: {e}".replace("\n", " "))
+        status.write(_error_line(e, stage_dir).replace("\n", " "))
         code = 1
     status.close()
     sys.stdout.flush()

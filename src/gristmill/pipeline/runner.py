@@ -50,7 +50,10 @@ def _run_stage(stage: Stage, console: Console) -> None:
             raise SystemExit(128 + signum) from None
         poll()
     if error or rd.completed_tasks(stage.folder) < stage.tasks:
-        merge_stage(stage.folder)
+        try:
+            merge_stage(stage.folder)
+        except OSError as e:  # the same full disk, say: the task's error is the one to report
+            logger.warning(f"stats of {stage.label} not merged: {e}")
         done = rd.completed_tasks(stage.folder)
         raise StageFailed(
             f"stage {stage.label}: {error or 'a task did not complete; logs: ' + str(stage.folder / 'logs')}."
