@@ -520,3 +520,18 @@ def test_gzip_bomb_is_streamed_past_in_bounded_memory(tmp_path, wet2014, layout,
     assert [b[:2] for b in got["bad"]] == [["record_too_large", len(head)]]
     assert f"{copies * len(block)} bytes" in got["bad"][0][2]
     assert got["peak_rss"] < 300 << 20, got["peak_rss"]
+
+
+def test_one_member_file_cut_short_keeps_the_records_before_the_cut(tmp_path, wet2014):
+    data, mem = wet2014
+    whole = b"".join(m[2] for m in mem)
+    full = [(r.record_id, r.offset, r.text) for r in iter_wet_records(write(tmp_path, whole, "full.warc"))]
+    comp = gzip.compress(whole)
+    recs, bad, _ = split(iter_wet_records(write(tmp_path, comp[: len(comp) // 2])))
+    assert [(b.reason, b.offset) for b in bad] == [("truncated_member", 0)]
+    # records stream out as they are inflated: only the one the cut went through is lost
+    assert 200 < len(recs) < 400
+    assert [(r.record_id, r.offset, r.text) for r in recs] == full[: len(recs)]
+    inflated = len(zlib.decompressobj(31).decompress(comp[: len(comp) // 2]))
+    lost = len(recs)  # the next record began before the cut and ends after it
+    assert full[lost][1] < inflated < full[lost + 1][1]

@@ -172,7 +172,7 @@ def _split_records(b: _Buf, limit: int) -> Iterator[tuple[int, bytes | None, byt
     """Yield (offset, header block or None if unparseable, payload or None if over `limit`,
     content_length_ok, payload size)."""
     while True:
-        b.mark = b.offset
+        b.mark = b.base + b.pos
         while b.ensure(1) and b.data[b.pos] in b"\r\n":  # stray blank lines between records
             b.pos += 1
         if not b.ensure(1):
@@ -267,11 +267,13 @@ def _gzip_stream(f, first: bytes, source: str) -> Iterator[bytes | _Token | BadR
             while not d.eof:
                 if d.unconsumed_tail:
                     out = d.decompress(d.unconsumed_tail, OUT)
-                elif b.ensure(1):
+                elif b.ensure(FEED) or b.pos < len(b.data):
                     # small slices: on member end the decoder copies what is left of its input
-                    # into unused_data, and with 1 MiB inputs that copy costs more than inflating
-                    b.ensure(FEED)
-                    out = d.decompress(b.take(FEED), OUT)
+                    # into unused_data, and with 1 MiB inputs that copy costs more than inflating;
+                    # a view, not a copy, released before the window may resize
+                    with memoryview(b.data) as m, m[b.pos : b.pos + FEED] as piece:
+                        out = d.decompress(piece, OUT)
+                        b.pos += len(piece)
                 else:
                     error = BadRecord("truncated_member", source, start, "file ends inside a gzip member")
                     break
@@ -365,7 +367,8 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
         b = _Buf(members.read, base=pos)
         try:
             for off, header, payload, length_ok, size in _split_records(b, limit):
-                yield from members.drain()
+                if members.reports:
+                    yield from members.drain()
                 if header is None:
                     yield _warn(BadRecord("bad_warc_header", source, off, "no WARC/ header block"))
                     continue
