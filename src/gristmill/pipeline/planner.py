@@ -143,7 +143,7 @@ def _stream_stage(ctx: PlanContext, specs: list[StepSpec]) -> Stage:
     folder = ctx.stage_folder(name)
     if not ctx.stages:
         reader: Step = WetReader(resolve_sources(cfg, ctx.fetcher), resolve=ctx.fetcher.local_path,
-                                 limit=cfg.input.limit)
+                                 limit=cfg.input.limit, max_record_bytes=cfg.input.max_record_bytes)
     else:
         reader = ParquetReader(ctx.stages[-1].output)
     steps: list[Step] = [reader]
