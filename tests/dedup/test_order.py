@@ -17,7 +17,7 @@ import pytest
 
 from gristmill.dedup.standalone import plan_on_parquet, run_on_parquet
 from gristmill.pipeline.documents import documents_to_table, schema_for
-from gristmill.pipeline.executors import make_executor
+from gristmill.pipeline.executors import TaskFailed, make_executor
 from gristmill.pipeline.stats import merge_stage
 from gristmill.pipeline.wet_reader import WetReader
 
@@ -121,7 +121,7 @@ def test_a_row_removed_between_hash_and_filter_stops_the_filter(tmp_path, docs, 
     table = pq.read_table(path)
     gone = table["id"][5].as_py()  # early: every later document moves up one position
     pq.write_table(pa.concat_tables([table.slice(0, 5), table.slice(6)]), path)
-    with pytest.raises(ValueError, match=re.escape(f"{path}: 568 documents, exact_dedup_hash read 569; the input "
+    with pytest.raises(TaskFailed, match=re.escape(f"{path}: 568 documents, exact_dedup_hash read 569; the input "
                                                    "changed between stages")):
         _run(stages[2:])
     assert not list(stages[2].output.rglob("*.parquet"))  # nothing written
@@ -144,7 +144,7 @@ def test_a_text_changed_in_place_between_hash_and_filter_stops_the_filter(tmp_pa
     texts = table["text"].to_pylist()
     texts[i] = "A different first line\n" + texts[i]  # same rows, same (source, offset)
     pq.write_table(table.set_column(0, "text", pa.array(texts, pa.large_string())), path)
-    with pytest.raises(ValueError, match=r"@ \d+: document <urn:uuid:[0-]+> is not the text exact_dedup_hash read"):
+    with pytest.raises(TaskFailed, match=r"@ \d+: document <urn:uuid:[0-]+> is not the text exact_dedup_hash read"):
         _run(stages[2:])
 
 
@@ -156,5 +156,5 @@ def test_documents_sharing_source_and_offset_are_refused(tmp_path, docs):
                                     pa.array([1000] * len(table), pa.int64())), path)
     source = table["source"][0].as_py()
     for step in ("exact_dedup", "near_dedup"):
-        with pytest.raises(ValueError, match=re.escape(f"have (source, offset) = ({source!r}, 1000)")):
+        with pytest.raises(TaskFailed, match=re.escape(f"have (source, offset) = ({source!r}, 1000)")):
             _run(plan_on_parquet(step, {}, docs, tmp_path / step)[:1])
