@@ -47,19 +47,22 @@ def check_tokens(cfg: TrainConfig):
     the manifest says (unless `data.verify: false`), a readable Arrow file of the manifest's
     dtype and counts, every id below the vocabulary size. Raises TokenShardError naming the file,
     or ConfigError naming the key. Returns the opened TokenDir."""
-    from gristmill.tokenize import open_tokens
+    from gristmill.tokenize import TokenShardError, open_tokens
 
-    tokdir = open_tokens(cfg.data.tokens, verify="lazy" if cfg.data.verify else False)
-    manifest = tokdir.root / "manifest.json"
-    if cfg.data.split not in tokdir.splits:
-        raise ConfigError(f"data.split: {manifest} has no shards of split {cfg.data.split!r}"
-                          f" (it has: {', '.join(tokdir.splits) or 'none'})")
-    if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokdir.vocab_size:
-        raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's vocabulary"
-                          f" ({tokdir.vocab_size}, {manifest})")
-    tokdir.check(cfg.data.split)
-    if cfg.eval.batches and cfg.data.val_split in tokdir.splits:
-        tokdir.check(cfg.data.val_split)
+    try:
+        tokdir = open_tokens(cfg.data.tokens, verify="lazy" if cfg.data.verify else False)
+        manifest = tokdir.root / "manifest.json"
+        if cfg.data.split not in tokdir.splits:
+            raise ConfigError(f"data.split: {manifest} has no shards of split {cfg.data.split!r}"
+                              f" (it has: {', '.join(tokdir.splits) or 'none'})")
+        if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokdir.vocab_size:
+            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's vocabulary"
+                              f" ({tokdir.vocab_size}, {manifest})")
+        tokdir.check(cfg.data.split)
+        if cfg.eval.batches and cfg.data.val_split in tokdir.splits:
+            tokdir.check(cfg.data.val_split)
+    except OSError as e:  # unreadable (permissions, I/O error): still one line naming the file
+        raise TokenShardError(f"{e.filename or cfg.data.tokens}: {e.strerror or e}") from None
     return tokdir
 
 
