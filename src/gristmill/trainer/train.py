@@ -2,8 +2,9 @@
 
     python -m torch.distributed.run --nproc-per-node N -m gristmill.trainer.train CONFIG --out DIR
 
-Build the model on the meta device → activation checkpointing → compile per block → FSDP2 →
-`to_empty` + `init_weights` → fused AdamW → resume from the latest checkpoint → loop: micro-
+Check the token shards (rank 0, unless the launcher did) → build the model on the meta device →
+activation checkpointing → compile per block → FSDP2 → `to_empty` + `init_weights` → fused
+AdamW → resume from the newest intact checkpoint → loop: micro-
 batches with gradient accumulation (gradient sync only on the last), grad norm with clipping and
 the NaN/inf guard inside the optimizer step, schedule, the previous step's readout (metrics, a
 non-finite loss stops), validation, checkpoint. The host never waits for the GPU mid-loop.
