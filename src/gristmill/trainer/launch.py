@@ -85,14 +85,24 @@ def _run_to_the_end(cmd: list[str], env: dict) -> int:
     """Runs `cmd` and waits for it, whatever signal this process gets: the lock must outlive the
     ranks. SIGTERM/SIGHUP are passed on (torchrun then stops its ranks and exits); Ctrl-C reaches
     torchrun and the ranks from the terminal, so here it only keeps waiting."""
-    proc = subprocess.Popen(cmd, env=env)
     forward = {signal.SIGTERM, signal.SIGHUP}
+    child: list[subprocess.Popen] = []
+    early: list[int] = []  # a signal that came before the child existed
+
+    def on_signal(signum, _frame):
+        if signum in forward and child:
+            child[0].send_signal(signum)
+        elif signum in forward:
+            early.append(signum)
+
     previous = {}
-    signals = (*forward, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
-    for sig in signals:
-        previous[sig] = signal.signal(sig, lambda signum, _frame: proc.send_signal(signum) if signum in forward else None)
+    if threading.current_thread() is threading.main_thread():  # Python sets handlers there only
+        previous = {sig: signal.signal(sig, on_signal) for sig in (*forward, signal.SIGINT)}
     try:
-        return proc.wait()
+        child.append(subprocess.Popen(cmd, env=env))
+        for signum in early:
+            child[0].send_signal(signum)
+        return child[0].wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
