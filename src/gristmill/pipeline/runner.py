@@ -157,9 +157,11 @@ def _run_locked(cfg: RunConfig, stages: list[Stage], run_dir: Path, force: bool,
     merged = merge_run(run_dir)
     _summary(merged, run_dir, started, console)
     if cfg.train is not None:  # train on <run_dir>/tokens/ into <run_dir>/train/ (resumes if there)
-        from gristmill.trainer.launch import after_pipeline
+        from gristmill.trainer.launch import EXIT_INPUT, after_pipeline
 
         code = after_pipeline(cfg.train, run_dir, console)
+        if code == EXIT_INPUT:  # the token shards or a checkpoint cannot be used: re-running will not help
+            raise StageFailed("train: stopped before training on unusable input; see the line above.")
         if code:
             raise StageFailed(f"train: exited with code {code}; see above. Re-run the same command to resume"
                               f" from the last checkpoint in {run_dir / 'train' / 'checkpoints'}.")
