@@ -63,8 +63,9 @@ from make_dedup_corpus import DATA  # noqa: E402  (one definition of where the s
 REPO = Path(__file__).resolve().parents[1]
 LID_MODEL = REPO / "models" / "lid.176.ftz"
 MIN_LINES = 20
-VARIANTS = 8  # mutated copies of each language's lines; a page mixes them block by block
+VARIANTS = 8  # mutated copies of each language's lines; a page mixes them line by line
 MAX_BLOCK = 16  # a page is blocks of 1..MAX_BLOCK consecutive pool lines (paragraphs)
+MAX_LINE = 300  # characters of a pool line; longer lines are cut (at spaces) into lines
 SHINGLE = 5  # words per shingle, as near dedup's default
 SENTINEL = "gristmillsentinel7q3x"  # a word no sample text has, to split one words() call by line
 MAX_SWAP_CHARS = 30  # pool words longer than this (unspaced CJK/Thai runs) are not swapped in
@@ -106,7 +107,9 @@ def load_sample(data: Path = DATA, lid_model: Path = LID_MODEL) -> Sample:
     langs = [l[0][len(LABEL_PREFIX):] if l else "unknown" for l in labels]
     by_lang: dict[str, list[str]] = {}
     for rec, lang in zip(recs, langs):
-        by_lang.setdefault(lang, []).extend(l.strip() for l in rec.text.split("\n") if l.strip())
+        pool = by_lang.setdefault(lang, [])
+        for line in rec.text.split("\n"):
+            pool.extend(_pieces(line.strip()))
     pools, dropped = {}, {}
     for lang in sorted(by_lang):
         lines = by_lang[lang]
@@ -133,6 +136,22 @@ def load_sample(data: Path = DATA, lid_model: Path = LID_MODEL) -> Sample:
             stems.add(stem)
     return Sample(pools, pages, hosts, sorted(d for d in dirs if d.isascii() and len(d) <= 60),
                   sorted(stems) or ["page"], dropped)
+
+
+def _pieces(line: str) -> list[str]:
+    """A line cut (at spaces where it has them) into pieces of at most MAX_LINE characters.
+
+    A page made mostly of one long line would otherwise be a near duplicate of every other page
+    that drew the same line in the same variant (1 in VARIANTS).
+    """
+    out = []
+    while len(line) > MAX_LINE:
+        cut = line.rfind(" ", MAX_LINE // 2, MAX_LINE)
+        cut = cut if cut > 0 else MAX_LINE
+        out.append(line[:cut].strip())
+        line = line[cut:].strip()
+    out.append(line)
+    return [l for l in out if l]
 
 
 def _offsets(lines: list[str]) -> np.ndarray:
@@ -168,6 +187,13 @@ def mutate_lines(lines: list[str], vocab: list[str], rate: float, rng: np.random
             toks[j] = vocab[v]
         else:
             toks[j] = _transpose(t, v)
+    # unspaced scripts (Chinese, Japanese, Thai) are runs of many words to `words`: mutate their
+    # characters at the same rate, or two variants of a line would differ in a few shingles only
+    for j in [j for j, t in enumerate(toks) if len(t) > MAX_SWAP_CHARS]:
+        cs = list(toks[j])
+        for i in rng.integers(len(cs) - 1, size=int(len(cs) * rate / 2 + rng.random())).tolist():
+            cs[i], cs[i + 1] = cs[i + 1], cs[i]
+        toks[j] = "".join(cs)
     out = " ".join(toks).replace(" \n ", "\n").split("\n")
     assert len(out) == len(lines)
     return out
@@ -229,11 +255,10 @@ class PageMaker:
         return v
 
     def page(self) -> tuple[str, bytes]:
-        """(language, UTF-8 text) of a new page: blocks of 1..MAX_BLOCK consecutive pool lines,
-        each from a random variant, until its length is nearest that of a random sample page.
+        """(language, UTF-8 text) of a new page: blocks of 1..MAX_BLOCK consecutive pool lines
+        until its length is nearest that of a random sample page.
 
-        Plain Python: a page is ~15 blocks, and numpy's per-call cost on arrays that small was
-        twice the whole loop.
+        Plain Python: numpy's per-call cost on arrays this small was twice the whole loop.
         """
         r = self.r.random
         i = int(r() * len(self.page_lang))
@@ -246,27 +271,33 @@ class PageMaker:
         while True:
             s = int(r() * n)
             e = min(n, s + 1 + int(r() * MAX_BLOCK))
-            k = int(r() * VARIANTS)
-            if total + lo[e] - lo[s] >= target:
+            last = total + lo[e] - lo[s] >= target
+            if last:
                 # the block crosses the target: keep as many of its lines as bring the page nearest it
                 need = target - total + lo[s]
                 j = bisect_left(lo, need, s + 1, e + 1)
                 if (j - 1 > s or total) and need - lo[j - 1] < lo[j] - need:
                     j -= 1
-                if j > s:
-                    parts.append(texts[k][offs[k][s] : offs[k][j]])
-                return lang, b"".join(parts)
-            parts.append(texts[k][offs[k][s] : offs[k][e]])
+                e = j
+            # each line from a random variant: two pages that drew the same block share a
+            # fraction of its shingles, not all of them
+            for x in range(s, e):
+                k = int(r() * VARIANTS)
+                parts.append(texts[k][offs[k][x] : offs[k][x + 1]])
             total += lo[e] - lo[s]
+            if last:
+                return lang, b"".join(parts)
 
     def near_copy(self, lines: list[str], lang: str, band: tuple[float, float]) -> tuple[list[str], float] | None:
         """A copy of the page whose shingle Jaccard to it is within `band`, or None if none is found."""
         lo, hi = band
-        if sum(map(len, lines)) < 100:  # cannot hold 20 shingles: skip the words() pass
+        # one edit changes ~SHINGLE shingles: a page needs this many to have a copy inside the band
+        fewest = 1.3 * SHINGLE * (1 + lo) / (1 - lo)
+        if sum(map(len, lines)) < fewest:  # too few characters for that many words
             return None
         wl = line_words(lines)
         base = word_shingles(wl)
-        if len(base) < 20:
+        if len(base) < fewest:
             return None
         target = self.r.uniform(lo, hi)
         # each edit changes ~5 shingles: J = (S - 5m) / (S + 5m)
