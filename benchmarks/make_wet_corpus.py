@@ -1,26 +1,29 @@
 """Common Crawl-like WET corpora of any size, with planted duplicates, for scale benchmarks.
 
     python benchmarks/make_wet_corpus.py --gb 4 --seed 1 OUT/ [--file-mb 150]
-        [--exact-rate 0.03] [--near-rate 0.05] [--near-band 0.85 0.95] [--mutate 0.08]
+        [--exact-rate 0.03] [--near-rate 0.05] [--near-band 0.85 0.95] [--mutate 0.1]
 
 Source: the 609 real conversion records of ../shared/data/cc/wet (read with gristmill's WET
-reader), grouped by language with fastText lid.176 (on the text with newlines as spaces).
-Each language keeps its lines (paragraphs) as a pool. A generated page draws a real sample page
-(so languages follow the sample's mix) and takes random paragraphs of that page's language until
-its length is nearest the sample page's (so each language's page length distribution is the
-sample's). A share `--mutate` of its words is then changed afresh for every page (swapped for a
-word of the language pool, or two letters transposed): pages are never copies of the sample, and
-two pages built from the same few paragraphs (small pools: th, tr, af, de) share few 5-gram
-shingles. Languages with fewer than MIN_LINES distinct lines in the sample (lt, nl, no, sk, et:
-5 of 609 pages) are left out: every page of theirs would be the same line or two.
+reader), grouped by language with fastText lid.176 (on the text with newlines as spaces). Each
+language keeps its lines (paragraphs; lines over MAX_LINE characters cut at spaces) as a pool,
+and VARIANTS copies of that pool in which a share `--mutate` of the words is changed (swapped for
+a word of the pool, or two letters transposed; in unspaced scripts, characters transposed at the
+same rate). A generated page draws a real sample page (so languages follow the sample's mix) and
+takes blocks of 1..MAX_BLOCK consecutive pool lines of its language, each line from a random
+variant, until its length is nearest the sample page's (so each language's page length
+distribution is the sample's). Pages are never copies of the sample, and two pages that drew the
+same lines share a fraction of their shingles only: in the tests no two unplanted pages reach
+Jaccard 0.6 (near dedup's default threshold is 0.8). Languages with fewer than MIN_LINES distinct
+lines in the sample (lt, nl, no, sk, et: 5 of 609 pages) are left out: all their pages would be
+the same line or two. No two pages have the same text unless planted.
 
-Planted duplicates, one per chosen original, land 1..2x(records per file) records later, so about
-half of them in a later file: exact copies (same text, new URL, record id and date) at
-`--exact-rate` of all records and near copies at `--near-rate`, edited (letters substituted,
-words deleted or inserted) until the Jaccard of their 5-gram word-shingle sets
-(`gristmill.dedup.text.shingles`, the definition near dedup uses) is within `--near-band`. A page
-too short to reach the band passes its near copy on to the next original. OUT/truth.jsonl lists
-every pair: kind, original and copy record ids and files, measured Jaccard.
+Planted duplicates, one per chosen original, land 1..2x(records per file) records later (at most
+a quarter of the corpus later), so about half of them in a later file: exact copies (same text,
+new URL, record id and date) at `--exact-rate` of all records and near copies at `--near-rate`,
+edited (letters substituted, words deleted or inserted) until the Jaccard of their 5-gram
+word-shingle sets (`gristmill.dedup.text.shingles`, the definition near dedup uses) is within
+`--near-band`. A page too short to reach the band passes its near copy on to the next original.
+OUT/truth.jsonl lists every pair: kind, original and copy record ids and files, measured Jaccard.
 
 Output: OUT/CC-MAIN-<segment>-<nnnnn>.warc.wet.gz files of ~--file-mb MB compressed, each a
 warcinfo record (isPartOf: CC-MAIN-<yyyy>-<ww>) then conversion records laid out as Common
@@ -33,6 +36,7 @@ seeded generator, so the same --gb/--seed/--file-mb gives byte-identical files.
 from __future__ import annotations
 
 import argparse
+from array import array
 import hashlib
 from bisect import bisect_left
 import heapq
@@ -63,7 +67,8 @@ from make_dedup_corpus import DATA  # noqa: E402  (one definition of where the s
 REPO = Path(__file__).resolve().parents[1]
 LID_MODEL = REPO / "models" / "lid.176.ftz"
 MIN_LINES = 20
-VARIANTS = 8  # mutated copies of each language's lines; a page mixes them line by line
+VARIANTS = 8  # mutated copies of each language's lines
+WOVEN = 16  # texts made of those line by line; a page is slices of them
 MAX_BLOCK = 16  # a page is blocks of 1..MAX_BLOCK consecutive pool lines (paragraphs)
 MAX_LINE = 300  # characters of a pool line; longer lines are cut (at spaces) into lines
 SHINGLE = 5  # words per shingle, as near dedup's default
@@ -167,7 +172,13 @@ def _transpose(w: str, i: int) -> str:
     return w[:i] + w[i + 1] + w[i] + w[i + 2 :]
 
 
-def mutate_lines(lines: list[str], vocab: list[str], rate: float, rng: np.random.Generator) -> list[str]:
+def _long_tokens(lines: list[str]) -> list[int]:
+    toks = "\n".join(lines).replace("\n", " \n ").split(" ")
+    return [j for j, t in enumerate(toks) if len(t) > MAX_SWAP_CHARS]
+
+
+def mutate_lines(lines: list[str], vocab: list[str], rate: float, rng: np.random.Generator,
+                 long_at: list[int] | None = None) -> list[str]:
     """`lines` with a share `rate` of their words swapped for a pool word or two letters transposed.
 
     One pass over the joined text (newlines kept as their own tokens): Python touches only the
@@ -189,7 +200,9 @@ def mutate_lines(lines: list[str], vocab: list[str], rate: float, rng: np.random
             toks[j] = _transpose(t, v)
     # unspaced scripts (Chinese, Japanese, Thai) are runs of many words to `words`: mutate their
     # characters at the same rate, or two variants of a line would differ in a few shingles only
-    for j in [j for j, t in enumerate(toks) if len(t) > MAX_SWAP_CHARS]:
+    if long_at is None:  # the same for every variant of the lines: swaps and transpositions keep lengths
+        long_at = _long_tokens(lines)
+    for j in long_at:
         cs = list(toks[j])
         for i in rng.integers(len(cs) - 1, size=int(len(cs) * rate / 2 + rng.random())).tolist():
             cs[i], cs[i + 1] = cs[i + 1], cs[i]
@@ -237,20 +250,23 @@ class PageMaker:
         self.lang_no = {l: i for i, l in enumerate(sorted(sample.pools))}
         self.tlds = sorted({h.rsplit(".", 1)[-1] for h in sample.hosts if "." in h}) or ["com"]
         self._uuids: list[str] = []
-        self._made: dict[str, tuple[list[bytes], list[list[int]]]] = {}
+        self._made: dict[str, tuple[list[bytes], list[array]]] = {}
 
-    def _variants(self, pool: Pool) -> tuple[list[bytes], list[list[int]]]:
-        """VARIANTS mutated copies of the pool's text (UTF-8) and their line offsets."""
+    def _variants(self, pool: Pool) -> tuple[list[bytes], list[array]]:
+        """WOVEN texts (UTF-8) of the pool and their line offsets: each line of a woven text is
+        that line of a random one of VARIANTS mutated copies of the pool."""
         v = self._made.get(pool.lang)
         if v is None:
-            # made when the language is first drawn, each from its own generator: the text does
-            # not depend on when that happens
+            # made when the language is first drawn, from its own generator: the text does not
+            # depend on when that happens
+            rng = np.random.Generator(np.random.PCG64([self.seed, self.lang_no[pool.lang]]))
+            long_at = _long_tokens(pool.lines)
+            variants = [mutate_lines(pool.lines, pool.vocab, self.mutate, rng, long_at) for _ in range(VARIANTS)]
             texts, offs = [], []
-            for k in range(VARIANTS):
-                rng = np.random.Generator(np.random.PCG64([self.seed, self.lang_no[pool.lang], k]))
-                lines = mutate_lines(pool.lines, pool.vocab, self.mutate, rng)
+            for _ in range(WOVEN):
+                lines = [variants[k][x] for x, k in enumerate(rng.integers(VARIANTS, size=len(pool.lines)).tolist())]
                 texts.append(("\n".join(lines) + "\n").encode())
-                offs.append(_offsets(lines).tolist())
+                offs.append(array("q", _offsets(lines).tolist()))
             v = self._made[pool.lang] = (texts, offs)
         return v
 
@@ -279,11 +295,10 @@ class PageMaker:
                 if (j - 1 > s or total) and need - lo[j - 1] < lo[j] - need:
                     j -= 1
                 e = j
-            # each line from a random variant: two pages that drew the same block share a
-            # fraction of its shingles, not all of them
-            for x in range(s, e):
-                k = int(r() * VARIANTS)
-                parts.append(texts[k][offs[k][x] : offs[k][x + 1]])
+            # one slice of a random woven text: two pages that drew the same block share a
+            # fraction of its shingles, unless they drew the same woven text (1 in WOVEN)
+            k = int(r() * WOVEN)
+            parts.append(texts[k][offs[k][s] : offs[k][e]])
             total += lo[e] - lo[s]
             if last:
                 return lang, b"".join(parts)
@@ -461,8 +476,9 @@ def build(out: Path, gb: float, seed: int = 0, file_mb: float = 150, exact_rate:
     maker = PageMaker(sample, seed, mutate)
     writer = WetWriter(out, seed, int(file_mb * 1e6))
     target = int(gb * 1e9)
-    # a copy is due 1 .. 2x(records per file) records later: about half land in a later file
-    spread = max(2, int(2 * file_mb * 1e6 / 2500))
+    # a copy is due 1 .. 2x(records per file) records later (~2.5 KB a record): about half land in
+    # a later file; at most a quarter of the corpus later, so that few are left for its end
+    spread = max(2, int(min(2 * file_mb * 1e6, target / 4) / 2500))
     p_orig = 1 - exact_rate - near_rate
     p_exact, p_near = exact_rate / p_orig, near_rate / p_orig  # per original, so shares are of all records
     pending: list = []  # heap of (due serial, seq, kind, payload, lang, original id, original file, jaccard)
