@@ -8,10 +8,11 @@ reader), grouped by language with fastText lid.176 (on the text with newlines as
 language keeps its lines (paragraphs; lines over MAX_LINE characters cut at spaces) as a pool,
 and VARIANTS copies of that pool in which a share `--mutate` of the words is changed (swapped for
 a word of the pool, or two letters transposed; in unspaced scripts, characters transposed at the
-same rate). A generated page draws a real sample page (so languages follow the sample's mix) and
-takes blocks of 1..MAX_BLOCK consecutive pool lines of its language, each line from a random
-variant, until its length is nearest the sample page's (so each language's page length
-distribution is the sample's). Pages are never copies of the sample, and two pages that drew the
+same rate), woven line by line into WOVEN texts (each line from a random variant). A generated
+page draws a real sample page (so languages follow the sample's mix) and takes blocks of
+1..MAX_BLOCK consecutive pool lines of its language, each block one slice of a random woven text,
+until its length is nearest the sample page's (so each language's page length distribution is
+the sample's). Pages are never copies of the sample, and two pages that drew the
 same lines share a fraction of their shingles only: in the tests no two unplanted pages reach
 Jaccard 0.6 (near dedup's default threshold is 0.8). Languages with fewer than MIN_LINES distinct
 lines in the sample (lt, nl, no, sk, et: 5 of 609 pages) are left out: all their pages would be
@@ -36,15 +37,15 @@ seeded generator, so the same --gb/--seed/--file-mb gives byte-identical files.
 from __future__ import annotations
 
 import argparse
-from array import array
 import hashlib
-from bisect import bisect_left
 import heapq
 import json
 import os
 import random
 import sys
 import time
+from array import array
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -61,10 +62,9 @@ try:  # the reader may move to the core layer
 except ImportError:
     from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_dedup_corpus import DATA  # noqa: E402  (one definition of where the shared data is)
-
 REPO = Path(__file__).resolve().parents[1]
+# as in make_dedup_corpus.py (not imported from there: it imports the WET reader from one place only)
+DATA = Path(os.environ.get("GRISTMILL_DATA", REPO.parent / "shared" / "data"))
 LID_MODEL = REPO / "models" / "lid.176.ftz"
 MIN_LINES = 20
 VARIANTS = 8  # mutated copies of each language's lines
@@ -147,7 +147,7 @@ def _pieces(line: str) -> list[str]:
     """A line cut (at spaces where it has them) into pieces of at most MAX_LINE characters.
 
     A page made mostly of one long line would otherwise be a near duplicate of every other page
-    that drew the same line in the same variant (1 in VARIANTS).
+    that drew the same line from the same woven text (1 in WOVEN).
     """
     out = []
     while len(line) > MAX_LINE:
