@@ -127,7 +127,7 @@ def load_sample(data: Path = DATA, lid_model: Path = LID_MODEL) -> Sample:
             lines=lines,
             line_off=_offsets(lines).tolist(),
             vocab=sorted({w for w in text.replace("\n", " ").split(" ") if w and len(w) <= MAX_SWAP_CHARS}),
-            chars="".join(sorted(c for c in set(text) if c.isalnum())),
+            chars="".join(sorted(c for c in set(text) if c.isalnum())) or "x",
         )
     pages = [(lang, len(rec.text.encode())) for rec, lang in zip(recs, langs) if lang in pools]
     urls = [urlsplit(rec.url or "") for rec in recs]
@@ -471,6 +471,11 @@ def build(out: Path, gb: float, seed: int = 0, file_mb: float = 150, exact_rate:
         raise SystemExit(f"--exact-rate + --near-rate must be in [0, 1), got {exact_rate + near_rate}")
     if not 0 < near_band[0] <= near_band[1] < 1:
         raise SystemExit(f"--near-band must be 0 < LO <= HI < 1, got {near_band}")
+    if not 0 <= mutate < 1:
+        raise SystemExit(f"--mutate must be in [0, 1), got {mutate}")
+    if out.is_dir() and any(out.iterdir()):
+        # files of an earlier, larger run would be left beside a truth file that does not list them
+        raise SystemExit(f"{out}: not empty; give a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
     sample = sample or load_sample(data, lid_model)
     maker = PageMaker(sample, seed, mutate)
@@ -566,8 +571,11 @@ def main() -> None:
     a = ap.parse_args()
     if a.gb <= 0 or a.file_mb <= 0:
         ap.error("--gb and --file-mb must be positive")
-    info = build(a.out, a.gb, a.seed, a.file_mb, a.exact_rate, a.near_rate, tuple(a.near_band), a.mutate,
-                 a.data, a.lid_model, progress=True)
+    try:
+        info = build(a.out, a.gb, a.seed, a.file_mb, a.exact_rate, a.near_rate, tuple(a.near_band), a.mutate,
+                     a.data, a.lid_model, progress=True)
+    except (OSError, ValueError) as e:  # a missing model or data file, a full disk: one line
+        raise SystemExit(f"make_wet_corpus: {e}") from None
     print(f"wrote {info['files']} files, {info['records']:,} records ({info['originals']:,} pages, "
           f"{info['exact']:,} exact + {info['near']:,} near copies, {info['cross_file']:,} in a later file), "
           f"{info['bytes'] / 1e9:.3f} GB compressed ({info['text_bytes'] / 1e9:.3f} GB text) to {a.out} "

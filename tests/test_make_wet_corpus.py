@@ -181,3 +181,12 @@ def test_same_seed_same_bytes_other_seed_other_corpus(corpus, sample, tmp_path):
     first = sorted((tmp_path / "other").glob("*.gz"))[0]
     assert first.name not in names  # another crawl segment
     assert not set(_members(first)[1:3]) & set(_members(out / names[0])[1:3])
+
+
+def test_refuses_a_folder_with_files_in_it(corpus, sample):
+    """A second run into the first one's folder would leave its extra files beside the new truth."""
+    out = corpus[0]
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    with pytest.raises(SystemExit, match="not empty"):
+        mwc.build(out, GB / 3, SEED + 5, FILE_MB, progress=False, sample=sample)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
