@@ -532,6 +532,8 @@ def main() -> None:
                     row.append("-" if sp[n] is None else f"{f1(sp[n], gold_sp):.3f}")
                 rows.append(row)
             extra = ["F1 vs gold"] if gold_sp is not None else []
+            if gold_sp is not None:
+                print(f"gold: {len(gold_sp)} script words")
             print(table(rows, ["candidate", "chars/s", "x regex", "load s", "script words", *names, *extra]))
 
     # dispatch: can English pages skip the segmenter cheaply?
