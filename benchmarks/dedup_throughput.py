@@ -76,7 +76,7 @@ def _datasketch(corpus, work):
     from datasketch import MinHash, MinHashLSH
 
     from gristmill.dedup.text import normalize
-    from gristmill.filters.words import split_words
+    from gristmill.text.words import split_words
 
     t = pq.read_table(corpus / "docs", columns=["id", "text"]).to_pydict()
     lsh, removed = MinHashLSH(threshold=0.8, num_perm=128), set()

@@ -11,7 +11,7 @@ from datasketch import MinHash
 from gristmill.dedup.lsh import band_edges, components, optimal_bands
 from gristmill.dedup.minhash import MinHasher, estimate_jaccard, universal_hash
 from gristmill.dedup.text import jaccard, normalize, shingle_hashes, shingles
-from gristmill.filters.words import split_words
+from gristmill.text.words import split_words
 
 
 def test_universal_hash_equals_python_big_integers():

@@ -30,7 +30,7 @@ from gristmill.filters.gopher_repetition import (
     _repeated_chars_of_strings,
     _top_chars_of_strings,
 )
-from gristmill.filters.words import split_lines, split_paragraphs, split_sentences, split_words
+from gristmill.text.words import split_lines, split_paragraphs, split_sentences, split_words
 
 
 def read_wet(path) -> list[str]:

@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict
 import gristmill.config as config_mod
 import gristmill.pipeline.planner as planner_mod
 from gristmill.config import from_dict
-from gristmill.pipeline.parquet_reader import ParquetReader
+from gristmill.core.parquet_io import ParquetReader
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
-from gristmill.pipeline.step import Step
+from gristmill.core.step import Step
 from gristmill.pipeline.writers import ParquetWriter
 
 

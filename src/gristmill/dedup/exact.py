@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from gristmill.dedup.bloom import BloomFilter, BloomMeta, hash128, size_for
 from gristmill.dedup.order import SourceTable, load_ranks, order_key, save_npy
 from gristmill.dedup.text import normalize
-from gristmill.filters.base import Filter
-from gristmill.filters.words import split_words
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
+from gristmill.core.filter import Filter
+from gristmill.text.words import split_words
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import Step
 from gristmill.pipeline.writers import DroppedSampler, ParquetWriter
 
 RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("seq", "<u4"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])

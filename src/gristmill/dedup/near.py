@@ -31,9 +31,9 @@ from gristmill.dedup.lsh import band_edges, band_keys, components, optimal_bands
 from gristmill.dedup.minhash import MinHasher
 from gristmill.dedup.order import OFFSET_BITS, SourceTable, load_ranks, order_key, save_npy, write_json_atomic
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
-from gristmill.filters.base import Filter
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
+from gristmill.core.filter import Filter
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import Step
 from gristmill.pipeline.writers import DroppedSampler, ParquetWriter
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])

@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 from datatrove.data import Document
 
-from gristmill.filters.base import FilterResult, ModelFilter
+from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.filters.ccnet_normalize import normalize_lines
 from gristmill.filters.langid import ModelError
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 from datatrove.data import Document
 
-from gristmill.filters.base import FilterResult, ModelFilter
-from gristmill.filters.scores import LINEAR_01
+from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.scores import LINEAR_01
 
 LABEL_PREFIX = "__label__"
 

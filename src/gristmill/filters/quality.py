@@ -11,8 +11,8 @@ from __future__ import annotations
 import pyarrow as pa
 from datatrove.data import Document
 
-from gristmill.filters.base import FilterResult, ModelFilter
-from gristmill.filters.scores import LINEAR_01
+from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.scores import LINEAR_01
 from gristmill.filters.langid import ModelError, check_fasttext_model, load_fasttext
 
 

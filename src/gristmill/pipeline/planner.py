@@ -18,10 +18,10 @@ import pyarrow as pa
 from loguru import logger
 
 from gristmill.config import ConfigError, RunConfig, StepSpec, step_registry
-from gristmill.filters.base import Filter
+from gristmill.core.filter import Filter
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import Step
 from gristmill.pipeline.wet_reader import WetReader
 from gristmill.pipeline.writers import DroppedSampler, ParquetWriter
 

@@ -27,7 +27,7 @@ from datatrove.data import Document, DocumentsPipeline
 from isal import isal_zlib
 from loguru import logger
 
-from gristmill.pipeline.step import Step
+from gristmill.core.step import Step
 
 CHUNK = 1 << 20
 FEED = 16 << 10

@@ -23,8 +23,8 @@ import xxhash
 from datatrove.data import DocumentsPipeline
 
 from gristmill.config import ConfigError, RunConfig
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import Step
 
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
 
