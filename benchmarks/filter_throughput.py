@@ -45,7 +45,7 @@ def gristmill_pipeline(files: list[Path]):
     from gristmill.pipeline.wet_reader import WetReader
 
     reader = WetReader([str(f) for f in files])
-    return [reader, LangId(str(LID), ["en"], 0.65), GopherQuality(), GopherRepetition(), C4Lines()], reader
+    return [reader, LangId(model=str(LID), languages=["en"], min_score=0.65), GopherQuality(), GopherRepetition(), C4Lines()], reader
 
 
 def datatrove_pipeline(files: list[Path]):

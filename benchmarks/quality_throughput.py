@@ -57,7 +57,7 @@ def ours_kenlm():
 def ours_quality():
     from gristmill.filters.quality import Quality
 
-    step = Quality(str(QUALITY), min_score=0.0)
+    step = Quality(model=str(QUALITY), min_score=0.0)
     step.model
     return step
 

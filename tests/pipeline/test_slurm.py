@@ -13,7 +13,7 @@ import pytest
 from gristmill.config import from_dict
 from gristmill.pipeline.runner import StageFailed, run
 from gristmill.pipeline.status import stage_statuses
-from gristmill.pipeline.writers import FAIL_TASK_ENV
+from gristmill.core.parquet_io import FAIL_TASK_ENV
 
 from .test_planner import with_global_step  # noqa: F401  (fixture)
 

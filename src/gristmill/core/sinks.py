@@ -12,6 +12,7 @@ import pyarrow as pa
 import xxhash
 from datatrove.data import Document
 
+from gristmill.core.documents import schema_for
 from gristmill.core.parquet_io import ParquetFile
 
 class DroppedSampler:

@@ -74,6 +74,12 @@ class Step(PipelineStep):
                             f"{other.__module__}.{other.__qualname__}")
         _REGISTRY[name] = cls
 
+    @classmethod
+    def build(cls, config: Strict, ctx: BuildContext, step_id: str | None = None) -> Step:
+        """The step of one YAML entry, built in the planning process. Override to resolve
+        resources first (a model given as a URL is fetched through `ctx.local_path`)."""
+        return cls(config, step_id=step_id)
+
     def __init__(self, config: Strict | None = None, /, *, step_id: str | None = None, **params):
         """`Step(config)` with a validated `Config`, or `Step(**params)` validated here."""
         if config is not None and params:
@@ -122,7 +128,14 @@ class Stage:
         return self.folder / "output"
 
 
-class StageContext(Protocol):
+class BuildContext(Protocol):
+    """What a step may ask of the planner while it is built."""
+
+    def local_path(self, path_or_url: str) -> Path:
+        """A local file for a path or an http(s) URL (downloaded, verified, cached)."""
+
+
+class StageContext(BuildContext, Protocol):
     """What a global step plans against (implemented by the planner)."""
 
     #: folder of the documents on disk at this point of the plan (Parquet, read with ParquetReader)

@@ -12,7 +12,11 @@ from pathlib import Path
 import pyarrow as pa
 from datatrove.data import Document
 
+from pydantic import Field
+
+from gristmill.core.configlib import Fraction, Strict
 from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.step import BuildContext
 from gristmill.core.scores import LINEAR_01
 
 LABEL_PREFIX = "__label__"
@@ -49,22 +53,22 @@ class LangId(ModelFilter):
     score_field = "language_score"
     score_bins = LINEAR_01
 
-    def __init__(
-        self,
-        model: str = "models/lid.176.ftz",
-        languages: list[str] | None = ("en",),
-        min_score: float = 0.65,
-        step_id: str | None = None,
-        dropped=None,
-        resolve=None,
-    ):
-        super().__init__(step_id, dropped)
-        # URLs are fetched to a local cache first; paths are checked now, so a bad model fails
-        # the run before any document is read.
-        remote = str(model).startswith(("http://", "https://"))
-        self.model_path = str(check_fasttext_model(resolve(model) if remote and resolve else model))
-        self.languages = set(languages) if languages else None
-        self.min_score = min_score
+    class Config(Strict):
+        model: str = Field("models/lid.176.ftz", description="fastText LID model: path or http(s) URL")
+        languages: list[str] | None = Field(["en"], description="languages to keep; null keeps all")
+        min_score: Fraction = Field(0.65, description="minimum probability of the top language")
+
+    @classmethod
+    def build(cls, config: Config, ctx: BuildContext, step_id: str | None = None) -> LangId:
+        # a URL is fetched to the local cache now, in the planning process, once
+        return cls(config, step_id=step_id, model_path=str(ctx.local_path(config.model)))
+
+    def __init__(self, config: Config | None = None, /, *, model_path: str | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        # checked now, so a bad model fails the run before any document is read
+        self.model_path = str(check_fasttext_model(model_path or self.config.model))
+        self.languages = set(self.config.languages) if self.config.languages else None
+        self.min_score = self.config.min_score
 
     def load_model(self):
         return load_fasttext(self.model_path)

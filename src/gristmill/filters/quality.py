@@ -11,6 +11,9 @@ from __future__ import annotations
 import pyarrow as pa
 from datatrove.data import Document
 
+from pydantic import Field
+
+from gristmill.core.configlib import Fraction, Strict
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
 from gristmill.filters.langid import ModelError, check_fasttext_model, load_fasttext
@@ -37,18 +40,16 @@ class Quality(ModelFilter):
     score_field = "quality_score"
     score_bins = LINEAR_01
 
-    def __init__(
-        self,
-        model: str = "models/quality/en.bin",
-        label: str = "__label__hq",
-        min_score: float = 0.5,
-        step_id: str | None = None,
-        dropped=None,
-    ):
-        super().__init__(step_id, dropped)
-        self.model_path = str(check_fasttext_model(model))  # before any document is read
-        self.label = label
-        self.min_score = min_score
+    class Config(Strict):
+        model: str = Field("models/quality/en.bin", description="fastText classifier (`pipeline quality train`)")
+        label: str = Field("__label__hq", description="label whose probability is the quality score")
+        min_score: Fraction = Field(0.5, description="drop documents whose probability of `label` is lower")
+
+    def __init__(self, config: Config | None = None, /, **kwargs):
+        super().__init__(config, **kwargs)
+        self.model_path = str(check_fasttext_model(self.config.model))  # before any document is read
+        self.label = self.config.label
+        self.min_score = self.config.min_score
 
     def load_model(self):
         model = load_fasttext(self.model_path)

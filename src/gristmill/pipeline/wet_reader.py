@@ -304,7 +304,7 @@ class WetReader(Step):
     """Yields one datatrove Document per WET conversion record of this task's share of sources."""
 
     type = "📖 READER"
-    yaml_name = "read_wet"
+    step_name = "read_wet"
 
     def __init__(
         self,
@@ -313,7 +313,7 @@ class WetReader(Step):
         limit: int = -1,
         step_id: str | None = None,
     ):
-        super().__init__(step_id)
+        super().__init__(step_id=step_id)
         self.sources = list(sources)
         self.resolve = resolve
         self.limit = limit
