@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from gristmill.dedup.text import jaccard, normalize, shingles
 from gristmill.core.documents import schema_for
-from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
 DATA = Path(os.environ.get("GRISTMILL_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 PER_FILE = 10_000

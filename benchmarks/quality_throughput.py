@@ -40,7 +40,7 @@ QUALITY = REPO / "models" / "quality" / "en.bin"
 def documents(files):
     from datatrove.data import Document
 
-    from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+    from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
     return [Document(text=r.text, id=r.record_id, metadata={"language": "en"})
             for f in files for r in iter_wet_records(f) if isinstance(r, WetRecord)]

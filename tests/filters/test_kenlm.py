@@ -21,7 +21,7 @@ from gristmill.filters.langid import LangId, ModelError
 from gristmill.filters.train_corpus import is_heldout, iter_documents
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
-from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
 
 def _docs(texts, language="en"):

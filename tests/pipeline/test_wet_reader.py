@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gristmill.pipeline.wet_reader import BadRecord, SkippedRecord, WetReader, WetRecord, iter_wet_records
+from gristmill.core.wet_reader import BadRecord, SkippedRecord, WetReader, WetRecord, iter_wet_records
 
 UUID = re.compile(r"^<urn:uuid:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}>$")
 

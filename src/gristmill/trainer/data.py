@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gristmill.tokenize import open_tokens
+from gristmill.tokenize.reader import open_tokens
 
 
 class TokenStream:

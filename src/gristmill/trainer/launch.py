@@ -14,6 +14,10 @@ import yaml
 from gristmill.trainer.config import TrainConfig, from_dict
 from gristmill.trainer.config import load as load_config
 
+# A file whose appearance asks a training run to checkpoint and stop (a Slurm job's SIGUSR1 handler
+# creates it); here, torch-free, so the pipeline can set it without importing the trainer.
+PREEMPT_ENV = "GRISTMILL_PREEMPT_FILE"
+
 
 def default_nproc(cfg: TrainConfig) -> int:
     if cfg.nproc:

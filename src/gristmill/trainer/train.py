@@ -28,6 +28,7 @@ from gristmill.trainer.config import TrainConfig
 from gristmill.trainer.config import load as load_config
 from gristmill.trainer.data import TokenStream, TrainLoader, val_batches
 from gristmill.trainer.kernels import HAVE_TRITON, Kernels
+from gristmill.trainer.launch import PREEMPT_ENV
 from gristmill.trainer.metrics import Metrics
 from gristmill.trainer.model import ModelArgs, Transformer
 from gristmill.trainer.optim import AdamW, MasterAdamW, clip_and_guard, param_groups
@@ -152,7 +153,6 @@ def evaluate(model, cfg: TrainConfig, stream: TokenStream, d: Dist, autocast) ->
     return (total[0] / total[1]).item() if total[1] > 0 else None
 
 
-PREEMPT_ENV = "GRISTMILL_PREEMPT_FILE"
 
 
 def preempt_flag(device) -> torch.Tensor:
