@@ -56,6 +56,8 @@ class Step(PipelineStep):
     streamable: ClassVar[bool] = True
     #: metadata this step adds to documents, as Parquet columns of the stage output
     output_fields: ClassVar[dict[str, pa.DataType]] = {}
+    #: the reasons it drops documents under (stats `dropped_<reason>`), for the step reference
+    drop_reasons: ClassVar[tuple[str, ...]] = ()
 
     class Config(Strict):
         """This step takes no parameters."""

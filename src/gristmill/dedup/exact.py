@@ -211,9 +211,14 @@ class ExactDedupFilter(Filter):
 
 
 class ExactDedup(GlobalStep):
-    """The YAML step `exact_dedup`: lays out the three stages above."""
+    """Bloom-filter exact dedup of documents or of paragraphs (lines), across all tasks: the first
+    occurrence in (source, offset) order is kept, whatever the number of tasks.
+
+    Its three stages are described in the module docstring.
+    """
 
     yaml_name = "exact_dedup"
+    drop_reasons = ("exact_duplicate", "exact_duplicate_paragraphs")
 
     class Config(Strict):
         granularity: Literal["document", "paragraph"] = Field("document", description="what is deduplicated")

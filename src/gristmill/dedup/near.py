@@ -283,9 +283,14 @@ class NearDedupFilter(Filter):
 
 
 class NearDedup(GlobalStep):
-    """The YAML step `near_dedup`: lays out the stages above."""
+    """MinHash-LSH near-duplicate removal: documents whose word n-gram Jaccard similarity reaches
+    `threshold` form clusters, of which only the first in (source, offset) order is kept.
+
+    Its stages are described in the module docstring.
+    """
 
     yaml_name = "near_dedup"
+    drop_reasons = ("near_duplicate",)
 
     class Config(Strict):
         threshold: float = Field(0.8, gt=0, lt=1, description="target Jaccard similarity of near duplicates")

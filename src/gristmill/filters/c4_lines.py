@@ -29,6 +29,7 @@ _POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))
 
 class C4Lines(Filter):
     yaml_name = "c4_lines"
+    drop_reasons = ("lorem_ipsum", "curly_bracket", "too_few_sentences")
 
     class Config(Strict):
         """As datatrove's C4QualityFilter; -1 disables the numeric rules."""

@@ -26,6 +26,9 @@ _ends_with_ellipsis = methodcaller("endswith", ("...", "…"))
 
 class GopherQuality(Filter):
     yaml_name = "gopher_quality"
+    drop_reasons = ("gopher_short_doc", "gopher_long_doc", "gopher_below_avg_threshold", "gopher_above_avg_threshold",
+                    "gopher_too_many_hashes", "gopher_too_many_ellipsis", "gopher_too_many_bullets",
+                    "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold", "gopher_enough_stop_words")
 
     class Config(Strict):
         """Each threshold, when null or 0, disables its rule (as in datatrove).

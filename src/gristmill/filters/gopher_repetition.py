@@ -195,6 +195,8 @@ def _repeated_chars_of_strings(words: list[str], n: int) -> int:
 
 class GopherRepetition(Filter):
     yaml_name = "gopher_repetition"
+    drop_reasons = ("empty", "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
+                    "top_<n>_gram", "duplicated_<n>_n_grams")
 
     class Config(Strict):
         """Fractions, when null or 0, disable their rule (as in datatrove); the n-gram rules are

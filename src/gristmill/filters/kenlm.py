@@ -96,6 +96,7 @@ def bucket(pp: float, cutoffs: tuple[float, float]) -> str:
 
 class KenLM(ModelFilter):
     yaml_name = "kenlm"
+    drop_reasons = ("perplexity_above_max", "perplexity_bucket_<bucket>")
     output_fields = {"perplexity": pa.float64(), "perplexity_bucket": pa.string()}
     score_field = "perplexity"
     score_bins = {"scale": "log", "lo": 0.0, "hi": 5.0, "n": 25}  # perplexity 1 to 100,000

@@ -48,6 +48,7 @@ def load_fasttext(path: str | Path):
 
 class LangId(ModelFilter):
     yaml_name = "langid"
+    drop_reasons = ("language_not_kept", "low_language_score")
     batch_size = 256
     output_fields = {"language": pa.string(), "language_score": pa.float32()}
     score_field = "language_score"

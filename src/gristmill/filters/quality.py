@@ -35,6 +35,7 @@ def label_scores(model, texts: list[str], label: str) -> list[float]:
 
 class Quality(ModelFilter):
     yaml_name = "quality"
+    drop_reasons = ("low_quality_score",)
     batch_size = 256
     output_fields = {"quality_score": pa.float32()}
     score_field = "quality_score"
