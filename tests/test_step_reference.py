@@ -46,3 +46,20 @@ def test_declared_drop_reasons_are_the_ones_used(step, wet_files, lid_model):
     assert seen, f"{step} dropped nothing on the sample"
     undeclared = [r for r in seen if not any(p.match(r) for p in patterns)]
     assert not undeclared, f"{step} drops under undeclared reasons {undeclared}"
+
+
+def test_architecture_docs_example_step_works():
+    """The "Adding a step" example in docs/architecture.md, executed as written."""
+    from datatrove.data import Document
+
+    from gristmill.config import from_dict
+
+    doc_md = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    code = re.search(r"```python\n(# src/gristmill/filters/min_lines.py.*?)```", doc_md, re.S).group(1)
+    namespace = {"__name__": "docs_example_min_lines"}
+    exec(compile(code, "docs/architecture.md", "exec"), namespace)
+    assert registered_steps()["min_lines"] is namespace["MinLines"]
+    cfg = from_dict({"input": {"paths": ["x"]}, "steps": [{"min_lines": {"min_lines": 2}}]})
+    step = namespace["MinLines"](cfg.specs[0].params)
+    assert step.filter(Document(text="one\n\ntwo", id="a")) is True
+    assert step.filter(Document(text="one line", id="b")) == (False, "too_few_lines")
