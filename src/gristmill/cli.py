@@ -86,7 +86,7 @@ def cmd_run(args, console: Console) -> int:
     try:
         run(cfg, force=args.force, console=console, wait=args.wait, command=command)
     except StageFailed as e:
-        console.print(f"[red]failed[/] {e}")
+        console.print(Text.assemble(("failed ", "red"), str(e)), soft_wrap=True)  # one line, never markup
         return 1
     return 0
 

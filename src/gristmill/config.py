@@ -80,6 +80,8 @@ class InputConfig(Strict):
     paths: list[str] = Field(default_factory=list, description="local WET files or globs")
     commoncrawl: CommonCrawlInput | None = None
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
+    max_record_bytes: int = Field(32 << 20, ge=1, description="a WET record longer than this is skipped, "
+                                  "counted as record_too_large, and never held in memory")
 
     @model_validator(mode="after")
     def _one_source(self):

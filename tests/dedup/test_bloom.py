@@ -57,3 +57,54 @@ def test_saved_filter_reopens_and_slices_combine(tmp_path):
     for bf, sel in zip(halves, [blocks < nb // 2, blocks >= nb // 2]):
         bf.test_and_set(items[sel])
     assert np.array_equal(np.concatenate([halves[0].bits, halves[1].bits]), np.asarray(whole.bits))
+
+
+def test_filter_file_is_allocated_when_created(tmp_path):
+    bf = BloomFilter.create(tmp_path / "f.bloom", 200_000, 1e-3)
+    st = (tmp_path / "f.bloom").stat()
+    assert st.st_size == bf.size_bytes > 256 << 10
+    assert st.st_blocks * 512 >= st.st_size  # not sparse: writes through the map cannot fault
+    assert not bf.bits.any()
+
+
+FULL_DISK = r"""
+import sys
+import numpy as np
+from gristmill.dedup.bloom import BloomFilter, hash128
+try:
+    bf = BloomFilter.create(sys.argv[1], 1_000_000, 1e-3)  # ~1.8 MB on a 1 MB filesystem
+except OSError as e:
+    print(e)
+    sys.exit(3)
+bf.test_and_set(hash128([str(i).encode() for i in range(1_000_000)]))
+bf.save()
+"""
+
+
+def test_full_disk_is_a_clear_error_at_creation_not_a_sigbus(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gristmill
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a 1 MB tmpfs to fill ({mount.stderr.strip()}); "
+                    "test_filter_file_is_allocated_when_created covers the allocation")
+    try:
+        env = dict(os.environ, PYTHONPATH=str(Path(gristmill.__file__).parents[1]))
+        path = disk / "filter" / "slice_00000.bloom"
+        path.parent.mkdir()
+        out = subprocess.run([sys.executable, "-c", FULL_DISK, str(path)], capture_output=True, text=True, env=env)
+        # a sparse file would have been created, and the child killed by SIGBUS (-7) when the
+        # first page beyond the filesystem's space was written through the map
+        assert out.returncode == 3, (out.returncode, out.stderr[-2000:])
+        line = out.stdout.strip()
+        assert line.startswith(f"[Errno 28] {path}: cannot reserve ") and line.endswith("No space left on device")
+        assert not path.exists()  # nothing half-made left behind
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

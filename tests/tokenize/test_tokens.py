@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from gristmill.pipeline.planner import plan
 from gristmill.pipeline.runner import run
 from gristmill.tokenize import TokenShardError, open_tokens, token_dtype
 from gristmill.tokenize import encode, tokenizer
+from gristmill.tokenize.shards import sha256_file
 
 from ..conftest import WET_2017
 
@@ -217,6 +219,34 @@ def test_tampered_or_truncated_shard_is_named(tmp_path, gpt2_run):
         open_tokens(root)
     with pytest.raises(TokenShardError, match=r"train-00001\.arrow"):  # even unverified, it cannot pass as whole
         open_tokens(root, verify=False).shard("train-00001.arrow")
+
+
+def test_ids_beyond_the_vocabulary_fail_inspect(tmp_path, gpt2_run):
+    """A shard with an id the tokenizer does not have, and a manifest written for it (so its
+    sha256 verifies): `tokens inspect` names the shard, the id and the vocabulary size."""
+    root = tmp_path / "tokens"
+    shutil.copytree(gpt2_run / "tokens", root)
+    victim = root / "train-00001.arrow"
+    table = pa.ipc.open_file(pa.BufferReader(victim.read_bytes())).read_all()  # not mapped: rewritten below
+    col = table.column("tokens").chunk(0)
+    values = col.values.to_numpy().copy()
+    values[1234] = 60000  # fits uint16, beyond GPT-2's 50257
+    tokens = pa.LargeListArray.from_arrays(col.offsets, pa.array(values, type=pa.uint16()))
+    with pa.OSFile(str(victim), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_batch(pa.record_batch([tokens, table.column("id").chunk(0)], schema=table.schema))
+    manifest = json.loads((root / "manifest.json").read_text())
+    next(e for e in manifest["shards"] if e["path"] == victim.name)["sha256"] = sha256_file(victim)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    open_tokens(root)  # the sha256 checks pass: only the id check can object
+    doc = int(np.searchsorted(col.offsets.to_numpy(), 1234, side="right")) - 1
+    want = rf"train-00001\.arrow: token id 60000 \(document {doc}, .*\) is not below the vocabulary size 50257"
+    with pytest.raises(TokenShardError, match=want):
+        open_tokens(root).check()
+    open_tokens(root).check("val")  # the other split is sound
+    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "sha256 verified" not in res.stdout
+    assert len(res.stderr.strip().splitlines()) == 1 and re.search(want, res.stderr), res.stderr
 
 
 def test_token_dtype_follows_vocab_size(gpt2_run, cl100k_run):

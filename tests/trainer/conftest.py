@@ -62,3 +62,31 @@ def write_token_dir(root: Path, vocab: int = 300, docs: dict | None = None, shar
 @pytest.fixture(scope="session")
 def token_dir(tmp_path_factory) -> Path:
     return write_token_dir(tmp_path_factory.mktemp("tokens") / "tokens")
+
+
+STEPS = 6
+
+
+def tiny_cfg(tokens: Path, steps: int, *extra: str):
+    """The tiny preset, small enough for CPU tests: checkpoints (and validation) every 3 steps."""
+    from gristmill.trainer.config import load as load_config
+
+    return load_config("tiny", [f"data.tokens={tokens}", f"steps={steps}", "checkpoint.every=3", "checkpoint.keep=3",
+                                "eval.every=3", "eval.batches=2", "log.progress=false", "log.tensorboard=false",
+                                "data.seq_len=32", *extra])
+
+
+def losses(out: Path) -> dict[int, float]:
+    """step → training loss in `out/metrics.jsonl` (a later record of a step wins)."""
+    return {r["step"]: r["loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "loss" in r}
+
+
+@pytest.fixture(scope="session")
+def baseline(token_dir, tmp_path_factory) -> Path:
+    """STEPS steps of the tiny model in one go, checkpoints at steps 3 and 6 (read-only: copy it)."""
+    from gristmill.trainer.train import train
+
+    out = tmp_path_factory.mktemp("train") / "full"
+    summary = train(tiny_cfg(token_dir, STEPS), out)
+    assert summary["steps"] == STEPS
+    return out

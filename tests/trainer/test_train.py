@@ -16,25 +16,9 @@ from gristmill.trainer import checkpoint as ckpt
 from gristmill.trainer.config import load as load_config
 from gristmill.trainer.train import NonFiniteLoss, lr_lambda, train
 
-STEPS = 6
-
-
-def _cfg(tokens: Path, steps: int, *extra: str):
-    return load_config("tiny", [f"data.tokens={tokens}", f"steps={steps}", "checkpoint.every=3", "checkpoint.keep=3",
-                                "eval.every=3", "eval.batches=2", "log.progress=false", "log.tensorboard=false",
-                                "data.seq_len=32", *extra])
-
-
-def _losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, open(out / "metrics.jsonl")) if "loss" in r}
-
-
-@pytest.fixture(scope="module")
-def baseline(token_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("train") / "full"
-    summary = train(_cfg(token_dir, STEPS), out)
-    assert summary["steps"] == STEPS
-    return out
+from .conftest import STEPS
+from .conftest import losses as _losses
+from .conftest import tiny_cfg as _cfg
 
 
 def test_run_writes_metrics_checkpoints_and_learns(baseline):
@@ -95,7 +79,9 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(baseline, token_dir, tm
         return forward(self, *a, **k) * float("nan")
 
     monkeypatch.setattr(Transformer, "forward", poisoned)
-    with pytest.raises(NonFiniteLoss, match=r"step 7: loss nan .*step-00000006 \(kept\)"):
+    # the checkpoint is named for what is known about it: checked at resume, not "good"
+    with pytest.raises(NonFiniteLoss, match=r"step 7: loss nan .*Checkpoint kept: \S*step-00000006 \(this run started"
+                                            r" from it; its files matched their checksums\); re-running resumes"):
         train(_cfg(token_dir, STEPS + 2), out)
     assert ckpt.latest(out / "checkpoints").name == "step-00000006"
 

@@ -18,7 +18,7 @@ BASE_FIELDS: dict[str, pa.DataType] = {
     "crawl": pa.string(),        # e.g. CC-MAIN-2014-10, from the warcinfo record's isPartOf
     "cc_language": pa.string(),  # WARC-Identified-Content-Language when the crawl has it
     "source": pa.string(),       # the WET file the record came from
-    "offset": pa.int64(),        # byte offset of the record's gzip member in that file
+    "offset": pa.int64(),        # byte offset of the record in that file's decompressed WARC stream
 }
 
 

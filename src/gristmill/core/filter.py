@@ -86,9 +86,13 @@ class Filter(Step):
 class ModelFilter(Filter):
     """A filter that scores with a model (fastText, KenLM).
 
-    The model is loaded in the task's own process, never pickled with the step (datatrove ships
-    steps to workers and Slurm jobs by pickle), and before the first document, so a bad model
-    fails the task at once and the step's timer measures scoring only.
+    The model file is validated when the step is constructed, in the planning process
+    (`model_check`: cheap checks, then a trial load in a short-lived child process), so a
+    truncated or corrupt file is one clear error before any stage starts, never a crashed or
+    hung worker. The model is then loaded in the task's own process, only if the file is
+    unchanged since that check, never pickled with the step (datatrove ships steps to workers
+    and Slurm jobs by pickle), and before the first document, so the step's timer measures
+    scoring only.
     """
 
     _model = None

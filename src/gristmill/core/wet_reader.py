@@ -1,11 +1,29 @@
 """Reading Common Crawl WET files: a damage-tolerant record iterator and the `read_wet` step.
 
-Common Crawl writes every WARC record as its own gzip member, so we decompress member by member
-(isal, ~3x zlib) from a file streamed in 1 MiB chunks: memory is bounded by one member, not the
-file, and a damaged member costs only its own record. After damage we resynchronise on the next
-gzip magic. Every problem is yielded as a `BadRecord` (and logged) rather than raised or dropped,
-so a run's stats account for every record; datatrove's WarcReader is not used because it
-silently drops records and runs libmagic on each one.
+Common Crawl writes every WARC record as its own gzip member; other tools gzip a whole WARC as
+one member, and a WARC may come uncompressed. All three are read the same way: the file is
+inflated member by member (isal, ~3x zlib) in small slices, and records are cut from the
+decompressed bytes through a window that drops what it has passed. Memory is bounded by one
+record, never by a member or the file; a record longer than `max_record_bytes` is not held at
+all: it is passed over as it streams by and reported as `record_too_large`. Every problem is
+yielded as a `BadRecord` (and logged) rather than raised or dropped, so a run's stats account
+for every record; datatrove's WarcReader is not used because it silently drops records and runs
+libmagic on each one.
+
+Offsets. A record's `offset` is its byte offset in the file's *decompressed* WARC stream (the
+contents of its gzip members one after the other; the file itself when uncompressed). It does
+not depend on how the file was gzipped, so (source, offset) identifies a document for dedup.
+A damaged member counts only up to the end of its last complete record, and bytes between
+members count nothing. A `BadRecord` about a record (bad_content_length, bad_warc_header,
+invalid_utf8, record_too_large) carries that record's stream offset; one about the gzip
+container (gzip_error, truncated_member, garbage) carries the byte offset in the file itself,
+where the damage is.
+
+Damage. A damaged member costs the record it is in: the record in progress is dropped and we
+resynchronise on the next gzip magic, retrying from the byte after the failed member's magic
+(the decoder may have run past the member's real end) as long as that byte is still within the
+last `RETAIN` bytes read. The damaged region is reported once, when the next good member ends
+or the file does.
 
 Content-Length policy: a record's extent is decided by its container, not trusted blindly. The
 declared length is accepted when the payload it delimits is followed by the `\\r\\n\\r\\n`
@@ -13,6 +31,8 @@ record separator and then the end of the member (or the next `WARC/` record). Ot
 record is reported as `bad_content_length` and is KEPT, with its payload running to the next
 `\\r\\n\\r\\nWARC/` separator or to the end of the member (minus the trailing separator). So a
 too-small or too-large declared length loses no text, and a too-short payload keeps what is there.
+The size limit applies to the extent so found, whatever the header declares: a record that
+declares a small length (or none) and runs on for a gigabyte is still too large.
 """
 
 from __future__ import annotations
@@ -29,8 +49,11 @@ from loguru import logger
 
 from gristmill.core.step import Step
 
-CHUNK = 1 << 20
-FEED = 16 << 10
+CHUNK = 1 << 20  # bytes read from the file at a time
+FEED = 16 << 10  # compressed bytes per decompress call
+OUT = 1 << 20  # at most this many decompressed bytes per call: a gzip bomb arrives in slices
+RETAIN = 4 << 20  # compressed bytes kept behind the read position, to resync after damage
+MAX_RECORD_BYTES = 32 << 20  # default limit on a record's payload; real WET pages are < 1 MB
 GZIP_MAGIC = b"\x1f\x8b\x08"
 SEP = b"\r\n\r\n"
 NEXT_RECORD = b"\r\n\r\nWARC/"
@@ -47,15 +70,15 @@ class WetRecord:
     cc_language: str | None
     text: str
     source: str
-    offset: int  # of the record's gzip member (of the record itself in an uncompressed file)
+    offset: int  # of the record in the decompressed WARC stream (see the module docstring)
     type: str = "conversion"
 
 
 @dataclass
 class BadRecord:
-    reason: str  # gzip_error, truncated_member, bad_content_length, bad_warc_header, ...
+    reason: str  # gzip_error, truncated_member, bad_content_length, record_too_large, ...
     source: str
-    offset: int
+    offset: int  # in the decompressed stream for a record, in the file for gzip damage
     detail: str = ""
 
 
@@ -72,22 +95,33 @@ WetEvent = WetRecord | BadRecord | SkippedRecord
 
 
 class _Buf:
-    """Bytes with a read position; refills from `f` on demand (f=None: a complete member)."""
+    """A window on a byte stream: the bytes from `pos` on, refilled from `read()` on demand.
 
-    def __init__(self, data: bytes, f=None, base: int = 0):
-        self.data, self.pos, self.f, self.base = data, 0, f, base
+    Consumed bytes are dropped as the window refills (all but the last `retain`), so memory
+    holds what the caller is looking at, not what it has passed.
+    """
+
+    def __init__(self, read: Callable[[], bytes], first: bytes = b"", base: int = 0, retain: int = 0):
+        self.read, self.data, self.pos, self.base, self.retain = read, bytearray(first), 0, base, retain
+        self.eof = False
+        self.mark = base  # stream offset where the record in progress began
 
     @property
     def offset(self) -> int:
         return self.base + self.pos
 
     def _more(self) -> bool:
-        chunk = self.f.read(CHUNK) if self.f is not None else b""
-        if not chunk:
-            self.f = None
+        if self.eof:
             return False
-        # drop consumed bytes so memory holds only the current record
-        self.data, self.base, self.pos = self.data[self.pos :] + chunk, self.base + self.pos, 0
+        chunk = self.read()
+        if not chunk:
+            self.eof = True
+            return False
+        drop = self.pos - self.retain
+        if drop > 0:  # O(1) on a bytearray: CPython moves its start
+            del self.data[:drop]
+            self.base, self.pos = self.base + drop, self.pos - drop
+        self.data += chunk
         return True
 
     def ensure(self, n: int) -> bool:
@@ -97,7 +131,7 @@ class _Buf:
         return True
 
     def find(self, sub: bytes, limit: int | None = None) -> int:
-        """Index of `sub` relative to pos, reading more as needed; -1 if absent."""
+        """Index of `sub` relative to pos, reading more as needed; -1 if absent (within ~limit)."""
         start = 0
         while True:
             j = self.data.find(sub, self.pos + start)
@@ -107,18 +141,38 @@ class _Buf:
             if (limit is not None and start > limit) or not self._more():
                 return -1
 
-    def take_rest(self) -> bytes:  # callers have already read to EOF (a failed find)
-        return self.take(len(self.data))
+    def skip_to(self, sub: bytes) -> int:
+        """Pass over the bytes before the next `sub` (or to the end), holding none; how many."""
+        n = 0
+        while True:
+            j = self.data.find(sub, self.pos)
+            if j >= 0:
+                n, self.pos = n + j - self.pos, j
+                return n
+            keep = max(self.pos, len(self.data) - len(sub) + 1)
+            n, self.pos = n + keep - self.pos, keep
+            if not self._more():
+                n, self.pos = n + len(self.data) - self.pos, len(self.data)
+                return n
 
-    def take(self, n: int) -> bytes:
+    def take(self, n: int) -> bytearray:
         out = self.data[self.pos : self.pos + n]
         self.pos += len(out)
         return out
 
+    def take_rest(self) -> bytearray:  # callers have already read to the end (a failed find)
+        return self.take(len(self.data))
 
-def _split_records(b: _Buf) -> Iterator[tuple[int, bytes | None, bytes, bool]]:
-    """Yield (offset, header block or None if unparseable, payload, content_length_ok)."""
+    def seek(self, offset: int) -> None:
+        """Back to `offset`, or to the oldest byte still held if that was dropped."""
+        self.pos = max(0, offset - self.base)
+
+
+def _split_records(b: _Buf, limit: int) -> Iterator[tuple[int, bytes | None, bytearray | None, bool, int]]:
+    """Yield (offset, header block or None if unparseable, payload or None if over `limit`,
+    content_length_ok, payload size)."""
     while True:
+        b.mark = b.base + b.pos
         while b.ensure(1) and b.data[b.pos] in b"\r\n":  # stray blank lines between records
             b.pos += 1
         if not b.ensure(1):
@@ -126,14 +180,14 @@ def _split_records(b: _Buf) -> Iterator[tuple[int, bytes | None, bytes, bool]]:
         off = b.offset
         h = b.find(SEP, MAX_HEADER) if b.ensure(5) and b.data.startswith(b"WARC/", b.pos) else -1
         if h < 0:  # not a record start: skip to the next one (or the end)
-            n = b.find(b"\r\nWARC/")
-            b.take(n + 2) if n >= 0 else b.take_rest()
-            yield off, None, b"", False
+            b.skip_to(b"\r\nWARC/")
+            b.take(2)
+            yield off, None, None, False, 0
             continue
-        header = b.take(h)
+        header = bytes(b.take(h))
         b.take(len(SEP))
         declared = _content_length(header)
-        if declared is not None and b.ensure(declared + len(SEP)):
+        if declared is not None and declared <= limit and b.ensure(declared + len(SEP)):
             b.ensure(declared + len(SEP) + 5)  # peek at what follows; may move b.pos, so first
             end = b.pos + declared
             after = b.data[end + len(SEP) : end + len(SEP) + 5]
@@ -141,16 +195,24 @@ def _split_records(b: _Buf) -> Iterator[tuple[int, bytes | None, bytes, bool]]:
             if b.data[end : end + len(SEP)] == SEP and at_end:
                 payload = b.take(declared)
                 b.take(len(SEP))
-                yield off, header, payload, True
+                yield off, header, payload, True, declared
                 continue
-        n = b.find(NEXT_RECORD)
-        if n >= 0:
+        n = b.find(NEXT_RECORD, limit)
+        if 0 <= n <= limit:
             payload = b.take(n)
             b.take(len(SEP))
-        else:
+        elif n < 0 and b.eof and len(b.data) - b.pos <= limit + len(SEP):
             payload = b.take_rest()
             payload = payload[: -len(SEP)] if payload.endswith(SEP) else payload
-        yield off, header, payload, False
+        else:  # over the limit, whatever the header said: stream past it
+            size = b.skip_to(NEXT_RECORD)
+            if b.ensure(len(SEP)):
+                b.take(len(SEP))
+            elif b.data.endswith(SEP):  # the member's (or file's) final separator
+                size -= len(SEP)
+            yield off, header, None, False, size
+            continue
+        yield off, header, payload, False, len(payload)
 
 
 def _content_length(header: bytes) -> int | None:
@@ -170,50 +232,76 @@ def _parse_header(header: bytes) -> dict[str, str]:
     return fields
 
 
-def _gzip_members(f, first: bytes, source: str) -> Iterator[tuple[int, bytes] | BadRecord]:
-    """Yield (offset, decompressed member) per intact member, BadRecord per damaged region.
+class _Token:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_END = _Token("END")  # the member ended intact (CRC and length checked)
+_ABORT = _Token("ABORT")  # the member is damaged: what it gave since its last record is void
+
+
+class _Damaged(Exception):
+    pass
+
+
+def _gzip_stream(f, first: bytes, source: str) -> Iterator[bytes | _Token | BadRecord]:
+    """Decompressed pieces of each member, then _END or _ABORT; a BadRecord per damaged region.
 
     A damaged region (a member that fails, plus any false gzip magic found while resyncing)
     is reported once, when the next good member or the end of file is reached.
     """
-    b = _Buf(first, f)
+    b = _Buf(lambda: f.read(CHUNK), first, retain=RETAIN)
     damaged: BadRecord | None = None
     while b.ensure(1):
         if not (b.ensure(len(GZIP_MAGIC)) and b.data.startswith(GZIP_MAGIC, b.pos)):
             damaged = damaged or BadRecord("garbage", source, b.offset, "bytes between gzip members")
-            i = b.find(GZIP_MAGIC)
-            b.take(i) if i >= 0 else b.take_rest()
+            b.skip_to(GZIP_MAGIC)
             continue
-        start, fed, out, error = b.offset, 0, [], None
+        start, error = b.offset, None
         d = isal_zlib.decompressobj(31)
         try:
-            while True:
-                if not b.ensure(fed + 1):
+            while not d.eof:
+                if d.unconsumed_tail:
+                    out = d.decompress(d.unconsumed_tail, OUT)
+                elif b.ensure(FEED) or b.pos < len(b.data):
+                    # small slices: on member end the decoder copies what is left of its input
+                    # into unused_data, and with 1 MiB inputs that copy costs more than inflating;
+                    # a view, not a copy, released before the window may resize
+                    with memoryview(b.data) as m, m[b.pos : b.pos + FEED] as piece:
+                        out = d.decompress(piece, OUT)
+                        b.pos += len(piece)
+                else:
                     error = BadRecord("truncated_member", source, start, "file ends inside a gzip member")
                     break
-                # feed small slices: on member end the decoder copies what is left of its input
-                # into unused_data, and with 1 MiB inputs that copy costs more than inflating
-                at = b.pos + fed
-                piece = memoryview(b.data)[at : at + FEED]
-                fed += len(piece)
-                out.append(d.decompress(piece))
-                if d.eof:
-                    break
+                if out:
+                    yield out
         except isal_zlib.error as e:
             error = BadRecord("gzip_error", source, start, str(e))
         if error is None:
-            b.take(fed - len(d.unused_data))
+            b.pos -= len(d.unused_data)  # still held: it came from the last slice
             if damaged is not None:
                 yield _close_damage(damaged, start)
                 damaged = None
-            yield start, b"".join(out)
+            yield _END
         else:
             # retry from the byte after this member's magic: the decoder may have run past the
             # member's real end, so searching from where it failed could skip intact members
+            yield _ABORT
             damaged = damaged or error
-            b.take(1)
+            b.seek(start + 1)
     if damaged is not None:
         yield _close_damage(damaged, b.offset)
+
+
+def _plain_stream(f, first: bytes) -> Iterator[bytes | _Token]:
+    yield first
+    while chunk := f.read(CHUNK):
+        yield chunk
+    yield _END
 
 
 def _close_damage(bad: BadRecord, end: int) -> BadRecord:
@@ -221,7 +309,32 @@ def _close_damage(bad: BadRecord, end: int) -> BadRecord:
     return bad
 
 
-def iter_wet_records(path_or_fileobj, source_name: str | None = None) -> Iterator[WetEvent]:
+class _Members:
+    """The token stream seen one member at a time: `read()` gives the current member's next
+    piece, b"" at its end, raises _Damaged if it fails; damage reports wait in `reports`."""
+
+    def __init__(self, tokens: Iterator[bytes | _Token | BadRecord]):
+        self.tokens, self.reports, self.done = tokens, [], False
+
+    def read(self) -> bytes:
+        for t in self.tokens:
+            if t.__class__ is bytes:
+                return t
+            if t is _END:
+                return b""
+            if t is _ABORT:
+                raise _Damaged
+            self.reports.append(t)
+        self.done = True
+        return b""
+
+    def drain(self) -> Iterator[BadRecord]:
+        while self.reports:
+            yield _warn(self.reports.pop(0))
+
+
+def iter_wet_records(path_or_fileobj, source_name: str | None = None,
+                     max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[WetEvent]:
     """Yield, in file order, a WetRecord per conversion record and a BadRecord per problem.
 
     Raises OSError only if the file cannot be opened/read; damage inside it is yielded.
@@ -229,13 +342,13 @@ def iter_wet_records(path_or_fileobj, source_name: str | None = None) -> Iterato
     if isinstance(path_or_fileobj, (str, os.PathLike)):
         source = source_name or os.fspath(path_or_fileobj)
         with open(path_or_fileobj, "rb") as f:
-            yield from _iter_file(f, source)
+            yield from _iter_file(f, source, max_record_bytes)
     else:
         source = source_name or str(getattr(path_or_fileobj, "name", "<stream>"))
-        yield from _iter_file(path_or_fileobj, source)
+        yield from _iter_file(path_or_fileobj, source, max_record_bytes)
 
 
-def _iter_file(f: io.BufferedIOBase, source: str) -> Iterator[WetEvent]:
+def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEvent]:
     first = f.read(CHUNK)
     while 0 < len(first) < 5 and (more := f.read(CHUNK)):  # enough to tell gzip from WARC/
         first += more
@@ -243,60 +356,69 @@ def _iter_file(f: io.BufferedIOBase, source: str) -> Iterator[WetEvent]:
         yield _warn(BadRecord("empty_file", source, 0))
         return
     if first.startswith(GZIP_MAGIC):
-        units = _gzip_members(f, first, source)
-    elif first.startswith(b"WARC/"):  # an uncompressed WARC: one stream, offsets per record
-        units = iter([(-1, _Buf(first, f))])
+        members = _Members(_gzip_stream(f, first, source))
+    elif first.startswith(b"WARC/"):  # an uncompressed WARC: one stream, one "member"
+        members = _Members(_plain_stream(f, first))
     else:
         yield _warn(BadRecord("not_gzip", source, 0, f"starts with {first[:8]!r}"))
         return
-    crawl = None
-    for unit in units:
-        if isinstance(unit, BadRecord):
-            yield _warn(unit)
-            continue
-        member_off, data = unit
-        b = data if isinstance(data, _Buf) else _Buf(data)
-        for rec_off, header, payload, length_ok in _split_records(b):
-            off = rec_off if member_off < 0 else member_off
-            if header is None:
-                yield _warn(BadRecord("bad_warc_header", source, off, "no WARC/ header block"))
-                continue
-            fields = _parse_header(header)
-            rtype, rid = fields.get("warc-type"), fields.get("warc-record-id")
-            if not rtype or not rid:
-                yield _warn(BadRecord("bad_warc_header", source, off, "missing WARC-Type or WARC-Record-ID"))
-                continue
-            if not length_ok:
-                detail = f"{rid}: declared {fields.get('content-length')}, found {len(payload)} bytes"
-                yield _warn(BadRecord("bad_content_length", source, off, detail))
-            if rtype == "warcinfo":
-                for line in payload.decode("utf-8", errors="replace").splitlines():
-                    if line.startswith("isPartOf:"):
-                        crawl = line[9:].strip() or None
-                continue
-            if rtype != "conversion":
-                yield SkippedRecord(rtype, source, off)
-                continue
-            try:
-                text = payload.decode("utf-8")
-            except UnicodeDecodeError as e:
-                # keep the record: a few bad bytes do not make the rest of the text useless
-                text = payload.decode("utf-8", errors="replace")
-                yield _warn(BadRecord("invalid_utf8", source, off, f"{rid}: {e.reason} at {e.start}"))
-            yield WetRecord(
-                record_id=rid,
-                url=fields.get("warc-target-uri"),
-                date=fields.get("warc-date"),
-                crawl=crawl,
-                cc_language=fields.get("warc-identified-content-language"),
-                text=text,
-                source=source,
-                offset=off,
-            )
+    pos, crawl = 0, None  # pos: where the next member starts in the decompressed stream
+    while not members.done:
+        b = _Buf(members.read, base=pos)
+        try:
+            for off, header, payload, length_ok, size in _split_records(b, limit):
+                if members.reports:
+                    yield from members.drain()
+                if header is None:
+                    yield _warn(BadRecord("bad_warc_header", source, off, "no WARC/ header block"))
+                    continue
+                fields = _parse_header(header)
+                rtype, rid = fields.get("warc-type"), fields.get("warc-record-id")
+                if payload is None:
+                    detail = f"{rid}: {size} bytes, over the limit of {limit} (input.max_record_bytes)"
+                    yield _warn(BadRecord("record_too_large", source, off, detail))
+                    continue
+                if not rtype or not rid:
+                    yield _warn(BadRecord("bad_warc_header", source, off, "missing WARC-Type or WARC-Record-ID"))
+                    continue
+                if not length_ok:
+                    detail = f"{rid}: declared {fields.get('content-length')}, found {size} bytes"
+                    yield _warn(BadRecord("bad_content_length", source, off, detail))
+                if rtype == "warcinfo":
+                    for line in payload.decode("utf-8", errors="replace").splitlines():
+                        if line.startswith("isPartOf:"):
+                            crawl = line[9:].strip() or None
+                    continue
+                if rtype != "conversion":
+                    yield SkippedRecord(rtype, source, off)
+                    continue
+                try:
+                    text = payload.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    # keep the record: a few bad bytes do not make the rest of the text useless
+                    text = payload.decode("utf-8", errors="replace")
+                    yield _warn(BadRecord("invalid_utf8", source, off, f"{rid}: {e.reason} at {e.start}"))
+                del payload
+                yield WetRecord(
+                    record_id=rid,
+                    url=fields.get("warc-target-uri"),
+                    date=fields.get("warc-date"),
+                    crawl=crawl,
+                    cc_language=fields.get("warc-identified-content-language"),
+                    text=text,
+                    source=source,
+                    offset=off,
+                )
+        except _Damaged:  # the member's record in progress is lost; its bytes do not count
+            pos = b.mark
+        else:
+            pos = b.offset
+        yield from members.drain()
 
 
 def _warn(bad: BadRecord) -> BadRecord:
-    logger.warning(f"{bad.source} @ byte {bad.offset}: {bad.reason} {bad.detail}".rstrip())
+    where = "file byte" if bad.reason in ("gzip_error", "truncated_member", "garbage") else "byte"
+    logger.warning(f"{bad.source} @ {where} {bad.offset}: {bad.reason} {bad.detail}".rstrip())
     return bad
 
 
@@ -312,11 +434,13 @@ class WetReader(Step):
         resolve: Callable[[str], str] | None = None,
         limit: int = -1,
         step_id: str | None = None,
+        max_record_bytes: int = MAX_RECORD_BYTES,
     ):
         super().__init__(step_id=step_id)
         self.sources = list(sources)
         self.resolve = resolve
         self.limit = limit
+        self.max_record_bytes = max_record_bytes
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if data:
@@ -327,7 +451,7 @@ class WetReader(Step):
                 break
             try:
                 path = self.resolve(source) if self.resolve else source
-                with closing(iter_wet_records(path, source_name=source)) as events:
+                with closing(iter_wet_records(path, source_name=source, max_record_bytes=self.max_record_bytes)) as events:
                     for doc in self._documents(events):
                         yield doc
                         n_docs += 1

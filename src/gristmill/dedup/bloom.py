@@ -11,7 +11,10 @@ has only 512*256 distinct bit patterns, and with a few hundred items per block a
 matches an earlier item's pattern ~0.3% of the time (measured: FP 2.2x the target at 1e-3).
 
 The bits live in a `numpy.memmap` file, so a filter is saved by flushing it and can be opened
-again to dedup a new crawl against earlier ones. A filter may also be one *slice* of a larger
+again to dedup a new crawl against earlier ones. The file's blocks are reserved when it is
+created (`posix_fallocate`): a sparse file would only get its pages when first written through
+the map, and on a full disk that is a SIGBUS that kills the task without a word; reserved, a
+full disk is an `OSError` naming the file before any work is done. A filter may also be one *slice* of a larger
 one: the blocks [block_lo, block_hi) of a filter of `n_blocks` blocks. Because every item's bits
 sit in one block, slices are independent: the exact-dedup step gives each task one slice, and
 the result is the same whatever the number of slices.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,6 +82,21 @@ def hash128(data: list[bytes]) -> np.ndarray:
     return out
 
 
+def _reserve(path: Path, size: int) -> None:
+    """Create `path` as `size` zero bytes with all its disk blocks allocated now."""
+    try:
+        with open(path, "wb") as f:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(f.fileno(), 0, size)
+            else:  # no fallocate (macOS): writing the zeros allocates them
+                for done in range(0, size, 1 << 24):
+                    f.write(bytes(min(1 << 24, size - done)))
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise OSError(e.errno, f"{path}: cannot reserve {size} bytes for the Bloom filter: "
+                               f"{os.strerror(e.errno)}") from None
+
+
 @dataclass
 class BloomMeta:
     n_blocks: int        # blocks of the whole filter
@@ -118,8 +137,7 @@ class BloomFilter:
         meta = BloomMeta(n_blocks, k, lo, hi, capacity, fp_rate)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:  # a sparse file of zeros: pages are allocated when set
-            f.truncate((hi - lo) * WORDS * 8)
+        _reserve(path, (hi - lo) * WORDS * 8)
         bf = cls(path, meta, "r+")
         bf._write_meta()
         return bf

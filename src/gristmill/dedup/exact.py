@@ -4,18 +4,22 @@ Three stages (laid out by `ExactDedup.stages`):
 
 1. `exact_dedup_hash` (T tasks): each task reads its share of the documents, hashes each
    normalised document (or each normalised paragraph = line) with xxh3_128 and writes records
-   (hash, task, document number in the task, source index, offset, paragraph) into one file per
-   filter *slice*, routed by the Bloom block the hash falls in. It also writes its sources table.
+   (hash, source index, offset, paragraph) into one file per filter *slice*, routed by the
+   Bloom block the hash falls in. It also writes its sources table and what it read
+   (`inputs.py`: rows and a hash of the (source, offset) columns per Parquet file).
 2. `exact_dedup_find` (T tasks, one slice each): a slice task owns the blocks of one slice of
    the Bloom filter (`filter/slice_NNNNN.bloom`, a memory-mapped file kept as the run's saved
    filter), loads all records routed to it, sorts them by the global order key (source file,
    offset, paragraph) and test-and-sets them in that order: the first occurrence is kept, later
    ones are duplicates, whatever the number of tasks (an item's bits live in one block, so the
-   slices never interact). It writes the duplicates (document number, paragraph) per hashing
+   slices never interact). It writes the duplicates (order key, paragraph, hash) per hashing
    task, and counts items, duplicates, the fill ratio and the FP rate it implies.
-3. `exact_dedup_filter` (T tasks): re-reads the same documents (same files, same order, so the
-   document numbers match) and drops duplicate documents, or removes duplicate paragraphs and
-   drops documents left shorter than `min_doc_chars` / `min_doc_words`.
+3. `exact_dedup_filter` (T tasks): re-reads the same files, first checking they are what the
+   hash stage read (else the task fails naming the file), and drops duplicate documents, or
+   removes duplicate paragraphs and drops documents left shorter than `min_doc_chars` /
+   `min_doc_words`. A document is found by its order key, as in near dedup, never by its
+   position, and the item's hash is checked again before anything is removed: a changed input
+   can stop the stage, never make it remove the wrong text.
 
 `filter_from` names the `filter/` folder of an earlier run: its bits are OR-ed into this run's
 filter first, so documents already seen in that crawl are duplicates here (same size needed).
@@ -32,8 +36,10 @@ import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field
 
+from gristmill.dedup import inputs
 from gristmill.dedup.bloom import BloomFilter, BloomMeta, hash128, size_for
-from gristmill.dedup.order import SourceTable, load_ranks, order_key, save_npy
+from gristmill.dedup.order import (OFFSET_BITS, DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy,
+                                   shared_key_error)
 from gristmill.dedup.text import normalize
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
@@ -41,8 +47,8 @@ from gristmill.core.parquet_io import ParquetReader
 from gristmill.text.words import split_words
 from gristmill.core.step import GlobalStep, StageContext, Step
 
-RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("seq", "<u4"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
-DUP = np.dtype([("seq", "<u4"), ("para", "<i4")])
+RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
+DUP = np.dtype([("key", "<u8"), ("para", "<i4"), ("hi", "<u8"), ("lo", "<u8")])
 BATCH = 1 << 16
 
 
@@ -67,15 +73,21 @@ class ExactDedupHash(Step):
     type = "🫂 DEDUP"
     step_name = "exact_dedup_hash"
 
-    def __init__(self, *, granularity: str, n_blocks: int, slices: int, step_id: str | None = None):
+    def __init__(self, *, granularity: str, n_blocks: int, slices: int, input_folder: Path | None = None,
+                 step_id: str | None = None):
         super().__init__(step_id=step_id)
         self.granularity, self.n_blocks, self.slices = granularity, n_blocks, slices
+        self.input_folder = input_folder and Path(input_folder)
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         bounds = _slice_bounds(self.n_blocks, self.slices)
         sources = SourceTable()
         parts: list[np.ndarray] = []
-        items, keys, meta = [], [], []
+        items, meta, doc_keys = [], [], []
 
         def flush():
             if not items:
@@ -83,34 +95,44 @@ class ExactDedupHash(Step):
             h = hash128(items)
             rec = np.empty(len(items), dtype=RECORD)
             rec["hi"], rec["lo"] = h[:, 0], h[:, 1]
-            m = np.array(meta, dtype=np.int64).reshape(-1, 4)
-            rec["seq"], rec["src"], rec["offset"], rec["para"] = m[:, 0], m[:, 1], m[:, 2], m[:, 3]
+            m = np.array(meta, dtype=np.int64).reshape(-1, 3)
+            rec["src"], rec["offset"], rec["para"] = m[:, 0], m[:, 1], m[:, 2]
             parts.append(rec)
             items.clear(), meta.clear()
 
-        for seq, doc in enumerate(data):
+        for doc in data:
             with self.track_time():
                 src, off = sources(doc.metadata.get("source")), doc.metadata.get("offset")
-                if off is None:
-                    raise ValueError(f"document {doc.id}: no `offset` (the dedup order key needs source and offset)")
+                if off is None or not 0 <= off < 1 << OFFSET_BITS:
+                    raise ValueError(f"document {doc.id}: no `offset` in [0, 2^40) (the dedup order key needs "
+                                     "source and offset)")
+                doc_keys.append(src << OFFSET_BITS | off)
                 for para, norm in _paragraphs(doc.text, self.granularity):
                     items.append(norm.encode("utf-8"))
-                    meta.append((seq, src, off, para))
+                    meta.append((src, off, para))
                 if len(items) >= BATCH:
                     flush()
             self.stat_update("documents")
             self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
         with self.track_time():
             flush()
+            check_unique(np.array(doc_keys, dtype=np.uint64), list(sources.index), self.yaml_name)
             rec = np.concatenate(parts) if parts else np.empty(0, dtype=RECORD)
             self.stat_update("items", value=len(rec))
             block = (rec["hi"] % np.uint64(self.n_blocks)).astype(np.int64)
             which = np.searchsorted(bounds, block, side="right") - 1
             for s in range(self.slices):
-                save_npy(self.stage_folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.npy", rec[which == s])
-            sources.save(self.stage_folder, rank)
+                save_npy(self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.npy", rec[which == s])
+            sources.save(self.folder, rank)
+            if self.input_folder is not None:
+                inputs.save(self.folder / "inputs" / f"task_{rank:05d}.json",
+                            _task_files(self.input_folder, rank, world_size), self.input_folder)
         return
         yield
+
+
+def _task_files(folder: Path, rank: int, world_size: int) -> list[Path]:
+    return ParquetReader(folder).files()[rank::world_size]  # the files this task's reader reads
 
 
 class ExactDedupFind(Step):
@@ -145,7 +167,10 @@ class ExactDedupFind(Step):
                 src_rank[sel] = ranks[int(t)][rec["src"][sel]]
             key = order_key(src_rank, rec["offset"])
             order = np.lexsort((rec["para"], key))
-            rec, task = rec[order], task[order]
+            rec, task, key = rec[order], task[order], key[order]
+            twice = np.flatnonzero((key[1:] == key[:-1]) & (rec["para"][1:] == rec["para"][:-1]))
+            if len(twice):  # two documents of different tasks with one key (each task checked its own)
+                raise shared_key_error(int(key[twice[0]]), sorted(load_ranks(self.hash_folder)[1]), self.yaml_name)
             bounds = _slice_bounds(self.n_blocks, self.slices)
             path = self.folder / "filter" / f"slice_{rank:05d}.bloom"
             bf = BloomFilter.create(path, self.capacity, self.fp_rate, (int(bounds[rank]), int(bounds[rank + 1])),
@@ -163,7 +188,7 @@ class ExactDedupFind(Step):
             for t in sorted(ranks):  # every hashing task gets a file, maybe empty
                 sel = dup & (task == t)
                 out = np.empty(int(sel.sum()), dtype=DUP)
-                out["seq"], out["para"] = rec["seq"][sel], rec["para"][sel]
+                out["key"], out["para"], out["hi"], out["lo"] = key[sel], rec["para"][sel], rec["hi"][sel], rec["lo"][sel]
                 save_npy(self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy", out)
             fill, est = bf.fill_ratio(), bf.estimated_fp_rate()
         self.stat_update("items", value=len(rec))
@@ -180,26 +205,30 @@ class ExactDedupFind(Step):
 class ExactDedupFilter(Filter):
     step_name = "exact_dedup_filter"
 
-    def __init__(self, find_folder: Path, *, granularity: str, min_doc_chars: int, min_doc_words: int,
-                 step_id: str | None = None):
+    def __init__(self, hash_folder: Path, find_folder: Path, *, granularity: str, min_doc_chars: int,
+                 min_doc_words: int, input_folder: Path | None = None, step_id: str | None = None):
         super().__init__(step_id=step_id)
-        self.find_folder, self.granularity = Path(find_folder), granularity
+        self.hash_folder, self.find_folder, self.granularity = Path(hash_folder), Path(find_folder), granularity
         self.min_doc_chars, self.min_doc_words = min_doc_chars, min_doc_words
+        self.input_folder = input_folder and Path(input_folder)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        dups = [np.load(p) for p in sorted((self.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
-        self._dups: dict[int, set[int]] = {}
-        for d in dups:
-            for seq, para in zip(d["seq"].tolist(), d["para"].tolist()):
-                self._dups.setdefault(seq, set()).add(para)
-        self._seq = -1
+        if self.input_folder is not None:
+            inputs.check(self.hash_folder / "inputs" / f"task_{rank:05d}.json",
+                         _task_files(self.input_folder, rank, world_size), self.input_folder, "exact_dedup_hash")
+        self._keys = DocKeys(self.hash_folder, "exact_dedup_hash")
+        self._dups: dict[int, dict[int, tuple[int, int]]] = {}
+        for p in sorted((self.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy")):
+            d = np.load(p)
+            for key, para, hi, lo in zip(*(d[c].tolist() for c in ("key", "para", "hi", "lo"))):
+                self._dups.setdefault(key, {})[para] = (hi, lo)
         yield from super().run(data, rank, world_size)
 
     def filter(self, doc: Document):
-        self._seq += 1
-        paras = self._dups.get(self._seq)
+        paras = self._dups.get(self._keys(doc)) if self._dups else None
         if not paras:
             return True
+        self._check_hashes(doc, paras)
         if self.granularity == "document":
             return False, "exact_duplicate"
         lines = doc.text.split("\n")
@@ -208,6 +237,16 @@ class ExactDedupFilter(Filter):
         if len(doc.text.strip()) < max(self.min_doc_chars, 1) or len(split_words(doc.text)) < self.min_doc_words:
             return False, "exact_duplicate_paragraphs"
         return True
+
+    def _check_hashes(self, doc: Document, paras: dict[int, tuple[int, int]]) -> None:
+        """The text to remove is the text that was found duplicate, or the task stops."""
+        items = dict(_paragraphs(doc.text, self.granularity))
+        found = [items.get(p) for p in paras]
+        ok = None not in found and hash128([t.encode("utf-8") for t in found]).tolist() == [list(h) for h in paras.values()]
+        if not ok:
+            raise ValueError(f"{doc.metadata.get('source')} @ {doc.metadata.get('offset')}: document {doc.id} is not "
+                             "the text exact_dedup_hash read; the input changed between stages: run the dedup "
+                             "again from exact_dedup_hash")
 
 
 class ExactDedup(GlobalStep):
@@ -244,13 +283,14 @@ class ExactDedup(GlobalStep):
         slices = min(ctx.tasks, n_blocks)
         hashed = ctx.stage("exact_dedup_hash", [
             ParquetReader(ctx.documents),
-            ExactDedupHash(granularity=p.granularity, n_blocks=n_blocks, slices=slices, step_id=self.name)])
+            ExactDedupHash(granularity=p.granularity, n_blocks=n_blocks, slices=slices, input_folder=ctx.documents,
+                           step_id=self.name)])
         found = ctx.stage("exact_dedup_find", [
             ExactDedupFind(hashed.folder, capacity=p.capacity, fp_rate=p.fp_rate, n_blocks=n_blocks, k=k,
                            slices=slices, filter_from=p.filter_from, step_id=self.name)], tasks=slices)
         ctx.stage("exact_dedup_filter", [
             ParquetReader(ctx.documents),
-            ExactDedupFilter(found.folder, granularity=p.granularity, min_doc_chars=p.min_doc_chars,
-                             min_doc_words=p.min_doc_words, step_id=self.name),
+            ExactDedupFilter(hashed.folder, found.folder, granularity=p.granularity, min_doc_chars=p.min_doc_chars,
+                             min_doc_words=p.min_doc_words, input_folder=ctx.documents, step_id=self.name),
             ctx.writer(),
         ])

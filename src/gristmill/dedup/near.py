@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 
 from gristmill.dedup.lsh import band_edges, band_keys, components, optimal_bands, shard_of
 from gristmill.dedup.minhash import MinHasher
-from gristmill.dedup.order import OFFSET_BITS, SourceTable, load_ranks, order_key, save_npy, write_json_atomic
+from gristmill.dedup.order import DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy, write_json_atomic
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
@@ -40,20 +40,6 @@ BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
 BATCH_DOCS = 256
 
 
-class _Ords:
-    """Order keys of documents from their `source` and `offset` (ranks from stage 1's tables)."""
-
-    def __init__(self, sig_folder: Path):
-        self.task_ranks, self.rank = load_ranks(sig_folder)
-
-    def __call__(self, doc: Document) -> int:
-        r = self.rank.get(doc.metadata.get("source") or "")
-        if r is None:
-            raise ValueError(f"document {doc.id}: source {doc.metadata.get('source')!r} unseen by near_dedup_signature")
-        off = doc.metadata.get("offset")
-        if off is None or not 0 <= off < 1 << OFFSET_BITS:  # as order_key, without numpy per document
-            raise ValueError("document offsets must be in [0, 2^40): the dedup order key needs `offset`")
-        return (int(r) << OFFSET_BITS) | int(off)
 
 
 class NearDedupSignature(Step):
@@ -102,6 +88,7 @@ class NearDedupSignature(Step):
             if batch:
                 flush()
             rec = np.concatenate(out) if out else np.empty((0, bands), dtype=BAND_REC)
+            check_unique(order_key(rec["src"][:, 0], rec["offset"][:, 0]), list(sources.index), self.yaml_name)
             for b in range(bands):
                 save_npy(self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.npy", np.ascontiguousarray(rec[:, b]))
             sources.save(self.folder, rank)
@@ -135,9 +122,11 @@ class NearDedupBuckets(Step):
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
-            task_ranks, _ = load_ranks(self.sig_folder)
+            task_ranks, rank_of = load_ranks(self.sig_folder)
             for b in range(rank, self.bands, world_size):
                 keys, ords = _load_band(self.sig_folder, b, task_ranks)
+                if b == 0:  # every document is in every band: one band checks keys across tasks
+                    check_unique(ords, sorted(rank_of, key=rank_of.get), self.yaml_name)
                 e = band_edges(keys, ords)
                 self.stat_update("candidate_edges", value=len(e))
                 shard = shard_of(e[:, 0], self.shards)
@@ -168,7 +157,7 @@ class NearDedupShingles(Step):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
-            ords = _Ords(self.sig_folder)
+            ords = DocKeys(self.sig_folder, "near_dedup_signature")
             need = [set(np.unique(_shard_edges(self.edge_folder, s)).tolist()) for s in range(self.shards)]
             anywhere = set().union(*need)
             out = [([], []) for _ in range(self.shards)]
@@ -271,7 +260,7 @@ class NearDedupFilter(Filter):
         self.sig_folder, self.cluster_folder = Path(sig_folder), Path(cluster_folder)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        self._ords = _Ords(self.sig_folder)
+        self._ords = DocKeys(self.sig_folder, "near_dedup_signature")
         path = self.cluster_folder / "removed" / f"task_{rank:05d}.npy"
         self._removed = set(np.load(path).tolist()) if path.is_file() else set()
         yield from super().run(data, rank, world_size)

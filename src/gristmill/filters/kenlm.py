@@ -33,10 +33,9 @@ from pydantic import Field, field_validator
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.filters.ccnet_normalize import normalize_lines
-from gristmill.filters.langid import ModelError
+from gristmill.filters.model_check import Checked, ModelError, check_kenlm, unchanged
 
 BUCKETS = ("head", "middle", "tail")
-_BINARY_MAGIC = b"mmap lm http://kheafield.com/code"
 
 
 def stats_path(model: str | Path) -> Path:
@@ -44,25 +43,19 @@ def stats_path(model: str | Path) -> Path:
 
 
 def check_kenlm_model(path: str | Path) -> Path:
-    """A cheap check that the file is a KenLM binary or ARPA file, done when a step is built."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ModelError(f"KenLM model not found: {path}")
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    if head.startswith(_BINARY_MAGIC) or head.lstrip().startswith(b"\\data\\"):
-        return path
-    raise ModelError(f"{path}: not a KenLM model (neither a KenLM binary nor an ARPA file)")
+    """Validate a KenLM binary or ARPA file now (cheap checks, then a trial load in a child)."""
+    return Path(check_kenlm(path).path)
 
 
-def load_kenlm(path: str | Path):
+def load_kenlm(path: str | Path | Checked):
+    """Load a KenLM model validated by `check_kenlm` (validated now if given a path)."""
     import kenlm  # the installed `kenlm` module; absolute import, not this file
 
-    path = check_kenlm_model(path)
+    checked = path if isinstance(path, Checked) else check_kenlm(path)
     try:
-        return kenlm.Model(str(path))
-    except (OSError, RuntimeError, Exception) as e:  # kenlm raises OSError with its own message
-        raise ModelError(f"{path}: KenLM cannot load it: {e}") from None
+        return kenlm.Model(unchanged(checked))
+    except Exception as e:  # kenlm raises OSError with its own message
+        raise ModelError(f"{checked.path}: KenLM cannot load it: {e}") from None
 
 
 def read_cutoffs(model: str | Path) -> tuple[float, float] | None:
@@ -129,8 +122,10 @@ class KenLM(ModelFilter):
     def __init__(self, config: Config | None = None, /, **kwargs):
         super().__init__(config, **kwargs)
         c = self.config
-        # Checked now, so a bad model fails the run before any document is read.
-        self.model_paths = {lang: str(check_kenlm_model(p)) for lang, p in c.models.items()}
+        # Validated now, in the planning process, so a bad model fails the run before any
+        # document is read.
+        self.checked = {lang: check_kenlm(p) for lang, p in c.models.items()}
+        self.model_paths = {lang: checked.path for lang, checked in self.checked.items()}
         self.default_language = c.default_language
         self.max_perplexity = c.max_perplexity
         self.keep_buckets = set(c.keep_buckets) if c.keep_buckets is not None else None
@@ -145,7 +140,7 @@ class KenLM(ModelFilter):
                 self.cutoffs[lang] = cut
 
     def load_model(self) -> dict:
-        return {lang: load_kenlm(p) for lang, p in self.model_paths.items()}
+        return {lang: load_kenlm(c) for lang, c in self.checked.items()}
 
     @property
     def models(self) -> dict:

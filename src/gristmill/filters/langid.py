@@ -16,34 +16,25 @@ from pydantic import Field
 
 from gristmill.core.configlib import Fraction, Strict
 from gristmill.core.filter import FilterResult, ModelFilter
-from gristmill.core.step import BuildContext
 from gristmill.core.scores import LINEAR_01
+from gristmill.core.step import BuildContext
+from gristmill.filters.model_check import Checked, ModelError, check_fasttext, unchanged  # noqa: F401 (re-exported)
 
 LABEL_PREFIX = "__label__"
 
 
-class ModelError(ValueError):
-    """The model file is missing or unreadable: raised before any document is read."""
-
-
 def check_fasttext_model(path: str | Path) -> Path:
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ModelError(f"fastText model not found: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    # fastText .bin/.ftz files start with the int32 magic 793712314 (little endian).
-    if magic != (793712314).to_bytes(4, "little"):
-        raise ModelError(f"{path}: not a fastText model (bad magic number)")
-    return path
+    """Validate a fastText model now (cheap checks, then a trial load in a child process)."""
+    return Path(check_fasttext(path).path)
 
 
-def load_fasttext(path: str | Path):
+def load_fasttext(path: str | Path | Checked):
+    """Load a fastText model validated by `check_fasttext` (validated now if given a path)."""
     import fasttext
 
-    path = check_fasttext_model(path)
+    checked = path if isinstance(path, Checked) else check_fasttext(path)
     # fasttext prints a deprecation warning to stderr on every load_model; _FastText skips it.
-    return fasttext.FastText._FastText(model_path=str(path))
+    return fasttext.FastText._FastText(model_path=unchanged(checked))
 
 
 class LangId(ModelFilter):
@@ -66,13 +57,15 @@ class LangId(ModelFilter):
 
     def __init__(self, config: Config | None = None, /, *, model_path: str | None = None, **kwargs):
         super().__init__(config, **kwargs)
-        # checked now, so a bad model fails the run before any document is read
-        self.model_path = str(check_fasttext_model(model_path or self.config.model))
+        # validated now, in the planning process (cheap checks, then a trial load in a child
+        # process), so a bad model fails the run before any document is read
+        self.checked = check_fasttext(model_path or self.config.model)
+        self.model_path = self.checked.path
         self.languages = set(self.config.languages) if self.config.languages else None
         self.min_score = self.config.min_score
 
     def load_model(self):
-        return load_fasttext(self.model_path)
+        return load_fasttext(self.checked)
 
     def filter(self, doc: Document) -> FilterResult:
         return self.filter_batch([doc])[0]

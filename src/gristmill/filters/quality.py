@@ -16,7 +16,8 @@ from pydantic import Field
 from gristmill.core.configlib import Fraction, Strict
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
-from gristmill.filters.langid import ModelError, check_fasttext_model, load_fasttext
+from gristmill.filters.langid import load_fasttext
+from gristmill.filters.model_check import ModelError, check_fasttext
 
 
 def prepare(text: str) -> str:
@@ -48,16 +49,18 @@ class Quality(ModelFilter):
 
     def __init__(self, config: Config | None = None, /, **kwargs):
         super().__init__(config, **kwargs)
-        self.model_path = str(check_fasttext_model(self.config.model))  # before any document is read
-        self.label = self.config.label
-        self.min_score = self.config.min_score
+        c = self.config
+        # Validated now, in the planning process, with its labels: before any document is read.
+        self.checked = check_fasttext(c.model, "fastText classifier")
+        self.model_path = self.checked.path
+        labels = self.checked.info["labels"]
+        if c.label not in labels:
+            raise ModelError(f"{self.model_path}: no label {c.label!r} in this classifier (it has {labels}); set `label`")
+        self.label = c.label
+        self.min_score = c.min_score
 
     def load_model(self):
-        model = load_fasttext(self.model_path)
-        if self.label not in model.get_labels():
-            raise ModelError(f"{self.model_path}: no label {self.label!r} in this classifier "
-                             f"(it has {model.get_labels()}); set `label`")
-        return model
+        return load_fasttext(self.checked)
 
     def filter(self, doc: Document) -> FilterResult:
         return self.filter_batch([doc])[0]

@@ -1,8 +1,17 @@
 """datatrove's executors, as gristmill runs them.
 
-Local: the only change to `LocalPipelineExecutor` is where task logs go: datatrove prints every
-task's INFO log to the terminal, which buries the progress bar; we keep INFO and below in
-each task's log file (`<stage>/logs/task_NNNNN.log`) and show warnings and errors live.
+Local: every task runs in its own child process that this process supervises, whatever
+`workers` is. datatrove's `LocalPipelineExecutor.run` runs tasks in a `multiprocess` pool whose
+`imap_unordered` never returns a task whose worker died (SIGKILL, the OOM killer, a segfault in
+native code): the run waited forever; with workers=1 it ran tasks in-process, so a segfault
+killed the command without a word. Here a task that dies or fails stops its stage within a
+poll interval, naming the task, the signal and its log; the other running tasks are stopped,
+completed tasks stay complete, and no child outlives the run (Ctrl-C, SIGTERM, failure: each
+task is its own process group, killed with its descendants; a task also dies with this
+process via PR_SET_PDEATHSIG). The task itself is datatrove's `_run_for_rank`, so skipping
+completed tasks, stats files and completions are datatrove's. Task logs: datatrove prints
+every task's INFO log to the terminal, which buries the progress bar; we keep INFO and below
+in each task's log file (`<stage>/logs/task_NNNNN.log`) and show warnings and errors live.
 
 Slurm: `SlurmPipelineExecutor` per stage, each a job array depending (afterok) on the stage
 before, so a failed task cancels everything downstream. datatrove's extra merge-stats job per
@@ -11,10 +20,23 @@ stage is not submitted: `pipeline status`/`stats` merge the per-task files thems
 
 from __future__ import annotations
 
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import datatrove.executor.base as dt_base
+import dill
 from datatrove.executor.local import LocalPipelineExecutor
 from datatrove.executor.slurm import SlurmPipelineExecutor
 from loguru import logger
@@ -24,7 +46,29 @@ from gristmill.pipeline.planner import Stage
 
 _original_add_task_logger = dt_base.add_task_logger
 _original_close_task_logger = dt_base.close_task_logger
-_TERMINAL = {"level": "WARNING", "format": "{level: <8} | {message}"}
+
+
+
+def _one_line(record) -> str:
+    # A callable format gets no traceback appended: tracebacks belong in the task's log file,
+    # the terminal shows one line per warning or error.
+    return "{level: <8} | {message}\n"
+
+
+_TERMINAL = {"level": "WARNING", "format": _one_line}
+
+
+def _guarded(stream):
+    """A log sink that survives a full disk: the task fails with its own error, once, instead
+    of loguru printing a traceback for every log line it could not write."""
+
+    def write(message: str) -> None:
+        try:
+            stream.write(message)
+        except OSError:
+            pass
+
+    return write
 
 
 def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
@@ -33,7 +77,8 @@ def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
     # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
     logger.remove()
     logger.add(sys.stderr, **_TERMINAL)
-    logger.add(logfile, level="DEBUG", format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
+    logger.add(_guarded(logfile), level="DEBUG",
+               format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
     return logfile
 
 
@@ -49,10 +94,232 @@ def _quiet_task_logging() -> None:
     dt_base.close_task_logger = _close_task_logger_quiet
 
 
+# Fault injection for tests: "RANK:SIGNAL:DOCS" makes task RANK send itself SIGNAL (a name,
+# e.g. SIGKILL, SIGSEGV, SIGSTOP) once DOCS documents have been read.
+KILL_TASK_ENV = "GRISTMILL_KILL_TASK"
+POLL_S = 0.25  # how often the supervisor looks at its tasks and the progress bar
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+
+
+class TaskFailed(RuntimeError):
+    """A task of a local stage died or failed; `str()` is one line naming task, cause and log."""
+
+    def __init__(self, rank: int, cause: str, log: str):
+        self.rank, self.cause, self.log = rank, cause, log
+        super().__init__(f"task {rank} {cause}; log: {log}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM/SIGHUP (or Ctrl-C) reached the supervisor; its tasks have been stopped."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def describe_exit(returncode: int, error: str) -> str:
+    """Why a task process ended without completing, in words."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = {"SIGKILL": " (killed: out of memory?)", "SIGSEGV": " (segmentation fault in native code)",
+                "SIGBUS": " (bus error: a memory-mapped file truncated?)", "SIGABRT": " (aborted in native code)"}
+        return f"was killed by {name}{hint.get(name, '')}"
+    if error:
+        return f"failed: {error}"
+    if returncode:
+        return f"exited with code {returncode} without reporting an error"
+    return "exited without marking itself complete"
+
+
+@dataclass
+class _Task:
+    rank: int
+    slot: int
+    proc: subprocess.Popen
+    status_fd: int  # read end of a pipe only the task writes to (one line: why it failed)
+    error: bytes = b""
+
+    def drain(self) -> None:
+        try:
+            while chunk := os.read(self.status_fd, 65536):
+                self.error += chunk
+        except BlockingIOError:
+            pass
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when its parent dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _kill_after(steps: list, rank: int) -> list:
+    spec = os.environ.get(KILL_TASK_ENV, "")
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] != str(rank):
+        return steps
+    sig, after = signal.Signals[parts[1]], int(parts[2])
+
+    def kill_after(data, rank=0, world_size=1):
+        for i, doc in enumerate(data, 1):
+            if i == after:
+                os.kill(os.getpid(), sig)
+            yield doc
+
+    return [steps[0], kill_after, *steps[1:]]
+
+
+def _error_line(e: BaseException, stage_dir: str | None) -> str:
+    if isinstance(e, OSError) and (e.errno is not None or e.filename):
+        # pyarrow and others raise ENOSPC without the path: name the stage folder being written
+        where = e.filename or f"writing under {stage_dir}"
+        return f"{e.strerror or e}: {where}"
+    return f"{type(e).__name__}: {e}"
+
+
+def _task_main() -> None:
+    """Entry point of a task's child process: run one rank of the pickled executor."""
+    executor_file, rank, local_rank, parent, status_fd = sys.argv[2:7]
+    _die_with_parent(int(parent))
+    status = os.fdopen(int(status_fd), "w")
+    code, stage_dir = 0, None
+    try:
+        with open(executor_file, "rb") as f:
+            executor = dill.load(f)
+        stage_dir = getattr(executor.logging_dir, "path", None)
+        executor.pipeline = _kill_after(executor.pipeline, int(rank))
+        executor._run_for_rank(int(rank), int(local_rank))
+    except BaseException as e:  # reported by the supervisor; the traceback is in the task log
+        status.write(_error_line(e, stage_dir).replace("\n", " "))
+        code = 1
+    status.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no atexit work: nothing of the task is left to tidy
+
+
+_TASK_CMD = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+             "from gristmill.pipeline.executors import _task_main; _task_main()")
+
+
+def _stop(tasks) -> None:
+    """SIGTERM each task's process group, then SIGKILL what is left after a grace period; reap."""
+    tasks = list(tasks)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for t in tasks:
+            try:
+                os.killpg(t.proc.pid, sig)
+                if sig == signal.SIGTERM:
+                    os.killpg(t.proc.pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only when continued
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + (STOP_GRACE_S if sig == signal.SIGTERM else 30)
+        while time.monotonic() < deadline and any(t.proc.poll() is None for t in tasks):
+            time.sleep(0.05)
+        if all(t.proc.poll() is not None for t in tasks):
+            break
+    for t in tasks:
+        # The group may still hold a task's own children (the task leader is gone).
+        try:
+            os.killpg(t.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        os.close(t.status_fd)
+
+
+class _Signals:
+    """While supervising: SIGTERM/SIGHUP raise Interrupted in the main thread, so tasks are stopped."""
+
+    def __enter__(self):
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self.previous[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Interrupted(signum)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
 class LocalExecutor(LocalPipelineExecutor):
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
         _quiet_task_logging()
         return super()._run_for_rank(rank, local_rank, node_rank)
+
+    def task_log(self, rank: int) -> str:
+        return self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
+
+    def run(self, on_poll: Callable[[], None] | None = None) -> None:
+        """Run every incomplete task, `workers` at a time, each in its own child process.
+
+        Raises TaskFailed for the first task that dies or fails (after stopping the others) and
+        Interrupted on SIGTERM/SIGHUP; KeyboardInterrupt passes through, tasks stopped.
+        """
+        ranks = deque(self.get_incomplete_ranks(range(self.local_rank_offset, self.local_rank_offset + self.local_tasks)))
+        if not ranks:
+            return
+        self.save_executor_as_json()
+        fd, executor_file = tempfile.mkstemp(prefix="gristmill-executor-", suffix=".pik")
+        with os.fdopen(fd, "wb") as f:
+            dill.dump(self, f)
+        running: list[_Task] = []
+        slots = list(range(min(self.workers, len(ranks))))
+        failure: TaskFailed | None = None
+        try:
+            with _Signals():
+                while (ranks and failure is None) or running:
+                    while ranks and slots and failure is None:
+                        running.append(self._start(ranks.popleft(), slots.pop(0), executor_file))
+                    # Wakes early when a task writes its error or exits (EOF), else polls.
+                    select.select([t.status_fd for t in running], [], [], POLL_S)
+                    for task in [t for t in running if t.proc.poll() is not None]:
+                        running.remove(task)
+                        task.drain()
+                        os.close(task.status_fd)
+                        slots.append(task.slot)
+                        if not self.is_rank_completed(task.rank) and failure is None:
+                            error = task.error.decode("utf-8", "replace").strip()
+                            failure = TaskFailed(task.rank, describe_exit(task.proc.returncode, error),
+                                                 self.task_log(task.rank))
+                    for task in running:
+                        task.drain()
+                    if on_poll:
+                        on_poll()
+                    if failure is not None:
+                        break
+        finally:
+            _stop(running)
+            os.unlink(executor_file)
+        if failure is not None:
+            raise failure
+
+    def _start(self, rank: int, slot: int, executor_file: str) -> _Task:
+        status_r, status_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _TASK_CMD, json.dumps(sys.path), executor_file, str(rank), str(slot),
+                 str(os.getpid()), str(status_w)],
+                stdin=subprocess.DEVNULL, pass_fds=(status_w,), process_group=0,
+            )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        os.set_blocking(status_r, False)
+        return _Task(rank, slot, proc, status_r)
 
 
 def make_executor(stage: Stage) -> LocalPipelineExecutor:

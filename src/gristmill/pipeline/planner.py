@@ -130,7 +130,7 @@ class PlanContext:
         if self.documents is None:
             cfg = self.cfg
             return WetReader(resolve_sources(cfg, self.fetcher), resolve=self.fetcher.local_path,
-                             limit=cfg.input.limit)
+                             limit=cfg.input.limit, max_record_bytes=cfg.input.max_record_bytes)
         return ParquetReader(self.documents)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import signal
 import time
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gristmill.config import RunConfig
 from gristmill.dirlock import hold
 from gristmill.pipeline import run_dir as rd
-from gristmill.pipeline.executors import make_executor, make_slurm_executor
+from gristmill.pipeline.executors import TaskFailed, make_executor, make_slurm_executor
 from gristmill.pipeline.planner import Stage, plan
 from gristmill.pipeline.stats import funnel, merge_run, merge_stage
 
@@ -24,15 +24,6 @@ class StageFailed(RuntimeError):
 
 def _run_stage(stage: Stage, console: Console) -> None:
     executor = make_executor(stage)
-    error: list[BaseException] = []
-
-    def target():
-        try:
-            executor.run()
-        except BaseException as e:  # reported in the main thread
-            error.append(e)
-
-    worker = threading.Thread(target=target, daemon=True)
     with Progress(
         TextColumn(f"[bold]{stage.label}[/]"),
         BarColumn(),
@@ -43,18 +34,31 @@ def _run_stage(stage: Stage, console: Console) -> None:
         transient=False,
     ) as progress:
         bar = progress.add_task(stage.label, total=stage.tasks, completed=rd.completed_tasks(stage.folder))
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.25)
-            progress.update(bar, completed=rd.completed_tasks(stage.folder))
-        progress.update(bar, completed=rd.completed_tasks(stage.folder))
+        poll = lambda: progress.update(bar, completed=rd.completed_tasks(stage.folder))  # noqa: E731
+        try:
+            executor.run(on_poll=poll)
+            error = None
+        except TaskFailed as e:
+            error = e
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (Interrupted): tasks already stopped
+            signum = getattr(e, "signum", signal.SIGINT)
+            merge_stage(stage.folder)
+            progress.stop()
+            console.print(f"[red]interrupted[/] ({signal.Signals(signum).name}) stage {stage.label}: running tasks"
+                          f" stopped, {rd.completed_tasks(stage.folder)} of {stage.tasks} tasks complete and kept."
+                          " Re-run the same command to finish the missing tasks.")
+            raise SystemExit(128 + signum) from None
+        poll()
     if error or rd.completed_tasks(stage.folder) < stage.tasks:
-        merge_stage(stage.folder)
+        try:
+            merge_stage(stage.folder)
+        except OSError as e:  # the same full disk, say: the task's error is the one to report
+            logger.warning(f"stats of {stage.label} not merged: {e}")
         done = rd.completed_tasks(stage.folder)
         raise StageFailed(
-            f"stage {stage.label}: {stage.tasks - done} of {stage.tasks} tasks did not complete"
-            f" ({error[0] if error else 'see logs'}); logs: {stage.folder / 'logs'}."
-            " Re-run the same command to finish the missing tasks."
+            f"stage {stage.label}: {error or 'a task did not complete; logs: ' + str(stage.folder / 'logs')}."
+            f" {stage.tasks - done} of {stage.tasks} tasks did not complete;"
+            " re-run the same command to finish the missing tasks."
         )
 
 
@@ -153,9 +157,11 @@ def _run_locked(cfg: RunConfig, stages: list[Stage], run_dir: Path, force: bool,
     merged = merge_run(run_dir)
     _summary(merged, run_dir, started, console)
     if cfg.train is not None:  # train on <run_dir>/tokens/ into <run_dir>/train/ (resumes if there)
-        from gristmill.trainer.launch import after_pipeline
+        from gristmill.trainer.launch import EXIT_INPUT, after_pipeline
 
         code = after_pipeline(cfg.train, run_dir, console)
+        if code == EXIT_INPUT:  # the token shards or a checkpoint cannot be used: re-running will not help
+            raise StageFailed("train: stopped before training on unusable input; see the line above.")
         if code:
             raise StageFailed(f"train: exited with code {code}; see above. Re-run the same command to resume"
                               f" from the last checkpoint in {run_dir / 'train' / 'checkpoints'}.")

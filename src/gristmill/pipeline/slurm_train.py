@@ -58,9 +58,9 @@ def train_script(cfg: RunConfig, run_dir: Path, depends_on: str | None) -> str:
                                 if (slurm.venv_path or default_venv_activate()) else "")
     preempt = out / "PREEMPT"
     python = shlex.quote(sys.executable)
-    torchrun = (f"{python} -m torch.distributed.run --nnodes=$SLURM_NNODES --nproc-per-node={nproc}"
+    torchrun = (f"{python} -m gristmill.trainer.torchrun --nnodes=$SLURM_NNODES --nproc-per-node={nproc}"
                 " --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID"
-                if nodes > 1 else f"{python} -m torch.distributed.run --standalone --nproc-per-node={nproc}")
+                if nodes > 1 else f"{python} -m gristmill.trainer.torchrun --standalone --nproc-per-node={nproc}")
     lines += [
         env,
         "set -u",

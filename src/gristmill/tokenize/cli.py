@@ -79,6 +79,7 @@ def cmd_tokens_inspect(args, console: Console) -> int:
     from gristmill.tokenize.reader import open_tokens
 
     toks = open_tokens(args.dir, verify=True if args.verify else False)
+    toks.check()  # every shard opens as the manifest says and every id is in the vocabulary, or one error line
     out = Console()
     m = toks.manifest
     t = Table(title=f"token shards: {toks.root}")
@@ -94,7 +95,8 @@ def cmd_tokens_inspect(args, console: Console) -> int:
     tk = m["tokenizer"]
     out.print(f"tokenizer {tk['file']} ({tk['source']}), vocab {tk['vocab_size']:,}, eos {tk['eos_id']},"
               f" bos {tk['bos_id']}, dtype {m['dtype']}, engine {tk.get('engine', '?')}, seed {m['seed']},"
-              f" val fraction {m['split']['val_fraction']}" + (", sha256 verified" if args.verify else ""))
+              f" val fraction {m['split']['val_fraction']}" + (", sha256 verified" if args.verify else "")
+              + f", every id < {tk['vocab_size']:,}")
     split = args.split or (toks.splits[0] if toks.splits else None)
     if split:
         shard = toks.shards(split)[0]

@@ -8,7 +8,10 @@
 
 `verify="lazy"` checks a shard's sha256 the first time it is opened; `verify=False` trusts the
 files. Document and token counts are always checked against the manifest when a shard opens (a
-cheap check that catches truncation without hashing).
+cheap check that catches truncation without hashing). `toks.check(split)` opens every shard and
+also checks that every token id is below the manifest's vocabulary size: a shard written with
+another tokenizer passes its sha256 (the manifest was written for it) but would index past the
+model's embedding.
 """
 
 from __future__ import annotations
@@ -106,10 +109,17 @@ class TokenDir:
         if self.verify_mode == "lazy":
             self._verify_entry(entry)
         path = self.root / name
+        if not path.is_file():
+            raise TokenShardError(f"{path}: shard listed in manifest.json is missing")
         try:
             table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
         except (OSError, pa.ArrowInvalid) as e:
             raise TokenShardError(f"{path}: not a readable Arrow IPC file: {e}") from None
+        kind = table.schema.field("tokens").type if "tokens" in table.schema.names else None
+        if kind is None or not (pa.types.is_large_list(kind) or pa.types.is_list(kind)) \
+                or kind.value_type != pa.from_numpy_dtype(self.dtype):
+            raise TokenShardError(f"{path}: expected a `tokens` column of large_list<{self.dtype}> (the dtype in"
+                                  f" manifest.json), found {kind or 'no such column'}")
         if table.num_rows and table.column("tokens").num_chunks != 1:
             table = table.combine_chunks()  # copies; gristmill writes one batch per shard
         col = table.column("tokens").chunk(0) if table.num_rows else None
@@ -130,6 +140,20 @@ class TokenDir:
                       offsets)
         self._open[name] = shard
         return shard
+
+    def check(self, split: str | None = None) -> None:
+        """Opens every shard (of `split`) with the checks of `shard()` and checks that every token id
+        is below `vocab_size`; raises TokenShardError naming the first bad shard. One pass over the
+        mapped values buffers (numpy max), nothing copied unless an id is out of range."""
+        for entry in self.entries(split):
+            shard = self.shard(entry)
+            if shard.num_tokens and int(shard.tokens.max()) >= self.vocab_size:
+                pos = int(np.argmax(shard.tokens >= self.vocab_size))
+                doc = int(np.searchsorted(shard.offsets, pos, side="right")) - 1
+                raise TokenShardError(
+                    f"{shard.path}: token id {int(shard.tokens[pos])} (document {doc}, token {pos - int(shard.offsets[doc])};"
+                    f" largest id {int(shard.tokens.max())}) is not below the vocabulary size {self.vocab_size} of"
+                    " manifest.json: the shard was written with another tokenizer, or is corrupt")
 
     def shards(self, split: str = "train") -> list[Shard]:
         return [self.shard(e) for e in self.entries(split)]
@@ -165,6 +189,38 @@ def resolve_dir(path: str | Path) -> Path:
     return path
 
 
+def _check_manifest(mf: Path, m: dict) -> None:
+    """The keys readers index, so that a damaged manifest is one message instead of a KeyError."""
+    def bad(key: str, expected: str):
+        raise TokenShardError(f"{mf}: {key}: expected {expected}")
+
+    tok = m.get("tokenizer")
+    if not isinstance(tok, dict):
+        bad("tokenizer", "an object")
+    for key in ("vocab_size", "eos_id"):
+        if not isinstance(tok.get(key), int) or isinstance(tok.get(key), bool) or tok[key] < 0:
+            bad(f"tokenizer.{key}", "a non-negative integer")
+    if m.get("dtype") not in ("uint16", "uint32"):
+        bad("dtype", "uint16 or uint32")
+    if not isinstance(tok.get("file"), str):
+        bad("tokenizer.file", "a file name")
+    splits = m.get("splits")
+    if not isinstance(splits, dict) or not all(isinstance(v, dict) and isinstance(v.get("shards"), int)
+                                               for v in splits.values()):
+        bad("splits", "an object of split → {shards, documents, tokens}")
+    shards = m.get("shards")
+    if not isinstance(shards, list):
+        bad("shards", "a list")
+    for i, e in enumerate(shards):
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not isinstance(e.get("split"), str):
+            bad(f"shards[{i}]", "an object with `path` and `split`")
+        for key in ("documents", "tokens"):
+            if not isinstance(e.get(key), int):
+                bad(f"shards[{i}].{key}", "an integer")
+        if not isinstance(e.get("sha256"), str):
+            bad(f"shards[{i}].sha256", "a hex string")
+
+
 def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> TokenDir:
     root = resolve_dir(path)
     mf = root / "manifest.json"
@@ -175,9 +231,11 @@ def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> Toke
         manifest = json.loads(mf.read_text())
     except ValueError as e:
         raise TokenShardError(f"{mf}: not valid JSON: {e}") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise TokenShardError(f"{mf}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        got = manifest if isinstance(manifest, dict) else {}
+        raise TokenShardError(f"{mf}: format {got.get('format')!r} version {got.get('version')!r};"
                               f" this reader reads {FORMAT!r} version {VERSION}")
+    _check_manifest(mf, manifest)
     tokdir = TokenDir(root, manifest, verify)
     tok_file = root / manifest["tokenizer"]["file"]
     if verify is True:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 
 def cmd_train(args, console) -> int:
-    from gristmill.trainer.launch import train_command
+    """Exit codes: 0 trained, 1 training failed (re-running resumes), 2 a configuration or input
+    error (nothing trained; the message above names the file or key)."""
+    import sys
 
-    code = train_command(args.config, args.set, args.out, args.nproc)
-    if code:
+    from gristmill.dirlock import LockHeld
+    from gristmill.trainer.launch import EXIT_INPUT, EXIT_NONFINITE, train_command
+
+    try:
+        code = train_command(args.config, args.set, args.out, args.nproc)
+    except LockHeld as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if code == EXIT_INPUT:  # a rank printed the one-line error
+        return 2
+    if code and code != EXIT_NONFINITE:  # the non-finite message already says what a re-run does
         console.print(f"[red]train failed[/] (exit code {code}); re-run the same command to resume from the last"
-                      " checkpoint")
+                      " intact checkpoint")
     return 1 if code else 0
 
 

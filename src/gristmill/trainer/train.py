@@ -2,8 +2,9 @@
 
     python -m torch.distributed.run --nproc-per-node N -m gristmill.trainer.train CONFIG --out DIR
 
-Build the model on the meta device → activation checkpointing → compile per block → FSDP2 →
-`to_empty` + `init_weights` → fused AdamW → resume from the latest checkpoint → loop: micro-
+Check the token shards (rank 0, unless the launcher did) → build the model on the meta device →
+activation checkpointing → compile per block → FSDP2 → `to_empty` + `init_weights` → fused
+AdamW → resume from the newest intact checkpoint → loop: micro-
 batches with gradient accumulation (gradient sync only on the last), grad norm with clipping and
 the NaN/inf guard inside the optimizer step, schedule, the previous step's readout (metrics, a
 non-finite loss stops), validation, checkpoint. The host never waits for the GPU mid-loop.
@@ -23,12 +24,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gristmill.core.configlib import ConfigError
 from gristmill.trainer import checkpoint as ckpt
 from gristmill.trainer.config import TrainConfig
 from gristmill.trainer.config import load as load_config
 from gristmill.trainer.data import TokenStream, TrainLoader, val_batches
 from gristmill.trainer.kernels import HAVE_TRITON, Kernels
-from gristmill.trainer.launch import PREEMPT_ENV
+from gristmill.trainer.launch import EXIT_INPUT, EXIT_NONFINITE, PREEMPT_ENV, check_tokens
 from gristmill.trainer.metrics import Metrics
 from gristmill.trainer.model import ModelArgs, Transformer
 from gristmill.trainer.optim import AdamW, MasterAdamW, clip_and_guard, param_groups
@@ -36,7 +38,13 @@ from gristmill.trainer.parallel import Dist, apply_ac, apply_compile, apply_fsdp
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    """Raised on every rank at once (the loss is all-reduced): rank 0 reports it."""
+
+
+class InputError(ValueError):
+    """Token shards or checkpoints the run cannot use. Raised on every rank from one decision
+    (rank 0's check of the token directory, the collective choice of a checkpoint): rank 0
+    reports it."""
 
 
 def lr_lambda(cfg: TrainConfig):
@@ -164,15 +172,37 @@ def preempt_flag(device) -> torch.Tensor:
     return torch.full((), 1.0 if path and os.path.exists(path) else 0.0, device=device)
 
 
-def train(cfg: TrainConfig, out_dir: Path) -> dict:
+def open_data(cfg: TrainConfig, d: Dist, checked: bool):
+    """The token directory, checked once (shards present, sha256 as `data.verify` asks, format,
+    ids below the vocabulary) by rank 0 unless the launcher already did (`checked`); every rank
+    learns rank 0's verdict, so a bad shard is one message and no rank starts training."""
+    from gristmill.tokenize.reader import TokenShardError, open_tokens
+
+    verdict, tokdir = None, None
+    if d.is_main and not checked:
+        try:
+            tokdir = check_tokens(cfg)
+        except (TokenShardError, ConfigError) as e:
+            verdict = str(e)
+    if d.world > 1:
+        box = [verdict]
+        dist.broadcast_object_list(box, src=0)
+        verdict = box[0]
+    if verdict:
+        raise InputError(verdict)
+    return tokdir or open_tokens(cfg.data.tokens, verify=False)
+
+
+def train(cfg: TrainConfig, out_dir: Path, tokens_checked: bool = False) -> dict:
     """Runs (or resumes) training in this process; returns a summary. Needs a process group
-    (torchrun's, or a one-process group created here)."""
+    (torchrun's, or a one-process group created here). `tokens_checked`: the launcher has
+    checked the token directory (launch.check_tokens), the ranks need not again."""
     d = init_distributed()
     out_dir.mkdir(parents=True, exist_ok=True)
-    stream = TokenStream(cfg.data.tokens, cfg.data.split, verify=cfg.data.verify)
+    stream = TokenStream(open_data(cfg, d, tokens_checked), cfg.data.split)
     model, args, optimizer, scheduler, autocast, use_fsdp = build(cfg, d, stream.vocab_size)
     if args.vocab_size < stream.vocab_size:
-        raise ValueError(f"model.vocab_size {args.vocab_size} < the tokenizer's {stream.vocab_size}")
+        raise InputError(f"model.vocab_size {args.vocab_size} < the tokenizer's {stream.vocab_size}")
     loader = TrainLoader(stream, cfg.data.seq_len, cfg.data.global_batch, cfg.data.micro_batch, d.rank, d.world,
                          cfg.data.seed, d.device, cfg.model.doc_mask)
     val_stream = None
@@ -182,10 +212,18 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
     ckpt_dir = out_dir / "checkpoints"
     meta = {"config": cfg.model_dump(mode="json"), "model_args": args.to_dict(), "world_size": d.world}
     step = 0
-    if cfg.checkpoint.resume and (last := ckpt.latest(ckpt_dir)) is not None:
-        step = ckpt.load(last, model, optimizer, scheduler, loader)
-        if d.is_main:
-            print(f"resumed from {last} (step {step}, {loader.consumed} samples consumed)", flush=True)
+    # the checkpoint a re-run would resume from, and how it is known to be sound
+    resume_point: tuple[Path, str] | None = None
+    if cfg.checkpoint.resume:
+        try:
+            last = ckpt.newest_intact(ckpt_dir)
+        except ckpt.CheckpointError as e:
+            raise InputError(str(e)) from None
+        if last is not None:
+            step = ckpt.load(last, model, optimizer, scheduler, loader)
+            resume_point = (last, "this run started from it; its files matched their checksums")
+            if d.is_main:
+                print(f"resumed from {last} (step {step}, {loader.consumed} samples consumed)", flush=True)
 
     tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
     metrics = Metrics(out_dir, d.is_main, cfg.steps, step, cfg.log.tensorboard, cfg.log.progress,
@@ -200,11 +238,15 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
         nonlocal last_rec
         loss_val, gn, preempted = readout.read()
         if not (math.isfinite(loss_val) and math.isfinite(gn)):
-            kept = ckpt.latest(ckpt_dir)
+            if resume_point is None:
+                where = "This run has written no checkpoint and resumed from none."
+            else:
+                where = f"Checkpoint kept: {resume_point[0]} ({resume_point[1]})" + (
+                    "; re-running resumes from it." if cfg.checkpoint.resume else ".")
             raise NonFiniteLoss(
                 f"step {p['step']}: loss {loss_val} / grad norm {gn} is not finite; the optimizer skipped the"
-                f" step and training stopped. Last good checkpoint: {kept or 'none'} (kept). Lower optim.lr, raise"
-                " warm-up or set model.z_loss, then re-run to resume from it.")
+                f" step and training stopped. {where} If the loss diverges again from there, lower optim.lr,"
+                " raise warm-up or set model.z_loss.")
         metrics.add_tokens(tokens_per_step)
         if p["step"] % cfg.log.every == 0 or p["step"] == end:
             last_rec = metrics.log_step(p["step"], loss_val, p["lr"], gn, {"epoch": p["epoch"]})
@@ -250,7 +292,9 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
                 if val_loss is not None:
                     metrics.log_eval(step, val_loss)
             if save_now:
-                ckpt.save(ckpt_dir, step, model, optimizer, scheduler, loader, meta, cfg.checkpoint.keep, d.is_main)
+                saved = ckpt.save(ckpt_dir, step, model, optimizer, scheduler, loader, meta, cfg.checkpoint.keep,
+                                  d.is_main)
+                resume_point = (saved, f"written by this run after the finite loss of step {step}")
             if preempted:
                 if d.is_main:
                     print(f"preempted: checkpoint of step {step} written; re-run (or requeue) resumes", flush=True)
@@ -260,7 +304,7 @@ def train(cfg: TrainConfig, out_dir: Path) -> dict:
     summary = {"steps": step, "target_steps": cfg.steps, "trained_steps": step - start_step, "loss": last_rec.get("loss"),
                "val_loss": val_loss, "seconds": time.perf_counter() - started,
                "tokens_per_s": last_rec.get("tokens_per_s"), "mfu": last_rec.get("mfu"),
-               "checkpoint": str(ckpt.latest(ckpt_dir)) if d.is_main else None}
+               "checkpoint": str(resume_point[0]) if d.is_main and resume_point else None}
     if d.is_main:
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         vl = f", val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f})" if val_loss is not None else ""
@@ -274,14 +318,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.add_argument("--out", help="output directory (default: the config's out_dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--tokens-checked", action="store_true",
+                   help="the launcher has checked the token directory (sha256, format, ids); do not again")
     args = p.parse_args(argv)
-    cfg = load_config(args.config, args.set)
+    from gristmill.tokenize.reader import TokenShardError
+
+    rank = int(os.environ.get("RANK", "0"))
     code = 0
     try:
-        train(cfg, Path(args.out or cfg.out_dir))
-    except NonFiniteLoss as e:
+        cfg = load_config(args.config, args.set)
+        train(cfg, Path(args.out or cfg.out_dir), tokens_checked=args.tokens_checked)
+    except (NonFiniteLoss, InputError) as e:  # the same on every rank: one line, from rank 0
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        code = EXIT_NONFINITE if isinstance(e, NonFiniteLoss) else EXIT_INPUT
+    except (TokenShardError, ckpt.CheckpointError, ConfigError) as e:  # this rank's own finding
         print(f"error: {e}", file=sys.stderr, flush=True)
-        code = 3
+        code = EXIT_INPUT
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,333 @@
+"""Model files are validated in the planning process, before any document is read.
+
+A truncated or damaged model is dangerous to load: fastText has no checksum and reads past the
+end of a truncated dictionary into a multi-GB allocation, or segfaults; a fastText file cut in
+its last matrix loads "fine" and scores with zeros; a KenLM binary cut in its vocabulary list
+loads too. So each model file gets, once per (path, size, mtime) in a process:
+
+1. cheap checks with a precise message: size, magic number, and for fastText a walk over the
+   file's layout (header, dictionary, matrices) that must end exactly at the end of the file;
+   for a KenLM binary its header and the vocabulary list at the end; a file named like a
+   published model (lid.176.ftz) must have that model's sha256;
+2. a trial load in a short-lived child process with an address-space limit and a timeout: a
+   signal, a non-zero exit or an exception there means the file is corrupt, and the planning
+   process is unharmed.
+
+Steps keep the `Checked` record and load the file in their task only if it is unchanged
+(`unchanged`), so no task loads a file that was not validated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import signal
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ModelError(ValueError):
+    """The model file is missing or unusable: raised before any document is read."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A model file that passed validation, as it was then (`unchanged` compares)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    info: dict = field(default_factory=dict, compare=False)  # e.g. a classifier's labels
+
+
+FASTTEXT_MAGIC = 793712314
+# Models published under a fixed name: a file of that name must be that file.
+PUBLISHED = {
+    "lid.176.ftz": (938013, "8f3472cfe8738a7b6099e8e999c3cbfae0dcd15696aac7d7738a8039db603e83"),
+    "lid.176.bin": (None, "7e69ec5451bc261cc7844e49e4792a85d7f09c06789ec800fc4a44aec362764e"),
+}
+_KENLM_MAGIC = b"mmap lm http://kheafield.com/code format version 5\n\0"
+_KENLM_INCOMPLETE = b"mmap lm http://kheafield.com/code incomplete\n"
+_verdicts: dict[tuple, Checked | ModelError] = {}
+
+
+def _stat_key(path: Path, kind: str) -> tuple:
+    st = path.stat()
+    return kind, str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+def _existing(path: str | Path, what: str) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ModelError(f"{what} not found: {path}")
+    if path.stat().st_size == 0:
+        raise ModelError(f"{path}: empty file; expected a {what}")
+    return path
+
+
+def _cached(key: tuple, check) -> Checked:
+    verdict = _verdicts.get(key)
+    if verdict is None:
+        try:
+            verdict = check()
+        except ModelError as e:
+            verdict = e
+        _verdicts[key] = verdict
+    if isinstance(verdict, ModelError):
+        raise ModelError(str(verdict))
+    return verdict
+
+
+def unchanged(checked: Checked) -> str:
+    """The path of a validated model, refusing a file replaced or modified since it was checked."""
+    try:
+        st = os.stat(checked.path)
+    except OSError as e:
+        raise ModelError(f"{checked.path}: model file gone since the run was planned ({e.strerror})") from None
+    if (st.st_size, st.st_mtime_ns) != (checked.size, checked.mtime_ns):
+        raise ModelError(f"{checked.path}: model file changed since the run was planned; re-run the command")
+    return checked.path
+
+
+# --- fastText ---------------------------------------------------------------------------------
+
+class _Walk:
+    """Reads fixed-size fields of a mapped file, failing with the section being read."""
+
+    def __init__(self, buf, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
+
+    def take(self, n: int, section: str) -> int:
+        if n < 0 or self.pos + n > self.size:
+            raise ModelError(f"the file ends at byte {self.size:,}, inside the {section},"
+                             f" which needs at least {self.pos + max(n, 0):,} bytes")
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def unpack(self, fmt: str, section: str):
+        start = self.take(struct.calcsize(fmt), section)
+        return struct.unpack_from(fmt, self.buf, start)
+
+
+def _walk_matrix(w: _Walk, quantized: bool, name: str) -> tuple[int, int]:
+    if not quantized:
+        m, n = w.unpack("<qq", name)
+        if m < 0 or n <= 0:
+            raise ModelError(f"impossible {name} shape {m} x {n}")
+        w.take(m * n * 4, name)
+        return m, n
+    qnorm, m, n, codesize = w.unpack("<?qqi", name)
+    if m < 0 or n <= 0 or codesize < 0:
+        raise ModelError(f"impossible quantized {name} shape {m} x {n}")
+    w.take(codesize, name)
+    _walk_quantizer(w, f"{name} quantizer")
+    if qnorm:
+        w.take(m, f"{name} norm codes")
+        _walk_quantizer(w, f"{name} norm quantizer")
+    return m, n
+
+
+def _walk_quantizer(w: _Walk, section: str) -> None:
+    dim, _nsubq, _dsub, _lastdsub = w.unpack("<iiii", section)
+    if dim <= 0:
+        raise ModelError(f"impossible {section} dimension {dim}")
+    w.take(dim * 256 * 4, section)  # 256 centroids of `dim` floats
+
+
+def fasttext_layout(path: Path) -> dict:
+    """Walk a fastText .bin/.ftz file's layout; raises ModelError (reason only) if it is broken."""
+    size = path.stat().st_size
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        w = _Walk(buf, size)
+        magic, version = w.unpack("<ii", "header")
+        if magic != FASTTEXT_MAGIC:
+            raise ModelError("bad magic number: not a fastText model")
+        if version not in (11, 12):
+            raise ModelError(f"fastText file format version {version}; this fastText reads 11 and 12")
+        dim, *_rest = w.unpack("<12i", "header")
+        w.unpack("<d", "header")
+        if dim <= 0:
+            raise ModelError(f"impossible vector dimension {dim} in the header")
+        nentries, nwords, nlabels, _ntokens, npruned = w.unpack("<iiiqq", "dictionary")
+        if nentries < 0 or nwords < 0 or nlabels < 0 or nwords + nlabels != nentries or npruned < -1:
+            raise ModelError(f"inconsistent dictionary header ({nentries} entries, {nwords} words, {nlabels} labels)")
+        for _ in range(nentries):
+            end = buf.find(b"\0", w.pos)
+            if end < 0:
+                w.take(size + 1 - w.pos, "dictionary")
+            w.pos = end + 1
+            w.take(9, "dictionary")  # int64 count, int8 entry type
+        w.take(max(npruned, 0) * 8, "dictionary's pruning index")
+        (quant_input,) = w.unpack("<?", "input matrix")
+        _walk_matrix(w, quant_input, "input matrix")
+        (quant_output,) = w.unpack("<?", "output matrix")
+        rows, cols = _walk_matrix(w, quant_input and quant_output, "output matrix")
+        if cols != dim:
+            raise ModelError(f"output matrix has {cols} columns, the header says dimension {dim}")
+        if w.pos != size:
+            raise ModelError(f"{size - w.pos:,} unexpected bytes after the output matrix (ends at byte {w.pos:,})")
+    return {"labels": nlabels, "words": nwords, "dim": dim}
+
+
+_FASTTEXT_TRIAL = r"""
+import json, resource, sys
+sys.path[:] = json.loads(sys.argv[3])
+import fasttext
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + int(sys.argv[2]),) * 2)
+model = fasttext.FastText._FastText(model_path=sys.argv[1])
+labels, probs = model.predict("a short probe sentence", k=1)
+assert all(0.0 <= float(p) <= 1.0 + 1e-6 for p in probs), probs
+print(json.dumps({"labels": list(model.get_labels())}))
+"""
+
+_KENLM_TRIAL = r"""
+import json, math, resource, sys
+sys.path[:] = json.loads(sys.argv[3])
+import kenlm
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + int(sys.argv[2]),) * 2)
+model = kenlm.Model(sys.argv[1])
+score = model.score("a short probe sentence", bos=True, eos=True)
+assert math.isfinite(score) and score < 0, score
+print(json.dumps({"order": model.order}))
+"""
+
+
+def trial_load(code: str, path: Path, library: str) -> dict:
+    """Load `path` with `code` in a child process with a memory limit and a timeout.
+
+    Returns what the child printed (JSON); raises ModelError with why the load failed.
+    """
+    size = path.stat().st_size
+    # Address space beyond the child's interpreter with the library imported: twice the file
+    # plus headroom. A valid model never needs more; a corrupt size field asks for far more
+    # and fails at once instead of taking the machine's memory.
+    limit = 2 * size + (2 << 30)
+    timeout = 60 + size / 20e6
+    try:
+        res = subprocess.run([sys.executable, "-c", code, str(path), str(limit), json.dumps(sys.path)],
+                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ModelError(f"{library} did not load it within {timeout:.0f} s") from None
+    if res.returncode < 0:
+        try:
+            name = signal.Signals(-res.returncode).name
+        except ValueError:
+            name = f"signal {-res.returncode}"
+        raise ModelError(f"{library} could not load it: killed by {name}")
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["exit code %d" % res.returncode])[-1]
+        if "MemoryError" in last or "bad_alloc" in last:
+            last += f" (asked for more than {limit / 2**30:.1f} GiB more)"
+        raise ModelError(f"{library} could not load it: {last}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _published(path: Path) -> str:
+    """' (expected ...)' for a file named like a published model, else ''."""
+    known = PUBLISHED.get(path.name)
+    if not known:
+        return ""
+    size, sha = known
+    size_text = f"{size:,}-byte " if size else ""
+    return f"; expected the {size_text}{path.name} published by fastText (sha256 {sha[:12]}...)"
+
+
+def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
+    """Validate a fastText model file (see the module doc); returns it with its labels."""
+    path = _existing(path, what)
+
+    def check() -> Checked:
+        expected = _published(path) or f"; expected a complete {what} (.bin/.ftz as fastText saves it)"
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if head[:4] != FASTTEXT_MAGIC.to_bytes(4, "little"):
+            raise ModelError(f"{path}: not a fastText model (it starts with {head!r}, not fastText's magic"
+                             f" number){expected}")
+        try:
+            layout = fasttext_layout(path)
+        except ModelError as e:
+            raise ModelError(f"{path}: truncated or corrupt fastText model ({e}){expected}") from None
+        known = PUBLISHED.get(path.name)
+        if known:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            if digest.hexdigest() != known[1]:
+                raise ModelError(f"{path}: corrupt fastText model (its sha256 is {digest.hexdigest()[:12]}...,"
+                                 f" not the published file's){expected}")
+        try:
+            info = trial_load(_FASTTEXT_TRIAL, path, "fastText")
+        except ModelError as e:
+            raise ModelError(f"{path}: truncated or corrupt fastText model ({e}){expected}") from None
+        st = path.stat()
+        return Checked(str(path), st.st_size, st.st_mtime_ns, {**layout, "labels": info["labels"]})
+
+    return _cached(_stat_key(path, "fasttext"), check)
+
+
+# --- KenLM ------------------------------------------------------------------------------------
+
+def kenlm_binary_layout(path: Path) -> dict:
+    """Header and vocabulary-list checks of a KenLM binary; raises ModelError (reason only)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:len(_KENLM_INCOMPLETE)] == _KENLM_INCOMPLETE:
+            raise ModelError("build_binary did not finish writing it")
+        # Sanity block (magic padded to 56 bytes, test values), then order, probing multiplier,
+        # model type, has_vocabulary, search version, and one uint64 count per order.
+        if size < 108 or struct.unpack_from("<fffII", buf, 56) != (0.0, 1.0, -0.5, 1, 0xFFFFFFFF):
+            raise ModelError(f"the header is cut or damaged (file of {size:,} bytes)")
+        order, _mult, _type, has_vocab, _version = struct.unpack_from("<B3xfi?3xI", buf, 88)
+        if not 1 <= order <= 20 or size < 108 + 8 * order:
+            raise ModelError(f"impossible n-gram order {order} in the header")
+        counts = struct.unpack_from(f"<{order}Q", buf, 108)
+        if has_vocab:
+            # build_binary ends the file with the vocabulary: counts[0] NUL-terminated words in
+            # id order, so the counts[0]-th word from the end is <unk> (id 0).
+            if buf[size - 1] != 0:
+                raise ModelError("the file is cut: it does not end with its vocabulary list")
+            pos, found = size - 1, 0
+            while found < counts[0]:
+                prev = buf.rfind(b"\0", 0, pos)
+                found += 1
+                if found == counts[0]:
+                    if buf[prev + 1:pos] != b"<unk>":
+                        raise ModelError(f"its vocabulary list of {counts[0]:,} words is cut or damaged")
+                    break
+                if prev < 0:
+                    raise ModelError(f"its vocabulary list of {counts[0]:,} words is cut or damaged")
+                pos = prev
+    return {"order": order, "counts": list(counts)}
+
+
+def check_kenlm(path: str | Path) -> Checked:
+    """Validate a KenLM binary or ARPA file (see the module doc)."""
+    path = _existing(path, "KenLM model")
+
+    def check() -> Checked:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        expected = "; expected a KenLM binary (build_binary) or ARPA file"
+        if head.startswith(_KENLM_MAGIC[:33]):
+            try:
+                kenlm_binary_layout(path)
+            except ModelError as e:
+                raise ModelError(f"{path}: truncated or corrupt KenLM binary ({e}){expected}") from None
+        elif not head.lstrip().startswith(b"\\data\\"):
+            raise ModelError(f"{path}: not a KenLM model (neither a KenLM binary nor an ARPA file){expected}")
+        try:
+            info = trial_load(_KENLM_TRIAL, path, "KenLM")
+        except ModelError as e:
+            raise ModelError(f"{path}: truncated or corrupt KenLM model ({e}){expected}") from None
+        st = path.stat()
+        return Checked(str(path), st.st_size, st.st_mtime_ns, info)
+
+    return _cached(_stat_key(path, "kenlm"), check)

@@ -1,0 +1,140 @@
+"""Token data the trainer cannot use: each fault is one line naming the file, exit code 2, and no
+rank trains — through `pipeline train` (checked before torchrun starts) and from the ranks
+themselves when torchrun starts them without that check (as the Slurm job does)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from gristmill.trainer.launch import write_resolved
+from gristmill.trainer.train import InputError, train
+
+from .conftest import tiny_cfg, write_token_dir
+
+VOCAB, BAD_ID = 300, 4000
+
+
+def _docs(bad: bool = False) -> dict:
+    rng = np.random.default_rng(0)
+    docs = {"train": [rng.integers(2, VOCAB, 50).tolist() for _ in range(100)], "val": [[5, 6, 7] * 10] * 10}
+    if bad:
+        docs["train"][57][3] = BAD_ID  # shards of 40 documents: document 17 of train-00001
+    return docs
+
+
+def _manifest(root: Path, edit) -> None:
+    path = root / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+def _rehash(root: Path, name: str) -> None:
+    """The manifest made to agree with the file as it is now (so only the deeper check can object)."""
+    digest = hashlib.sha256((root / name).read_bytes()).hexdigest()
+    _manifest(root, lambda m: next(e for e in m["shards"] if e["path"] == name).update(sha256=digest))
+
+
+def ids_beyond_vocab(tmp: Path) -> Path:
+    return write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs(bad=True))
+
+
+def missing_shard(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    (root / "train-00002.arrow").unlink()
+    return root
+
+
+def sha256_mismatch(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    data = bytearray((root / "train-00000.arrow").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (root / "train-00000.arrow").write_bytes(bytes(data))
+    return root
+
+
+def wrong_dtype(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs(), dtype=pa.uint32())
+    _manifest(root, lambda m: m.update(dtype="uint16"))
+    return root
+
+
+def not_arrow(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    (root / "train-00001.arrow").write_text("<html>503 Service Unavailable</html>\n")
+    _rehash(root, "train-00001.arrow")
+    return root
+
+
+def manifest_not_json(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    (root / "manifest.json").write_text('{"format": "gristmill-tokens", "version": 1, "shards": [')
+    return root
+
+
+def manifest_without_vocab(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    _manifest(root, lambda m: m["tokenizer"].pop("vocab_size"))
+    return root
+
+
+FAULTS = {
+    ids_beyond_vocab: r"train-00001\.arrow: token id 4000 \(document 17, token 3; largest id 4000\) is not below the"
+                      r" vocabulary size 300 of manifest\.json",
+    missing_shard: r"train-00002\.arrow: shard listed in manifest\.json is missing",
+    sha256_mismatch: r"train-00000\.arrow: sha256 [0-9a-f]{64} does not match manifest\.json",
+    wrong_dtype: r"train-00000\.arrow: expected a `tokens` column of large_list<uint16> \(the dtype in manifest\.json\),"
+                 r" found large_list<item: uint32",
+    not_arrow: r"train-00001\.arrow: not a readable Arrow IPC file",
+    manifest_not_json: r"manifest\.json: not valid JSON",
+    manifest_without_vocab: r"manifest\.json: tokenizer\.vocab_size: expected a non-negative integer",
+}
+
+
+def _one_error_line(res: subprocess.CompletedProcess, pattern: str) -> None:
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in res.stdout
+
+
+@pytest.mark.parametrize("fault", list(FAULTS), ids=lambda f: f.__name__)
+def test_pipeline_train_names_the_bad_file_in_one_line(fault, tmp_path):
+    tokens = fault(tmp_path)
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "train", "tiny", "--out", str(out), "--set",
+                          f"data.tokens={tokens}", "--set", "steps=3", "--set", "data.seq_len=32", "--set",
+                          "log.progress=false", "--set", "log.tensorboard=false"], capture_output=True, text=True)
+    _one_error_line(res, FAULTS[fault])
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_train_refuses_ids_beyond_the_vocabulary_before_the_first_step(tmp_path):
+    """On main these reached the embedding: IndexError mid-step (on a GPU, a device-side assert)."""
+    tokens = ids_beyond_vocab(tmp_path)
+    with pytest.raises(InputError, match=FAULTS[ids_beyond_vocab]):
+        train(tiny_cfg(tokens, 3), tmp_path / "out")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_ranks_started_without_the_launcher_report_once(tmp_path):
+    """torchrun starting the ranks directly (as the Slurm job does): rank 0 checks the shards,
+    both ranks stop, the user reads one line."""
+    tokens = ids_beyond_vocab(tmp_path)
+    out = tmp_path / "out"
+    cfg = write_resolved(tiny_cfg(tokens, 3).model_copy(update={"out_dir": str(out)}), out)
+    res = subprocess.run([sys.executable, "-m", "gristmill.trainer.torchrun", "--standalone", "--nproc-per-node=2",
+                          "-m", "gristmill.trainer.train", str(cfg), "--out", str(out)],
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    _one_error_line(res, FAULTS[ids_beyond_vocab])
