@@ -44,3 +44,25 @@ def test_torch_internals():
     except RuntimeError as e:  # some CPU builds have no fused CPU kernel
         pytest.skip(f"no fused AdamW kernel on this device: {e}")
     assert torch.allclose(p, ref.detach(), atol=1e-6)
+
+
+def test_datatrove_internals():
+    import inspect
+
+    import datatrove
+    import datatrove.executor.base as dt_base
+
+    from gristmill.compat import datatrove as compat
+
+    version = importlib.metadata.version("datatrove")
+    assert version in compat.WRITTEN_FOR, (
+        f"datatrove {version} installed; gristmill.compat.datatrove was written for {compat.WRITTEN_FOR}")
+    assert datatrove.__name__ == "datatrove"
+    # the two module functions replaced in each task's process, with the signatures called
+    for name in ("add_task_logger", "close_task_logger"):
+        assert callable(getattr(dt_base, name)), name
+    assert list(inspect.signature(dt_base.add_task_logger).parameters)[:4] == [
+        "logging_dir", "rank", "local_rank", "node_rank"]
+    # the per-rank entry the local supervisor calls and both executors override
+    params = list(inspect.signature(dt_base.PipelineExecutor._run_for_rank).parameters)
+    assert params[:4] == ["self", "rank", "local_rank", "node_rank"], params

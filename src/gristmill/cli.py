@@ -21,7 +21,6 @@ import re
 import sys
 from pathlib import Path
 
-from loguru import logger
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -235,10 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # datatrove logs every task's INFO lines and a stats dump through loguru; the progress bar
     # and `pipeline stats` say the same more briefly. Warnings and errors still show.
-    import datatrove.utils.logging  # noqa: F401  (configures loguru on import; we override it below)
+    from gristmill.compat.datatrove import configure_cli_logging
 
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING", format="{level: <8} | {message}")
+    configure_cli_logging()
     console = Console(stderr=True)
     from gristmill.dirlock import LockHeld
     from gristmill.pipeline.commoncrawl import DownloadError

@@ -15,6 +15,7 @@ from datatrove.data import Document
 from gristmill.core.documents import schema_for
 from gristmill.core.parquet_io import ParquetFile
 
+
 class DroppedSampler:
     """Keeps a deterministic sample of the documents one filter dropped, with the reason.
 

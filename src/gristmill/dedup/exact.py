@@ -32,20 +32,27 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field
 
-from gristmill.dedup import inputs
-from gristmill.dedup.bloom import BloomFilter, BloomMeta, hash128, size_for
-from gristmill.dedup.order import (OFFSET_BITS, DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy,
-                                   shared_key_error)
-from gristmill.dedup.text import normalize
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.text.words import split_words
 from gristmill.core.step import GlobalStep, StageContext, Step
+from gristmill.dedup import inputs
+from gristmill.dedup.bloom import BloomFilter, BloomMeta, hash128, size_for
+from gristmill.dedup.order import (
+    OFFSET_BITS,
+    DocKeys,
+    SourceTable,
+    check_unique,
+    load_ranks,
+    order_key,
+    save_npy,
+    shared_key_error,
+)
+from gristmill.dedup.text import normalize
+from gristmill.text.words import split_words
 
 RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
 DUP = np.dtype([("key", "<u8"), ("para", "<i4"), ("hi", "<u8"), ("lo", "<u8")])

@@ -23,18 +23,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
 
-from gristmill.dedup.lsh import band_edges, band_keys, components, optimal_bands, shard_of
-from gristmill.dedup.minhash import MinHasher
-from gristmill.dedup.order import DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy, write_json_atomic
-from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Step
+from gristmill.dedup.lsh import band_edges, band_keys, components, optimal_bands, shard_of
+from gristmill.dedup.minhash import MinHasher
+from gristmill.dedup.order import DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy, write_json_atomic
+from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
 BATCH_DOCS = 256

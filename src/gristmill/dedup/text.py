@@ -22,7 +22,14 @@ from itertools import chain
 import numpy as np
 import xxhash
 
-from gristmill.text.words import ASTRAL_CHARS, IDEOGRAPHIC_CHARS, PUNCTUATION_SET, SYLLABIC_CHARS, WORD_TOKEN, split_words
+from gristmill.text.words import (
+    ASTRAL_CHARS,
+    IDEOGRAPHIC_CHARS,
+    PUNCTUATION_SET,
+    SYLLABIC_CHARS,
+    WORD_TOKEN,
+    split_words,
+)
 
 _DELETE = str.maketrans("", "", "".join(PUNCTUATION_SET))
 _PUNCT = "".join(sorted(PUNCTUATION_SET))

@@ -17,7 +17,6 @@ from collections import Counter
 
 from datatrove.data import Document
 from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, END_PUNCTUATION, POLICY_SUBSTRINGS
-
 from pydantic import Field
 
 from gristmill.core.configlib import Strict

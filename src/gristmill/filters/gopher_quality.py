@@ -13,7 +13,6 @@ from operator import methodcaller
 
 from datatrove.data import Document
 from datatrove.pipeline.filters.gopher_quality_filter import STOP_WORDS
-
 from pydantic import Field
 
 from gristmill.core.configlib import Strict

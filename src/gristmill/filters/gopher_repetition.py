@@ -22,7 +22,6 @@ from functools import partial
 
 import numpy as np
 from datatrove.data import Document
-
 from pydantic import Field, field_validator
 
 from gristmill.core.configlib import Strict

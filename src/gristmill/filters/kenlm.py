@@ -27,7 +27,6 @@ from typing import Literal
 
 import pyarrow as pa
 from datatrove.data import Document
-
 from pydantic import Field, field_validator
 
 from gristmill.core.configlib import Strict

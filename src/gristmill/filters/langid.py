@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pyarrow as pa
 from datatrove.data import Document
-
 from pydantic import Field
 
 from gristmill.core.configlib import Fraction, Strict

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 from datatrove.data import Document
-
 from pydantic import Field
 
 from gristmill.core.configlib import Fraction, Strict

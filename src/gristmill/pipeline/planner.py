@@ -24,8 +24,8 @@ from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import Stage, Step, registered_steps
-from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.core.wet_reader import WetReader
+from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.tokenize.stages import Tokenize
 
 __all__ = ["PlanContext", "Stage", "make_fetcher", "plan", "resolve_sources"]

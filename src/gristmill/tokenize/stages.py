@@ -22,7 +22,6 @@ from typing import Literal
 
 import xxhash
 from datatrove.data import DocumentsPipeline
-
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import ConfigError, Fraction, Strict

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
