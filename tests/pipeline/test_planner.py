@@ -140,7 +140,17 @@ def test_planning_imports_no_torch(tmp_path, wet_files, lid_model):
         f" 'steps': [{{'langid': {{'model': {str(lid_model)!r}}}}}], 'train': {{'preset': 'tiny'}}}})\n"
         "plan(cfg)\n"
         "import gristmill.pipeline.runner, gristmill.cli\n"
+        "from gristmill.trainer.launch import default_nproc, pipeline_train_config\n"
+        "default_nproc(pipeline_train_config(cfg.train, __import__('pathlib').Path(cfg.run_dir)))\n"
         "print(json.dumps('torch' in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "false", out.stderr
+
+
+def test_gpus_are_counted_as_cuda_would_see_them(monkeypatch):
+    from gristmill.trainer.launch import visible_gpus
+
+    for value, n in (("0,1", 2), ("", 0), ("-1", 0), ("2,-1,3", 1), (" 0 , 1 , 2", 3)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert visible_gpus() == n, value

@@ -11,6 +11,7 @@ and are one line naming the file (the ranks trust the check: `--tokens-checked`)
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -34,15 +35,19 @@ EXIT_INPUT = 2  # token shards, checkpoints or config the run cannot use; one li
 EXIT_NONFINITE = 3  # the loss went NaN/inf; the message names the checkpoint a re-run resumes from
 
 
-def default_nproc(cfg: TrainConfig) -> int:
-    if cfg.nproc:
-        return cfg.nproc
-    try:
-        import torch
+def visible_gpus() -> int:
+    """The GPUs a torchrun started from here would see, counted without importing torch (the
+    pipeline's process stays torch-free): CUDA_VISIBLE_DEVICES when set, else NVIDIA's device
+    files."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [d.strip() for d in env.split(",") if d.strip()]
+        return len(ids[: ids.index("-1")] if "-1" in ids else ids)  # CUDA stops at an invalid id
+    return len(glob.glob("/dev/nvidia[0-9]*"))
 
-        return max(1, torch.cuda.device_count())
-    except ImportError:
-        return 1
+
+def default_nproc(cfg: TrainConfig) -> int:
+    return cfg.nproc or max(1, visible_gpus())
 
 
 def check_tokens(cfg: TrainConfig):
