@@ -83,7 +83,7 @@ def apply_compile(model: nn.Module) -> None:
         block.compile(fullgraph=False)
 
 
-def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype, reshard: bool = True,
+def apply_fsdp(model: nn.Module, d: Dist, *, param_dtype: torch.dtype, reshard: bool = True,
                unit_layers: int = 1) -> None:
     """FSDP2: `unit_layers` consecutive blocks per unit (one all-gather and one reduce-scatter
     each; fewer, larger units cost less host time per step on small models), then the root."""
