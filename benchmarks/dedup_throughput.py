@@ -6,7 +6,7 @@ One invocation builds (or reuses) the corpus of make_dedup_corpus.py and runs, e
 subprocess on one core (tasks=1) so peak RSS (ru_maxrss) and CPU time are its own:
 
 * gristmill `near_dedup` (all stages: signature, buckets, shingles, verify, cluster, filter)
-  and `exact_dedup` (document level), via gristmill.dedup.standalone.run_on_parquet;
+  and `exact_dedup` (document level), via gristmill.pipeline.on_parquet.run_on_parquet;
 * datatrove's 4-stage MinHash with `MinhashConfig()` (spaCy word tokenizer for English),
   steps driven directly: MinhashDedupSignature, Buckets, Cluster, Filter;
 * datasketch `MinHashLSH(threshold=0.8, num_perm=128)`, streaming query-then-insert in corpus
@@ -41,7 +41,7 @@ def _ids(folder) -> set[str]:
 
 
 def _gristmill(step, params, corpus, work):
-    from gristmill.dedup.standalone import run_on_parquet
+    from gristmill.pipeline.on_parquet import run_on_parquet
 
     st = run_on_parquet(step, params, corpus / "docs", work / step, tasks=1, workers=1)
     return _ids(corpus / "docs") - _ids(st[-1].output)
@@ -76,7 +76,7 @@ def _datasketch(corpus, work):
     from datasketch import MinHash, MinHashLSH
 
     from gristmill.dedup.text import normalize
-    from gristmill.filters.words import split_words
+    from gristmill.text.words import split_words
 
     t = pq.read_table(corpus / "docs", columns=["id", "text"]).to_pydict()
     lsh, removed = MinHashLSH(threshold=0.8, num_perm=128), set()

@@ -42,10 +42,10 @@ def gristmill_pipeline(files: list[Path]):
     from gristmill.filters.gopher_quality import GopherQuality
     from gristmill.filters.gopher_repetition import GopherRepetition
     from gristmill.filters.langid import LangId
-    from gristmill.pipeline.wet_reader import WetReader
+    from gristmill.core.wet_reader import WetReader
 
     reader = WetReader([str(f) for f in files])
-    return [reader, LangId(str(LID), ["en"], 0.65), GopherQuality(), GopherRepetition(), C4Lines()], reader
+    return [reader, LangId(model=str(LID), languages=["en"], min_score=0.65), GopherQuality(), GopherRepetition(), C4Lines()], reader
 
 
 def datatrove_pipeline(files: list[Path]):

@@ -30,7 +30,8 @@ from gristmill.trainer.train import build, model_args  # noqa: E402
 
 
 def ours_step_fn(cfg, d):
-    model, args, opt, _, autocast, _ = build(cfg, d, VOCAB)
+    built = build(cfg, d, VOCAB)
+    model, opt, autocast = built.model, built.optimizer, built.autocast
 
     def step(x):
         with autocast:

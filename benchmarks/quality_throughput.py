@@ -40,7 +40,7 @@ QUALITY = REPO / "models" / "quality" / "en.bin"
 def documents(files):
     from datatrove.data import Document
 
-    from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+    from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
     return [Document(text=r.text, id=r.record_id, metadata={"language": "en"})
             for f in files for r in iter_wet_records(f) if isinstance(r, WetRecord)]
@@ -57,7 +57,7 @@ def ours_kenlm():
 def ours_quality():
     from gristmill.filters.quality import Quality
 
-    step = Quality(str(QUALITY), min_score=0.0)
+    step = Quality(model=str(QUALITY), min_score=0.0)
     step.model
     return step
 

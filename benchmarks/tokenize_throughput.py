@@ -32,7 +32,7 @@ DATA = Path(os.environ.get("GRISTMILL_DATA", REPO.parent / "shared" / "data"))
 def documents(copies: int):
     from datatrove.data import Document
 
-    from gristmill.pipeline.wet_reader import WetReader
+    from gristmill.core.wet_reader import WetReader
 
     base = list(WetReader([str(f) for f in sorted((DATA / "cc" / "wet").glob("*.warc.wet.gz"))]).run(None, 0, 1))
     return [Document(text=d.text, id=f"{d.id}#{c}", metadata={}) for c in range(copies) for d in base]

@@ -2,6 +2,7 @@
 
     pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
     pipeline validate CONFIG [--set key=value ...]
+    pipeline steps [--markdown | --json]
     pipeline stats RUN_DIR [--json]
     pipeline report RUN_DIR [-o report.html]
     pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
@@ -20,7 +21,6 @@ import re
 import sys
 from pathlib import Path
 
-from loguru import logger
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -55,6 +55,23 @@ def cmd_validate(args, console: Console) -> int:
     console.print(f"[green]ok[/] {args.config}: {len(cfg.specs)} steps, run_dir {cfg.run_dir}")
     for spec in cfg.specs:
         console.print(f"  {spec.step_id}: {spec.params.model_dump()}")
+    return 0
+
+
+def cmd_steps(args, console: Console) -> int:
+    from gristmill.pipeline.step_reference import markdown, reference
+
+    if args.json:
+        print(json.dumps(reference(), indent=2))
+    elif args.markdown:
+        print(markdown(shipped_only=True), end="")
+    else:
+        out = Console()
+        for step in reference():
+            out.print(Text(f"{step['name']}", style="bold"), Text(f"({step['kind']})"))
+            out.print(Text(f"  {step['summary']}"))
+            for p in step["params"]:
+                out.print(Text(f"    {p['name']} = {p['default']}" + (f"  — {p['description']}" if p["description"] else "")))
     return 0
 
 
@@ -184,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a config and print the resolved steps")
     config_args(v)
     v.set_defaults(func=cmd_validate)
+    sp = sub.add_parser("steps", help="every step a config may name, with its parameters and defaults")
+    sp.add_argument("--markdown", action="store_true", help="the README's step reference (gristmill's own steps)")
+    sp.add_argument("--json", action="store_true", help="machine-readable")
+    sp.set_defaults(func=cmd_steps)
     st = sub.add_parser("status", help="per stage: tasks done, Slurm job states, failed tasks, how to resume")
     st.add_argument("run_dir")
     st.set_defaults(func=cmd_status)
@@ -213,10 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # datatrove logs every task's INFO lines and a stats dump through loguru; the progress bar
     # and `pipeline stats` say the same more briefly. Warnings and errors still show.
-    import datatrove.utils.logging  # noqa: F401  (configures loguru on import; we override it below)
+    from gristmill.compat.datatrove import configure_cli_logging
 
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING", format="{level: <8} | {message}")
+    configure_cli_logging()
     console = Console(stderr=True)
     from gristmill.dirlock import LockHeld
     from gristmill.pipeline.commoncrawl import DownloadError

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gristmill.filters.scores import bin_edges
+from gristmill.core.scores import bin_edges
 from gristmill.pipeline import report
 from gristmill.pipeline.stats import funnel, languages, load_scores, merge_run, top_domains
 

@@ -11,7 +11,7 @@ from datasketch import MinHash
 from gristmill.dedup.lsh import band_edges, components, optimal_bands
 from gristmill.dedup.minhash import MinHasher, estimate_jaccard, universal_hash
 from gristmill.dedup.text import jaccard, normalize, shingle_hashes, shingles
-from gristmill.filters.words import split_words
+from gristmill.text.words import split_words
 
 
 def test_universal_hash_equals_python_big_integers():
@@ -116,7 +116,7 @@ def test_words_fast_path_equals_split_words_of_normalize(dedup_corpus):
     import re
 
     from gristmill.dedup.text import _OWN_TOKEN, words
-    from gristmill.filters import words as w
+    from gristmill.text import words as w
 
     # the fast path's premise: outside _OWN_TOKEN, an isalnum() character is in split_words' word class
     alnum = re.compile(f"[{w._ALNUM}]")

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from gristmill.config import from_dict
-from gristmill.dedup.standalone import run_on_parquet
+from gristmill.pipeline.on_parquet import run_on_parquet
 from gristmill.pipeline.runner import run
 
 

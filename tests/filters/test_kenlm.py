@@ -21,7 +21,7 @@ from gristmill.filters.langid import LangId, ModelError
 from gristmill.filters.train_corpus import is_heldout, iter_documents
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
-from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
 
 def _docs(texts, language="en"):
@@ -34,7 +34,7 @@ def crawl_en(wet_files, lid_model) -> list[str]:
     """The crawl sample's English documents, as langid (lid.176, score >= 0.65) finds them."""
     docs = [Document(text=r.text, id=r.record_id) for f in wet_files for r in iter_wet_records(f)
             if isinstance(r, WetRecord)]
-    kept = list(LangId(str(lid_model), ["en"], 0.65).run(iter(docs)))
+    kept = list(LangId(model=str(lid_model), languages=["en"], min_score=0.65).run(iter(docs)))
     assert len(kept) > 300
     return [d.text for d in kept]
 

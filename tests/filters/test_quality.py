@@ -60,7 +60,7 @@ def test_heldout_auc_wikitext_vs_crawl(quality_model, report, shared_data, wet_f
     wiki = [shared_data / "corpus" / "en" / f"wikitext-2.{s}.txt" for s in ("valid", "test")]
     pos = [t for t in iter_documents(wiki, "wikitext") if len(t.split()) >= min_words and is_heldout(t, frac, seed)]
     neg = [t for t in iter_documents(wet_files) if len(t.split()) >= min_words and is_heldout(t, frac, seed)]
-    step = Quality(str(quality_model), min_score=0.0)
+    step = Quality(model=str(quality_model), min_score=0.0)
     score = lambda texts: np.array([d.metadata["quality_score"] for d in step.run(iter(_docs(texts)))])
     auc = roc_auc(score(pos), score(neg))
     print(f"recomputed on all held-out texts: AUC {auc:.4f} ({len(pos)} WikiText paragraphs, {len(neg)} crawl docs)")
@@ -73,7 +73,7 @@ def test_min_score_drops_and_counts(quality_model, wet_files):
     labels, probs = model.predict([t.replace("\n", " ") for t in texts], k=-1)
     expected = np.array([dict(zip(l, p))["__label__hq"] for l, p in zip(labels, probs)], dtype=np.float32)
     limit = float(np.median(expected))
-    step = Quality(str(quality_model), min_score=limit)
+    step = Quality(model=str(quality_model), min_score=limit)
     kept = list(step.run(iter(_docs(texts))))
     assert [d.metadata["quality_score"] for d in kept] == [float(s) for s in expected if s >= limit]
     assert step.stats["dropped_low_quality_score"].total == int((expected < limit).sum()) > 50
@@ -84,11 +84,11 @@ def test_missing_or_corrupt_model_and_wrong_label(tmp_path, quality_model, wet_f
     bad = tmp_path / "q.bin"
     bad.write_bytes(b"garbage" * 10)
     with pytest.raises(ModelError, match="not found"):
-        Quality(str(tmp_path / "none.bin"))
+        Quality(model=str(tmp_path / "none.bin"))
     with pytest.raises(ModelError, match="not a fastText model"):
-        Quality(str(bad))
+        Quality(model=str(bad))
     with pytest.raises(ModelError, match=r"no label '__label__positive'.*__label__hq"):
-        Quality(str(quality_model), label="__label__positive")  # when planned, not in a task
+        Quality(model=str(quality_model), label="__label__positive")  # when planned, not in a task
     cfg = {"run_dir": str(tmp_path / "r"), "input": {"paths": [str(wet_files[1])]},
            "steps": [{"quality": {"model": str(bad)}}]}
     with pytest.raises(ModelError):
@@ -97,7 +97,7 @@ def test_missing_or_corrupt_model_and_wrong_label(tmp_path, quality_model, wet_f
 
 
 def test_step_pickles_without_its_model(quality_model):
-    step = Quality(str(quality_model), min_score=0.0)
+    step = Quality(model=str(quality_model), min_score=0.0)
     list(step.run(iter(_docs(["text"]))))
     clone = pickle.loads(pickle.dumps(step))
     assert clone._model is None and step._model is not None

@@ -2,57 +2,68 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
-import gristmill.config as config_mod
 import gristmill.pipeline.planner as planner_mod
-from gristmill.config import from_dict
-from gristmill.pipeline.parquet_reader import ParquetReader
+from gristmill.config import ConfigError, from_dict
+from gristmill.core.configlib import Strict
+from gristmill.core.filter import Filter
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import GlobalStep, Step, registered_steps
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
-from gristmill.pipeline.step import Step
-from gristmill.pipeline.writers import ParquetWriter
+
+# Two steps defined in this test module alone: nothing else in gristmill is edited to add them.
 
 
-class _NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class KeepLongest(Step):
-    """A global step for the test: needs every document, keeps the longer half by text length."""
+class KeepLongest(GlobalStep):
+    """A global step for the test: needs every document, keeps the longer part by text length."""
 
     type = "🌐 GLOBAL"
     yaml_name = "keep_longest"
-    streamable = False
     output_fields = {"rank_by_length": pa.int64()}
 
-    @classmethod
-    def build_stages(cls, spec, ctx, input_folder):
-        step = cls(spec.step_id)
-        fields = {**ctx.fields, **cls.output_fields}
-        folder = ctx.stage_folder(spec.name)
-        ctx.new_stage(spec.name, [ParquetReader(input_folder), step, ParquetWriter(folder / "output", fields)], tasks=1)
+    class Config(Strict):
+        share: float = Field(0.5, gt=0, le=1, description="share of documents kept, longest first")
+
+    def stages(self, ctx):
+        ctx.stage(self.yaml_name, [ParquetReader(ctx.documents), _Longest(self.config.share, step_id=self.name),
+                                   ctx.writer()], tasks=1)
+
+
+class _Longest(Step):
+    type = "🌐 GLOBAL"
+    step_name = "longest"
+    output_fields = KeepLongest.output_fields
+
+    def __init__(self, share: float, *, step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.share = share
 
     def run(self, data, rank=0, world_size=1):
         docs = sorted(data, key=lambda d: (-len(d.text), d.id))
-        for i, doc in enumerate(docs[: len(docs) // 2]):
+        for i, doc in enumerate(docs[: int(len(docs) * self.share)]):
             doc.metadata["rank_by_length"] = i
             self.stat_update("documents")
             yield doc
 
 
-@pytest.fixture
-def with_global_step(monkeypatch):
-    original = config_mod.step_registry
+class MentionsWord(Filter):
+    """A streaming filter for the test: keeps documents that contain `word`."""
 
-    def registry():
-        return {**original(), "keep_longest": (_NoParams, KeepLongest)}
+    yaml_name = "mentions_word"
 
-    monkeypatch.setattr(config_mod, "step_registry", registry)
-    monkeypatch.setattr(planner_mod, "step_registry", registry)
+    class Config(Strict):
+        word: str = Field(description="the word a kept document must contain")
+
+    def filter(self, doc):
+        return True if self.config.word in doc.text.split() else (False, "word_missing")
 
 
 def _cfg(tmp_path, wet_files, lid_model, steps):
@@ -72,7 +83,7 @@ def test_streamable_steps_fuse_into_one_stage(tmp_path, wet_files, lid_model):
     assert stages[0].step_names == ["read_wet", "00_langid", "01_gopher_quality", "02_c4_lines", "write_parquet"]
 
 
-def test_global_step_ends_a_stage_and_the_next_reads_its_output(tmp_path, wet_files, lid_model, with_global_step):
+def test_global_step_ends_a_stage_and_the_next_reads_its_output(tmp_path, wet_files, lid_model):
     steps = [{"langid": {"model": str(lid_model), "languages": None}}, "keep_longest", "c4_lines"]
     cfg = _cfg(tmp_path, wet_files, lid_model, steps)
     stages = planner_mod.plan(cfg)
@@ -80,6 +91,7 @@ def test_global_step_ends_a_stage_and_the_next_reads_its_output(tmp_path, wet_fi
     assert stages[1].tasks == 1
     assert stages[1].pipeline[0].folder == stages[0].output
     assert stages[2].pipeline[0].folder == stages[1].output
+    assert stages[1].pipeline[-1].folder == stages[1].output  # the context bound the step's writer
 
     merged = run(cfg)
     rows = {r.step: r for r in funnel(merged)}
@@ -91,7 +103,54 @@ def test_global_step_ends_a_stage_and_the_next_reads_its_output(tmp_path, wet_fi
     assert sorted(out.column("rank_by_length").to_pylist()) == sorted(set(out.column("rank_by_length").to_pylist()))
 
 
-def test_global_step_first_still_reads_wet_in_its_own_stage(tmp_path, wet_files, lid_model, with_global_step):
+def test_global_step_first_still_reads_wet_in_its_own_stage(tmp_path, wet_files, lid_model):
     stages = planner_mod.plan(_cfg(tmp_path, wet_files, lid_model, ["keep_longest"]))
     assert [s.label for s in stages] == ["01_curate", "02_keep_longest"]
     assert stages[0].step_names == ["read_wet", "write_parquet"]
+
+
+def test_a_step_defined_in_a_test_module_runs_from_yaml(tmp_path, wet_files, lid_model):
+    assert {"keep_longest", "mentions_word"} <= set(registered_steps())
+    steps = [{"langid": {"model": str(lid_model), "languages": None}}, {"mentions_word": {"word": "the"}},
+             {"keep_longest": {"share": 0.25}}]
+    merged = run(_cfg(tmp_path, wet_files, lid_model, steps))
+    rows = {r.step: r for r in funnel(merged)}
+    assert 0 < rows["01_mentions_word"].docs_out < rows["00_langid"].docs_out
+    assert rows["01_mentions_word"].drops == {"word_missing": rows["00_langid"].docs_out - rows["01_mentions_word"].docs_out}
+    assert rows["02_keep_longest"].docs_out == int(rows["01_mentions_word"].docs_out * 0.25)
+    # the filter of a new step gets scores recorded like every other filter
+    assert (tmp_path / "run" / "01_curate" / "scores" / "01_mentions_word").is_dir()
+
+
+def test_a_new_steps_config_errors_name_the_key_path(tmp_path, wet_files, lid_model):
+    with pytest.raises(ConfigError) as err:
+        _cfg(tmp_path, wet_files, lid_model, [{"mentions_word": {}}, {"keep_longest": {"share": 2, "x": 1}}])
+    text = str(err.value)
+    assert "steps[0].mentions_word.word: required key is missing" in text
+    assert "steps[1].keep_longest.share" in text and "steps[1].keep_longest.x: unknown key" in text
+
+
+def test_planning_imports_no_torch(tmp_path, wet_files, lid_model):
+    """Planning a run that trains afterwards must not import the trainer's torch."""
+    code = (
+        "import sys, json\n"
+        "from gristmill.config import from_dict\n"
+        "from gristmill.pipeline.planner import plan\n"
+        f"cfg = from_dict({{'run_dir': {str(tmp_path / 'r')!r}, 'input': {{'paths': [{str(wet_files[1])!r}]}},"
+        f" 'steps': [{{'langid': {{'model': {str(lid_model)!r}}}}}], 'train': {{'preset': 'tiny'}}}})\n"
+        "plan(cfg)\n"
+        "import gristmill.pipeline.runner, gristmill.cli\n"
+        "from gristmill.trainer.launch import default_nproc, pipeline_train_config\n"
+        "default_nproc(pipeline_train_config(cfg.train, __import__('pathlib').Path(cfg.run_dir)))\n"
+        "print(json.dumps('torch' in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "false", out.stderr
+
+
+def test_gpus_are_counted_as_cuda_would_see_them(monkeypatch):
+    from gristmill.trainer.launch import visible_gpus
+
+    for value, n in (("0,1", 2), ("", 0), ("-1", 0), ("2,-1,3", 1), (" 0 , 1 , 2", 3)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert visible_gpus() == n, value

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.config import from_dict
-from gristmill.filters.scores import SAMPLE_SIZE
+from gristmill.core.scores import SAMPLE_SIZE
 from gristmill.pipeline.report import CSS, build, write
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel, load_scores, merge_run

@@ -16,7 +16,7 @@ from gristmill.config import ConfigError, from_dict
 from gristmill.filters.langid import ModelError
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import as_json, funnel, merge_run
-from gristmill.pipeline.writers import FAULT_ENV
+from gristmill.core.parquet_io import FAULT_ENV
 
 from .conftest import C14, REL14A
 

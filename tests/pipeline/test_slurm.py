@@ -13,9 +13,9 @@ import pytest
 from gristmill.config import from_dict
 from gristmill.pipeline.runner import StageFailed, run
 from gristmill.pipeline.status import stage_statuses
-from gristmill.pipeline.writers import FAIL_TASK_ENV
+from gristmill.core.parquet_io import FAIL_TASK_ENV
 
-from .test_planner import with_global_step  # noqa: F401  (fixture)
+from . import test_planner  # noqa: F401  (defines and registers the `keep_longest` step)
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_slurm_run_equals_local_run(tmp_path, wet_files, lid_model, slurm_cluste
 
 
 def test_failed_task_cancels_downstream_and_rerun_finishes_only_it(
-    tmp_path, wet_files, lid_model, slurm_cluster, monkeypatch, with_global_step  # noqa: F811
+    tmp_path, wet_files, lid_model, slurm_cluster, monkeypatch
 ):
     steps = [{"langid": {"model": str(lid_model), "languages": None}}, "keep_longest", "c4_lines"]
     cfg = _cfg(tmp_path / "run", wet_files, lid_model, SLURM, steps)

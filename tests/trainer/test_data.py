@@ -57,7 +57,8 @@ def test_ranks_split_each_global_batch_and_resume_on_other_world_size(small_dir)
     cpu = torch.device("cpu")
 
     def global_batches(world, micro, start_state=None, n=3):
-        loaders = [TrainLoader(s, 16, 8, micro, r, world, 0, cpu) for r in range(world)]
+        loaders = [TrainLoader(s, seq_len=16, global_batch=8, micro_batch=micro, rank=r, world=world, seed=0, device=cpu)
+                   for r in range(world)]
         if start_state:
             for ld in loaders:
                 ld.load_state_dict(start_state)
@@ -71,7 +72,7 @@ def test_ranks_split_each_global_batch_and_resume_on_other_world_size(small_dir)
     two, _ = global_batches(2, 4, n=4)
     assert all(torch.equal(x, y) for x, y in zip(one, two))
     # targets are inputs shifted by one
-    ld = TrainLoader(s, 16, 8, 8, 0, 1, 0, cpu)
+    ld = TrainLoader(s, seq_len=16, global_batch=8, micro_batch=8, rank=0, world=1, seed=0, device=cpu)
     b = ld.next_global_batch()[0]
     assert torch.equal(b.inputs[:, 1:], b.targets[:, :-1])
     # resume after 2 global batches on 4 ranks continues exactly where 1 rank would be
@@ -83,11 +84,14 @@ def test_ranks_split_each_global_batch_and_resume_on_other_world_size(small_dir)
 def test_val_batches_equal_count_per_rank(small_dir):
     root, _ = small_dir
     s = TokenStream(root, "train")
-    counts = [len(list(val_batches(s, 16, 3, 4, r, 3, torch.device("cpu")))) for r in range(3)]
+    cpu = torch.device("cpu")
+    counts = [len(list(val_batches(s, seq_len=16, micro_batch=3, batches=4, rank=r, world=3, device=cpu)))
+              for r in range(3)]
     assert len(set(counts)) == 1 and counts[0] > 0
 
 
 def test_bad_batch_shape_is_a_clear_error(small_dir):
     s = TokenStream(small_dir[0], "train")
     with pytest.raises(ValueError, match="global_batch 10 is not a multiple"):
-        TrainLoader(s, 16, 10, 4, 0, 1, 0, torch.device("cpu"))
+        TrainLoader(s, seq_len=16, global_batch=10, micro_batch=4, rank=0, world=1, seed=0,
+                    device=torch.device("cpu"))

@@ -45,6 +45,34 @@ def test_resume_is_bitwise_identical(baseline, token_dir, tmp_path):
     assert [resumed[s] for s in range(1, STEPS + 1)] == [full[s] for s in range(1, STEPS + 1)]
 
 
+def test_step_readout_is_read_one_step_late(baseline, token_dir, tmp_path):
+    """The host waits for step N's loss only once step N+1 is queued, except where the step's
+    loss must be known at once (validation and checkpoints every 3 steps, the last step):
+    reading it earlier would leave the GPU idle while the host launches the next step."""
+    from gristmill.trainer.train import Trainer, TokenStream, init_distributed, open_data
+
+    cfg = _cfg(token_dir, STEPS)
+    d = init_distributed()
+    trainer = Trainer(cfg, d=d, stream=TokenStream(open_data(cfg, d, True), cfg.data.split), out_dir=tmp_path)
+    events = []
+    step, record, read = trainer.train_step, trainer.readout.record, trainer.readout.read
+
+    def logged(name, fn, with_step=False):
+        def call(*a, **kw):
+            out = fn(*a, **kw)
+            events.append(f"{name}{trainer.step}" if with_step else name)
+            return out
+        return call
+
+    trainer.train_step = logged("queue", step, with_step=True)
+    trainer.readout.record = logged("record", record, with_step=True)
+    trainer.readout.read = logged("read", read)
+    trainer.train()
+    assert events == ["queue1", "record1", "queue2", "read", "record2", "queue3", "read", "record3", "read",
+                      "queue4", "record4", "queue5", "read", "record5", "queue6", "read", "record6", "read"]
+    assert _losses(tmp_path) == _losses(baseline)
+
+
 def test_pipeline_hook_launches_torchrun_on_two_ranks_and_resumes_on_one(baseline, token_dir, tmp_path):
     from gristmill.config import TrainSection
     from gristmill.trainer.launch import after_pipeline

@@ -1,6 +1,6 @@
 """`exact_dedup`: Bloom-filter exact dedup of documents or paragraphs, across tasks.
 
-Three stages (added by `ExactDedup.build_stages`):
+Three stages (laid out by `ExactDedup.stages`):
 
 1. `exact_dedup_hash` (T tasks): each task reads its share of the documents, hashes each
    normalised document (or each normalised paragraph = line) with xxh3_128 and writes records
@@ -32,34 +32,31 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from gristmill.core.configlib import Strict
+from gristmill.core.filter import Filter
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import GlobalStep, StageContext, Step
 from gristmill.dedup import inputs
 from gristmill.dedup.bloom import BloomFilter, BloomMeta, hash128, size_for
-from gristmill.dedup.order import (OFFSET_BITS, DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy,
-                                   shared_key_error)
+from gristmill.dedup.order import (
+    OFFSET_BITS,
+    DocKeys,
+    SourceTable,
+    check_unique,
+    load_ranks,
+    order_key,
+    save_npy,
+    shared_key_error,
+)
 from gristmill.dedup.text import normalize
-from gristmill.filters.base import Filter
-from gristmill.filters.words import split_words
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
-from gristmill.pipeline.writers import DroppedSampler, ParquetWriter
+from gristmill.text.words import split_words
 
 RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
 DUP = np.dtype([("key", "<u8"), ("para", "<i4"), ("hi", "<u8"), ("lo", "<u8")])
 BATCH = 1 << 16
-
-
-class ExactDedupConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    granularity: Literal["document", "paragraph"] = Field("document", description="what is deduplicated")
-    capacity: int = Field(100_000_000, ge=1, description="items (documents or paragraphs) the filter is sized for")
-    fp_rate: float = Field(1e-4, gt=0, lt=1, description="target false-positive rate at capacity")
-    min_doc_chars: int = Field(0, ge=0, description="paragraph mode: drop documents left shorter (characters)")
-    min_doc_words: int = Field(0, ge=0, description="paragraph mode: drop documents left with fewer words")
-    filter_from: str | None = Field(None, description="an earlier run's filter/ folder to dedup against")
 
 
 def _paragraphs(text: str, granularity: str) -> list[tuple[int, str]]:
@@ -81,13 +78,17 @@ def _slice_bounds(n_blocks: int, slices: int) -> np.ndarray:
 
 class ExactDedupHash(Step):
     type = "🫂 DEDUP"
-    yaml_name = "exact_dedup_hash"
+    step_name = "exact_dedup_hash"
 
-    def __init__(self, folder: Path, granularity: str, n_blocks: int, slices: int, step_id=None,
-                 input_folder: Path | None = None):
-        super().__init__(step_id)
-        self.folder, self.granularity, self.n_blocks, self.slices = Path(folder), granularity, n_blocks, slices
+    def __init__(self, *, granularity: str, n_blocks: int, slices: int, input_folder: Path | None = None,
+                 step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.granularity, self.n_blocks, self.slices = granularity, n_blocks, slices
         self.input_folder = input_folder and Path(input_folder)
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         bounds = _slice_bounds(self.n_blocks, self.slices)
@@ -143,14 +144,18 @@ def _task_files(folder: Path, rank: int, world_size: int) -> list[Path]:
 
 class ExactDedupFind(Step):
     type = "🫂 DEDUP"
-    yaml_name = "exact_dedup_find"
+    step_name = "exact_dedup_find"
 
-    def __init__(self, hash_folder: Path, folder: Path, capacity: int, fp_rate: float, n_blocks: int, k: int,
-                 slices: int, filter_from: str | None, step_id=None):
-        super().__init__(step_id)
-        self.hash_folder, self.folder = Path(hash_folder), Path(folder)
+    def __init__(self, hash_folder: Path, *, capacity: int, fp_rate: float, n_blocks: int, k: int, slices: int,
+                 filter_from: str | None, step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.hash_folder = Path(hash_folder)
         self.capacity, self.fp_rate, self.n_blocks, self.k = capacity, fp_rate, n_blocks, k
         self.slices, self.filter_from = slices, filter_from
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -205,12 +210,11 @@ class ExactDedupFind(Step):
 
 
 class ExactDedupFilter(Filter):
-    yaml_name = "exact_dedup_filter"
+    step_name = "exact_dedup_filter"
 
-    def __init__(self, hash_folder: Path, find_folder: Path, granularity: str, min_doc_chars: int,
-                 min_doc_words: int, step_id=None, dropped: DroppedSampler | None = None,
-                 input_folder: Path | None = None):
-        super().__init__(step_id, dropped)
+    def __init__(self, hash_folder: Path, find_folder: Path, *, granularity: str, min_doc_chars: int,
+                 min_doc_words: int, input_folder: Path | None = None, step_id: str | None = None):
+        super().__init__(step_id=step_id)
         self.hash_folder, self.find_folder, self.granularity = Path(hash_folder), Path(find_folder), granularity
         self.min_doc_chars, self.min_doc_words = min_doc_chars, min_doc_words
         self.input_folder = input_folder and Path(input_folder)
@@ -252,15 +256,26 @@ class ExactDedupFilter(Filter):
                              "again from exact_dedup_hash")
 
 
-class ExactDedup(Step):
-    """The YAML step `exact_dedup`: lays out the three stages above."""
+class ExactDedup(GlobalStep):
+    """Bloom-filter exact dedup of documents or of paragraphs (lines), across all tasks: the first
+    occurrence in (source, offset) order is kept, whatever the number of tasks.
+
+    Its three stages are described in the module docstring.
+    """
 
     yaml_name = "exact_dedup"
-    streamable = False
-    output_fields: dict[str, pa.DataType] = {}
+    drop_reasons = ("exact_duplicate", "exact_duplicate_paragraphs")
 
-    @classmethod
-    def sizing(cls, p: ExactDedupConfig) -> tuple[int, int]:
+    class Config(Strict):
+        granularity: Literal["document", "paragraph"] = Field("document", description="what is deduplicated")
+        capacity: int = Field(100_000_000, ge=1, description="items (documents or paragraphs) the filter is sized for")
+        fp_rate: float = Field(1e-4, gt=0, lt=1, description="target false-positive rate at capacity")
+        min_doc_chars: int = Field(0, ge=0, description="paragraph mode: drop documents left shorter (characters)")
+        min_doc_words: int = Field(0, ge=0, description="paragraph mode: drop documents left with fewer words")
+        filter_from: str | None = Field(None, description="an earlier run's filter/ folder to dedup against")
+
+    def sizing(self) -> tuple[int, int]:
+        p = self.config
         if p.filter_from:  # the earlier filter fixes the size
             metas = sorted(Path(p.filter_from).glob("slice_*.bloom.json"))
             if not metas:
@@ -269,26 +284,20 @@ class ExactDedup(Step):
             return m.n_blocks, m.k
         return size_for(p.capacity, p.fp_rate)
 
-    @classmethod
-    def build_stages(cls, spec, ctx, input_folder: Path) -> None:
-        p: ExactDedupConfig = ExactDedupConfig.model_validate(spec.params.model_dump())
-        n_blocks, k = cls.sizing(p)
-        tasks = ctx.cfg.executor.tasks
-        slices = min(tasks, n_blocks)
-        hash_folder = ctx.stage_folder("exact_dedup_hash")
-        ctx.new_stage("exact_dedup_hash", [ParquetReader(input_folder),
-                                          ExactDedupHash(hash_folder, p.granularity, n_blocks, slices, spec.step_id,
-                                                         input_folder)])
-        find_folder = ctx.stage_folder("exact_dedup_find")
-        ctx.new_stage("exact_dedup_find", [ExactDedupFind(hash_folder, find_folder, p.capacity, p.fp_rate, n_blocks, k,
-                                                          slices, p.filter_from, spec.step_id)], tasks=slices)
-        folder = ctx.stage_folder("exact_dedup_filter")
-        dropped = None
-        if ctx.cfg.output.dropped_sample > 0:
-            dropped = DroppedSampler(folder / "dropped" / spec.step_id, ctx.cfg.output.dropped_sample, ctx.fields)
-        ctx.new_stage("exact_dedup_filter", [
-            ParquetReader(input_folder),
-            ExactDedupFilter(hash_folder, find_folder, p.granularity, p.min_doc_chars, p.min_doc_words,
-                             spec.step_id, dropped, input_folder),
-            ParquetWriter(folder / "output", dict(ctx.fields), ctx.compression),
+    def stages(self, ctx: StageContext) -> None:
+        p = self.config
+        n_blocks, k = self.sizing()
+        slices = min(ctx.tasks, n_blocks)
+        hashed = ctx.stage("exact_dedup_hash", [
+            ParquetReader(ctx.documents),
+            ExactDedupHash(granularity=p.granularity, n_blocks=n_blocks, slices=slices, input_folder=ctx.documents,
+                           step_id=self.name)])
+        found = ctx.stage("exact_dedup_find", [
+            ExactDedupFind(hashed.folder, capacity=p.capacity, fp_rate=p.fp_rate, n_blocks=n_blocks, k=k,
+                           slices=slices, filter_from=p.filter_from, step_id=self.name)], tasks=slices)
+        ctx.stage("exact_dedup_filter", [
+            ParquetReader(ctx.documents),
+            ExactDedupFilter(hashed.folder, found.folder, granularity=p.granularity, min_doc_chars=p.min_doc_chars,
+                             min_doc_words=p.min_doc_words, input_folder=ctx.documents, step_id=self.name),
+            ctx.writer(),
         ])

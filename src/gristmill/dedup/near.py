@@ -1,6 +1,6 @@
 """`near_dedup`: MinHash-LSH near-duplicate removal across tasks, clustering out of core.
 
-Stages (added by `NearDedup.build_stages`; T = executor.tasks):
+Stages (laid out by `NearDedup.stages`; T = executor.tasks):
 
 1. `near_dedup_signature` (T): shingles (normalised word n-grams, `text.shingle_hashes`: each
    word hashed once, n-grams combined in numpy), MinHash signatures (`minhash.MinHasher`,
@@ -23,56 +23,35 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from gristmill.core.configlib import Strict
+from gristmill.core.filter import Filter
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import GlobalStep, StageContext, Step
 from gristmill.dedup.lsh import band_edges, band_keys, components, optimal_bands, shard_of
 from gristmill.dedup.minhash import MinHasher
 from gristmill.dedup.order import DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy, write_json_atomic
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
-from gristmill.filters.base import Filter
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
-from gristmill.pipeline.writers import DroppedSampler, ParquetWriter
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
 BATCH_DOCS = 256
 
 
-class NearDedupConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    threshold: float = Field(0.8, gt=0, lt=1, description="target Jaccard similarity of near duplicates")
-    ngram: int = Field(5, ge=1, description="words per shingle")
-    num_perm: int = Field(128, ge=2, description="MinHash permutations")
-    bands: int | None = Field(None, ge=1, description="LSH bands (default: from threshold, datasketch's optimum)")
-    rows: int | None = Field(None, ge=1, description="rows per band (with `bands`)")
-    fp_weight: float = Field(0.1, ge=0, le=1, description="weight of false positives when choosing bands")
-    fn_weight: float = Field(0.9, ge=0, le=1, description="weight of false negatives when choosing bands")
-    verify: bool = Field(True, description="check candidate pairs' exact Jaccard (drops LSH false positives)")
-    seed: int = Field(1, description="seed of the MinHash permutations")
-
-    @model_validator(mode="after")
-    def _bands_rows(self):
-        if (self.bands is None) != (self.rows is None):
-            raise ValueError("give both `bands` and `rows`, or neither")
-        if self.bands is not None and self.bands * self.rows > self.num_perm:
-            raise ValueError(f"bands*rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
-        return self
-
-    def band_rows(self) -> tuple[int, int]:
-        if self.bands is not None:
-            return self.bands, self.rows
-        return optimal_bands(self.threshold, self.num_perm, self.fp_weight, self.fn_weight)
 
 
 class NearDedupSignature(Step):
     type = "🫂 DEDUP"
-    yaml_name = "near_dedup_signature"
+    step_name = "near_dedup_signature"
 
-    def __init__(self, folder: Path, p: NearDedupConfig, step_id=None):
-        super().__init__(step_id)
-        self.folder, self.p = Path(folder), p
+    def __init__(self, p: NearDedup.Config, *, step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.p = p
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         bands, rows = self.p.band_rows()
@@ -130,11 +109,15 @@ def _load_band(sig_folder: Path, band: int, task_ranks) -> tuple[np.ndarray, np.
 
 class NearDedupBuckets(Step):
     type = "🫂 DEDUP"
-    yaml_name = "near_dedup_buckets"
+    step_name = "near_dedup_buckets"
 
-    def __init__(self, sig_folder: Path, folder: Path, bands: int, shards: int, step_id=None):
-        super().__init__(step_id)
-        self.sig_folder, self.folder, self.bands, self.shards = Path(sig_folder), Path(folder), bands, shards
+    def __init__(self, sig_folder: Path, *, bands: int, shards: int, step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.sig_folder, self.bands, self.shards = Path(sig_folder), bands, shards
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -160,12 +143,16 @@ def _shard_edges(folder: Path, shard: int) -> np.ndarray:
 
 class NearDedupShingles(Step):
     type = "🫂 DEDUP"
-    yaml_name = "near_dedup_shingles"
+    step_name = "near_dedup_shingles"
 
-    def __init__(self, sig_folder: Path, edge_folder: Path, folder: Path, ngram: int, shards: int, step_id=None):
-        super().__init__(step_id)
-        self.sig_folder, self.edge_folder, self.folder = Path(sig_folder), Path(edge_folder), Path(folder)
+    def __init__(self, sig_folder: Path, edge_folder: Path, *, ngram: int, shards: int, step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.sig_folder, self.edge_folder = Path(sig_folder), Path(edge_folder)
         self.ngram, self.shards = ngram, shards
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -197,12 +184,16 @@ class NearDedupShingles(Step):
 
 class NearDedupVerify(Step):
     type = "🫂 DEDUP"
-    yaml_name = "near_dedup_verify"
+    step_name = "near_dedup_verify"
 
-    def __init__(self, edge_folder: Path, shingle_folder: Path, folder: Path, threshold: float, step_id=None):
-        super().__init__(step_id)
-        self.edge_folder, self.shingle_folder, self.folder = Path(edge_folder), Path(shingle_folder), Path(folder)
+    def __init__(self, edge_folder: Path, shingle_folder: Path, *, threshold: float, step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.edge_folder, self.shingle_folder = Path(edge_folder), Path(shingle_folder)
         self.threshold = threshold
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -232,11 +223,15 @@ def write_cluster_sizes(folder: Path, roots: np.ndarray) -> None:
 
 class NearDedupCluster(Step):
     type = "🫂 DEDUP"
-    yaml_name = "near_dedup_cluster"
+    step_name = "near_dedup_cluster"
 
-    def __init__(self, sig_folder: Path, edge_folder: Path, folder: Path, shards: int, step_id=None):
-        super().__init__(step_id)
-        self.sig_folder, self.edge_folder, self.folder, self.shards = Path(sig_folder), Path(edge_folder), Path(folder), shards
+    def __init__(self, sig_folder: Path, edge_folder: Path, *, shards: int, step_id: str | None = None):
+        super().__init__(step_id=step_id)
+        self.sig_folder, self.edge_folder, self.shards = Path(sig_folder), Path(edge_folder), shards
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_folder
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -257,10 +252,10 @@ class NearDedupCluster(Step):
 
 
 class NearDedupFilter(Filter):
-    yaml_name = "near_dedup_filter"
+    step_name = "near_dedup_filter"
 
-    def __init__(self, sig_folder: Path, cluster_folder: Path, step_id=None, dropped: DroppedSampler | None = None):
-        super().__init__(step_id, dropped)
+    def __init__(self, sig_folder: Path, cluster_folder: Path, *, step_id: str | None = None):
+        super().__init__(step_id=step_id)
         self.sig_folder, self.cluster_folder = Path(sig_folder), Path(cluster_folder)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
@@ -275,38 +270,55 @@ class NearDedupFilter(Filter):
         return True
 
 
-class NearDedup(Step):
-    """The YAML step `near_dedup`: lays out the stages above."""
+class NearDedup(GlobalStep):
+    """MinHash-LSH near-duplicate removal: documents whose word n-gram Jaccard similarity reaches
+    `threshold` form clusters, of which only the first in (source, offset) order is kept.
+
+    Its stages are described in the module docstring.
+    """
 
     yaml_name = "near_dedup"
-    streamable = False
-    output_fields: dict[str, pa.DataType] = {}
+    drop_reasons = ("near_duplicate",)
 
-    @classmethod
-    def build_stages(cls, spec, ctx, input_folder: Path) -> None:
-        p: NearDedupConfig = NearDedupConfig.model_validate(spec.params.model_dump())
+    class Config(Strict):
+        threshold: float = Field(0.8, gt=0, lt=1, description="target Jaccard similarity of near duplicates")
+        ngram: int = Field(5, ge=1, description="words per shingle")
+        num_perm: int = Field(128, ge=2, description="MinHash permutations")
+        bands: int | None = Field(None, ge=1, description="LSH bands (default: from threshold, datasketch's optimum)")
+        rows: int | None = Field(None, ge=1, description="rows per band (with `bands`)")
+        fp_weight: float = Field(0.1, ge=0, le=1, description="weight of false positives when choosing bands")
+        fn_weight: float = Field(0.9, ge=0, le=1, description="weight of false negatives when choosing bands")
+        verify: bool = Field(True, description="check candidate pairs' exact Jaccard (drops LSH false positives)")
+        seed: int = Field(1, description="seed of the MinHash permutations")
+
+        @model_validator(mode="after")
+        def _bands_rows(self):
+            if (self.bands is None) != (self.rows is None):
+                raise ValueError("give both `bands` and `rows`, or neither")
+            if self.bands is not None and self.bands * self.rows > self.num_perm:
+                raise ValueError(f"bands*rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
+            return self
+
+        def band_rows(self) -> tuple[int, int]:
+            if self.bands is not None:
+                return self.bands, self.rows
+            return optimal_bands(self.threshold, self.num_perm, self.fp_weight, self.fn_weight)
+
+    def stages(self, ctx: StageContext) -> None:
+        p, tasks, documents = self.config, ctx.tasks, ctx.documents
         bands, _ = p.band_rows()
-        tasks = ctx.cfg.executor.tasks
-        sig = ctx.stage_folder("near_dedup_signature")
-        ctx.new_stage("near_dedup_signature", [ParquetReader(input_folder), NearDedupSignature(sig, p, spec.step_id)])
-        bk = ctx.stage_folder("near_dedup_buckets")
-        ctx.new_stage("near_dedup_buckets", [NearDedupBuckets(sig, bk, bands, tasks, spec.step_id)], tasks=min(tasks, bands))
-        edges = bk / "edges"
+        sig = ctx.stage("near_dedup_signature", [ParquetReader(documents), NearDedupSignature(p, step_id=self.name)])
+        buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(sig.folder, bands=bands, shards=tasks,
+                                                                    step_id=self.name)], tasks=min(tasks, bands))
+        edges = buckets.folder / "edges"
         if p.verify:
-            sh = ctx.stage_folder("near_dedup_shingles")
-            ctx.new_stage("near_dedup_shingles", [ParquetReader(input_folder),
-                                                 NearDedupShingles(sig, edges, sh, p.ngram, tasks, spec.step_id)])
-            ver = ctx.stage_folder("near_dedup_verify")
-            ctx.new_stage("near_dedup_verify", [NearDedupVerify(edges, sh, ver, p.threshold, spec.step_id)])
-            edges = ver / "verified"
-        cl = ctx.stage_folder("near_dedup_cluster")
-        ctx.new_stage("near_dedup_cluster", [NearDedupCluster(sig, edges, cl, tasks, spec.step_id)], tasks=1)
-        folder = ctx.stage_folder("near_dedup_filter")
-        dropped = None
-        if ctx.cfg.output.dropped_sample > 0:
-            dropped = DroppedSampler(folder / "dropped" / spec.step_id, ctx.cfg.output.dropped_sample, ctx.fields)
-        ctx.new_stage("near_dedup_filter", [
-            ParquetReader(input_folder),
-            NearDedupFilter(sig, cl, spec.step_id, dropped),
-            ParquetWriter(folder / "output", dict(ctx.fields), ctx.compression),
-        ])
+            sh = ctx.stage("near_dedup_shingles", [
+                ParquetReader(documents),
+                NearDedupShingles(sig.folder, edges, ngram=p.ngram, shards=tasks, step_id=self.name)])
+            ver = ctx.stage("near_dedup_verify", [NearDedupVerify(edges, sh.folder, threshold=p.threshold,
+                                                                  step_id=self.name)])
+            edges = ver.folder / "verified"
+        cl = ctx.stage("near_dedup_cluster", [NearDedupCluster(sig.folder, edges, shards=tasks, step_id=self.name)],
+                       tasks=1)
+        ctx.stage("near_dedup_filter", [ParquetReader(documents), NearDedupFilter(sig.folder, cl.folder,
+                                                                                   step_id=self.name), ctx.writer()])

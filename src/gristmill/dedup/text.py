@@ -22,7 +22,14 @@ from itertools import chain
 import numpy as np
 import xxhash
 
-from gristmill.filters.words import _ASTRAL, _IDEO, _SYL, _WORD, PUNCTUATION_SET, split_words
+from gristmill.text.words import (
+    ASTRAL_CHARS,
+    IDEOGRAPHIC_CHARS,
+    PUNCTUATION_SET,
+    SYLLABIC_CHARS,
+    WORD_TOKEN,
+    split_words,
+)
 
 _DELETE = str.maketrans("", "", "".join(PUNCTUATION_SET))
 _PUNCT = "".join(sorted(PUNCTUATION_SET))
@@ -32,8 +39,8 @@ _SPECIAL = "".join(re.escape(c) for c in sorted(PUNCTUATION_SET) if c.isspace() 
 # characters split_words makes one token each (Han, kana, Thai... and beyond U+FFFF): where a
 # text has none, a str.isalnum() token is exactly one split_words token (checked for every code
 # point in tests/dedup/test_minhash.py)
-_OWN_TOKEN = re.compile(f"[{_IDEO}{_SYL}{_ASTRAL}]")
-_SLOW = re.compile(f"[{_SPECIAL}{_IDEO}{_SYL}{_ASTRAL}]")  # texts for translate-then-split
+_OWN_TOKEN = re.compile(f"[{IDEOGRAPHIC_CHARS}{SYLLABIC_CHARS}{ASTRAL_CHARS}]")
+_SLOW = re.compile(f"[{_SPECIAL}{IDEOGRAPHIC_CHARS}{SYLLABIC_CHARS}{ASTRAL_CHARS}]")  # texts for translate-then-split
 
 
 def normalize(text: str) -> str:
@@ -68,7 +75,7 @@ def words(text: str) -> list[str]:
             if w.isalnum():
                 out.append(w)
             elif w:
-                out += _WORD.findall(w)
+                out += WORD_TOKEN.findall(w)
     return out
 
 

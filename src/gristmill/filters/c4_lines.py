@@ -17,53 +17,38 @@ from collections import Counter
 
 from datatrove.data import Document
 from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, END_PUNCTUATION, POLICY_SUBSTRINGS
+from pydantic import Field
 
-from gristmill.filters.base import Filter, FilterResult
-from gristmill.filters.words import split_sentences
-from gristmill.pipeline.writers import DroppedSampler
+from gristmill.core.configlib import Strict
+from gristmill.core.filter import Filter, FilterResult
+from gristmill.text.words import split_sentences
 
 _POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))
 
 
 class C4Lines(Filter):
     yaml_name = "c4_lines"
+    drop_reasons = ("lorem_ipsum", "curly_bracket", "too_few_sentences")
 
-    def __init__(
-        self,
-        step_id: str | None = None,
-        dropped: DroppedSampler | None = None,
-        *,
-        split_paragraph: bool = True,
-        remove_citations: bool = True,
-        filter_no_terminal_punct: bool = True,
-        min_num_sentences: int = 5,
-        min_words_per_line: int = 3,
-        max_word_length: int = 1000,
-        filter_lorem_ipsum: bool = True,
-        filter_javascript: bool = True,
-        filter_curly_bracket: bool = True,
-        filter_policy: bool = True,
-    ):
-        """As datatrove's C4QualityFilter; -1 disables the numeric rules.
+    class Config(Strict):
+        """As datatrove's C4QualityFilter; -1 disables the numeric rules."""
 
-        split_paragraph: True (C4) applies the line rules to lines; False to sentences, which
-        are then joined with spaces.
-        """
-        super().__init__(step_id, dropped)
-        self.split_paragraph = split_paragraph
-        self.remove_citations = remove_citations
-        self.filter_no_terminal_punct = filter_no_terminal_punct
-        self.min_num_sentences = min_num_sentences
-        self.min_words_per_line = min_words_per_line
-        self.max_word_length = max_word_length
-        self.filter_lorem_ipsum = filter_lorem_ipsum
-        self.filter_javascript = filter_javascript
-        self.filter_curly_bracket = filter_curly_bracket
-        self.filter_policy = filter_policy
+        split_paragraph: bool = Field(True, description="apply the line rules to lines (C4); false: to sentences, "
+                                      "then joined with spaces")
+        remove_citations: bool = Field(True, description="remove Wikipedia-style citations such as [1]")
+        filter_no_terminal_punct: bool = Field(True, description="drop lines without terminal punctuation")
+        min_num_sentences: int = Field(5, description="drop documents with fewer sentences")
+        min_words_per_line: int = Field(3, description="drop lines with fewer words")
+        max_word_length: int = Field(1000, description="drop lines with a longer word")
+        filter_lorem_ipsum: bool = Field(True, description="drop documents containing `lorem ipsum`")
+        filter_javascript: bool = Field(True, description="drop lines mentioning javascript")
+        filter_curly_bracket: bool = Field(True, description="drop documents with a curly bracket")
+        filter_policy: bool = Field(True, description="drop lines about cookie, privacy or terms-of-use policies")
 
     def filter(self, doc: Document) -> FilterResult:
-        lines = doc.text.splitlines() if self.split_paragraph else split_sentences(doc.text)
-        max_len = self.max_word_length
+        c = self.config
+        lines = doc.text.splitlines() if c.split_paragraph else split_sentences(doc.text)
+        max_len = c.max_word_length
         kept: list[str] = []
         line_drops = Counter()  # lines dropped, by rule, for the stats
         num_sentences = 0
@@ -76,31 +61,31 @@ class C4Lines(Filter):
             if max_len != -1 and len(line) > max_len and any(len(w) > max_len for w in line.split()):
                 line_drops["line-filter-too_long_word"] += 1
                 continue
-            if self.remove_citations and "[" in line:  # every citation starts with "["
+            if c.remove_citations and "[" in line:  # every citation starts with "["
                 line = CITATION_REGEX.sub("", line)
-            if self.filter_no_terminal_punct and (
+            if c.filter_no_terminal_punct and (
                 not line.endswith(END_PUNCTUATION) or line.endswith(ELLIPSIS)
             ):
                 line_drops["line-filter-no_terminal_punc"] += 1
                 continue
-            if len(uncited.split()) < self.min_words_per_line:  # words counted before citations go
+            if len(uncited.split()) < c.min_words_per_line:  # words counted before citations go
                 line_drops["line-filter-too_few_words"] += 1
                 continue
             line_l = line.lower()
-            if self.filter_lorem_ipsum and "lorem ipsum" in line_l:
+            if c.filter_lorem_ipsum and "lorem ipsum" in line_l:
                 result = False, "lorem_ipsum"
                 break
-            if self.filter_javascript and "javascript" in line_l:
+            if c.filter_javascript and "javascript" in line_l:
                 line_drops["line-filter-javascript"] += 1
                 continue
-            if self.filter_curly_bracket and "{" in line:
+            if c.filter_curly_bracket and "{" in line:
                 result = False, "curly_bracket"
                 break
-            if self.filter_policy and _POLICY.search(line_l):
+            if c.filter_policy and _POLICY.search(line_l):
                 line_drops["line-filter-policy"] += 1
                 continue
-            if self.min_num_sentences != -1:
-                num_sentences += len(split_sentences(line)) if self.split_paragraph else 1
+            if c.min_num_sentences != -1:
+                num_sentences += len(split_sentences(line)) if c.split_paragraph else 1
             kept.append(line)
 
         if n_lines:
@@ -111,7 +96,7 @@ class C4Lines(Filter):
             self.stat_update("line-kept", value=len(kept))
         if result is not True:
             return result
-        if num_sentences < self.min_num_sentences:
+        if num_sentences < c.min_num_sentences:
             return False, "too_few_sentences"
-        doc.text = ("\n" if self.split_paragraph else " ").join(kept).strip()
+        doc.text = ("\n" if c.split_paragraph else " ").join(kept).strip()
         return True

@@ -22,10 +22,11 @@ from functools import partial
 
 import numpy as np
 from datatrove.data import Document
+from pydantic import Field, field_validator
 
-from gristmill.filters.base import Filter, FilterResult
-from gristmill.filters.words import split_lines, split_paragraphs, split_words
-from gristmill.pipeline.writers import DroppedSampler
+from gristmill.core.configlib import Strict
+from gristmill.core.filter import Filter, FilterResult
+from gristmill.text.words import split_lines, split_paragraphs, split_words
 
 _U64 = np.uint64
 # Polynomial hashing of strings modulo 2**64 (numpy's uint64 array arithmetic wraps, without
@@ -193,34 +194,32 @@ def _repeated_chars_of_strings(words: list[str], n: int) -> int:
 
 class GopherRepetition(Filter):
     yaml_name = "gopher_repetition"
+    drop_reasons = ("empty", "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
+                    "top_<n>_gram", "duplicated_<n>_n_grams")
 
-    def __init__(
-        self,
-        step_id: str | None = None,
-        dropped: DroppedSampler | None = None,
-        *,
-        dup_line_frac: float | None = 0.3,
-        dup_para_frac: float | None = 0.3,
-        dup_line_char_frac: float | None = 0.2,
-        dup_para_char_frac: float | None = 0.2,
-        top_n_grams: tuple[tuple[int, float], ...] = ((2, 0.2), (3, 0.18), (4, 0.16)),
-        dup_n_grams: tuple[tuple[int, float], ...] = (
-            (5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10),
-        ),  # fmt: skip
-    ):
-        """Fractions, when None or 0, disable their rule (as in datatrove); the n-gram rules
-        are (n, max fraction) pairs, applied in the order given."""
-        super().__init__(step_id, dropped)
-        self.dup_line_frac = dup_line_frac
-        self.dup_para_frac = dup_para_frac
-        self.dup_line_char_frac = dup_line_char_frac
-        self.dup_para_char_frac = dup_para_char_frac
-        self.top_n_grams = tuple((int(n), frac) for n, frac in top_n_grams)  # YAML gives lists
-        self.dup_n_grams = tuple((int(n), frac) for n, frac in dup_n_grams)
-        if any(n < 1 for n, _ in self.top_n_grams + self.dup_n_grams):
-            raise ValueError("n-gram rules need n >= 1")
+    class Config(Strict):
+        """Fractions, when null or 0, disable their rule (as in datatrove); the n-gram rules are
+        [n, max fraction] pairs, applied in the order given."""
+
+        dup_line_frac: float | None = Field(0.3, description="most share of lines that repeat an earlier line")
+        dup_para_frac: float | None = Field(0.3, description="most share of paragraphs that repeat one")
+        dup_line_char_frac: float | None = Field(0.2, description="most share of characters in repeated lines")
+        dup_para_char_frac: float | None = Field(0.2, description="most share of characters in repeated paragraphs")
+        top_n_grams: tuple[tuple[int, float], ...] = Field(
+            ((2, 0.2), (3, 0.18), (4, 0.16)), description="[n, most share of characters in the top n-gram]")
+        dup_n_grams: tuple[tuple[int, float], ...] = Field(
+            ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)),
+            description="[n, most share of characters in repeated n-grams]")
+
+        @field_validator("top_n_grams", "dup_n_grams")
+        @classmethod
+        def _positive_n(cls, rules):
+            if any(n < 1 for n, _ in rules):
+                raise ValueError("n-gram rules need n >= 1")
+            return rules
 
     def filter(self, doc: Document) -> FilterResult:
+        c = self.config
         text = doc.text
         if not text:
             return False, "empty"
@@ -228,16 +227,16 @@ class GopherRepetition(Filter):
 
         paragraphs = split_paragraphs(text)
         dups, dup_chars = _duplicates(paragraphs)
-        if self.dup_para_frac and dups / len(paragraphs) > self.dup_para_frac:
+        if c.dup_para_frac and dups / len(paragraphs) > c.dup_para_frac:
             return False, "dup_para_frac"
-        if self.dup_para_char_frac and dup_chars / n_chars > self.dup_para_char_frac:
+        if c.dup_para_char_frac and dup_chars / n_chars > c.dup_para_char_frac:
             return False, "dup_para_char_frac"
 
         lines = split_lines(text)
         dups, dup_chars = _duplicates(lines)
-        if self.dup_line_frac and dups / len(lines) > self.dup_line_frac:
+        if c.dup_line_frac and dups / len(lines) > c.dup_line_frac:
             return False, "dup_line_frac"
-        if self.dup_line_char_frac and dup_chars / n_chars > self.dup_line_char_frac:
+        if c.dup_line_char_frac and dup_chars / n_chars > c.dup_line_char_frac:
             return False, "dup_line_char_frac"
 
         words = split_words(text)
@@ -247,11 +246,11 @@ class GopherRepetition(Filter):
         else:
             ngrams = _NGrams(words)
             top_chars_of, repeated_chars_of = ngrams.top_chars, ngrams.repeated_chars
-        for n, max_frac in self.top_n_grams:
+        for n, max_frac in c.top_n_grams:
             top_chars = top_chars_of(n)
             if top_chars is not None and top_chars / n_chars > max_frac:
                 return False, f"top_{n}_gram"
-        for n, max_frac in self.dup_n_grams:
+        for n, max_frac in c.dup_n_grams:
             if repeated_chars_of(n) / n_chars > max_frac:
                 return False, f"duplicated_{n}_n_grams"
         return True

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 from datatrove.data import Document
+from pydantic import Field, field_validator
 
-from gristmill.filters.base import FilterResult, ModelFilter
+from gristmill.core.configlib import Strict
+from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.filters.ccnet_normalize import normalize_lines
 from gristmill.filters.model_check import Checked, ModelError, check_kenlm, unchanged
 
@@ -85,44 +88,55 @@ def bucket(pp: float, cutoffs: tuple[float, float]) -> str:
 
 class KenLM(ModelFilter):
     yaml_name = "kenlm"
+    drop_reasons = ("perplexity_above_max", "perplexity_bucket_<bucket>")
     output_fields = {"perplexity": pa.float64(), "perplexity_bucket": pa.string()}
     score_field = "perplexity"
     score_bins = {"scale": "log", "lo": 0.0, "hi": 5.0, "n": 25}  # perplexity 1 to 100,000
 
-    def __init__(
-        self,
-        models: dict[str, str] | None = None,
-        default_language: str | None = None,
-        max_perplexity: float | None = None,
-        keep_buckets: list[str] | None = None,
-        cutoffs: dict[str, list[float]] | None = None,
-        step_id: str | None = None,
-        dropped=None,
-    ):
-        super().__init__(step_id, dropped)
-        models = models if models is not None else {"en": "models/kenlm/en.arpa.bin"}
-        if not models:
-            raise ModelError("kenlm: `models` is empty; give at least one `language: path`")
+    class Config(Strict):
+        models: dict[str, str] = Field({"en": "models/kenlm/en.arpa.bin"},
+                                       description="language -> KenLM .arpa or binary")
+        default_language: str | None = Field(None, description="language of documents without langid's `language`")
+        max_perplexity: float | None = Field(None, gt=0, description="drop documents with a higher perplexity")
+        keep_buckets: list[Literal["head", "middle", "tail"]] | None = Field(None,
+                                                                             description="CCNet buckets to keep")
+        cutoffs: dict[str, tuple[float, float]] | None = Field(
+            None, description="[head, middle] cut-offs per language (default: the model's .stats.json)")
+
+        @field_validator("models")
+        @classmethod
+        def _not_empty(cls, models):
+            if not models:
+                raise ValueError("empty; give at least one `language: path`")
+            return models
+
+        @field_validator("cutoffs")
+        @classmethod
+        def _ordered(cls, cutoffs):
+            for lang, (head, middle) in (cutoffs or {}).items():
+                if not head <= middle:
+                    raise ValueError(f"{lang}: expected [head, middle] with head <= middle, got {[head, middle]}")
+            return cutoffs
+
+    def __init__(self, config: Config | None = None, /, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
         # Validated now, in the planning process, so a bad model fails the run before any
         # document is read.
-        self.checked = {lang: check_kenlm(p) for lang, p in models.items()}
-        self.model_paths = {lang: c.path for lang, c in self.checked.items()}
-        self.default_language = default_language
-        self.max_perplexity = max_perplexity
-        if keep_buckets is not None and (bad := set(keep_buckets) - set(BUCKETS)):
-            raise ValueError(f"kenlm.keep_buckets: unknown bucket(s) {sorted(bad)}; expected {BUCKETS}")
-        self.keep_buckets = set(keep_buckets) if keep_buckets is not None else None
+        self.checked = {lang: check_kenlm(p) for lang, p in c.models.items()}
+        self.model_paths = {lang: checked.path for lang, checked in self.checked.items()}
+        self.default_language = c.default_language
+        self.max_perplexity = c.max_perplexity
+        self.keep_buckets = set(c.keep_buckets) if c.keep_buckets is not None else None
         self.cutoffs: dict[str, tuple[float, float]] = {}
         for lang, path in self.model_paths.items():
-            given = (cutoffs or {}).get(lang)
-            c = (float(given[0]), float(given[1])) if given else read_cutoffs(path)
-            if c is None and self.keep_buckets is not None:
+            given = (c.cutoffs or {}).get(lang)
+            cut = (float(given[0]), float(given[1])) if given else read_cutoffs(path)
+            if cut is None and self.keep_buckets is not None:
                 raise ModelError(f"kenlm.keep_buckets needs bucket cut-offs for {lang!r}: {stats_path(path)} is "
                                  f"missing (written by `pipeline kenlm train`); or give `cutoffs: {{{lang}: [a, b]}}`")
-            if c is not None:
-                if not c[0] <= c[1]:
-                    raise ValueError(f"kenlm.cutoffs.{lang}: expected [head, middle] with head <= middle, got {list(c)}")
-                self.cutoffs[lang] = c
+            if cut is not None:
+                self.cutoffs[lang] = cut
 
     def load_model(self) -> dict:
         return {lang: load_kenlm(c) for lang, c in self.checked.items()}

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pyarrow as pa
 from datatrove.data import Document
+from pydantic import Field
 
-from gristmill.filters.base import FilterResult, ModelFilter
-from gristmill.filters.model_check import Checked, ModelError, check_fasttext, unchanged  # noqa: F401 (ModelError re-exported)
-from gristmill.filters.scores import LINEAR_01
+from gristmill.core.configlib import Fraction, Strict
+from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.scores import LINEAR_01
+from gristmill.core.step import BuildContext
+from gristmill.filters.model_check import Checked, ModelError, check_fasttext, unchanged  # noqa: F401 (re-exported)
 
 LABEL_PREFIX = "__label__"
 
@@ -35,28 +38,30 @@ def load_fasttext(path: str | Path | Checked):
 
 class LangId(ModelFilter):
     yaml_name = "langid"
+    drop_reasons = ("language_not_kept", "low_language_score")
     batch_size = 256
     output_fields = {"language": pa.string(), "language_score": pa.float32()}
     score_field = "language_score"
     score_bins = LINEAR_01
 
-    def __init__(
-        self,
-        model: str = "models/lid.176.ftz",
-        languages: list[str] | None = ("en",),
-        min_score: float = 0.65,
-        step_id: str | None = None,
-        dropped=None,
-        resolve=None,
-    ):
-        super().__init__(step_id, dropped)
-        # URLs are fetched to a local cache first; the file is validated now, in the planning
-        # process, so a bad model fails the run before any document is read.
-        remote = str(model).startswith(("http://", "https://"))
-        self.checked = check_fasttext(resolve(model) if remote and resolve else model)
+    class Config(Strict):
+        model: str = Field("models/lid.176.ftz", description="fastText LID model: path or http(s) URL")
+        languages: list[str] | None = Field(["en"], description="languages to keep; null keeps all")
+        min_score: Fraction = Field(0.65, description="minimum probability of the top language")
+
+    @classmethod
+    def build(cls, config: Config, ctx: BuildContext, step_id: str | None = None) -> LangId:
+        # a URL is fetched to the local cache now, in the planning process, once
+        return cls(config, step_id=step_id, model_path=str(ctx.local_path(config.model)))
+
+    def __init__(self, config: Config | None = None, /, *, model_path: str | None = None, **kwargs):
+        super().__init__(config, **kwargs)
+        # validated now, in the planning process (cheap checks, then a trial load in a child
+        # process), so a bad model fails the run before any document is read
+        self.checked = check_fasttext(model_path or self.config.model)
         self.model_path = self.checked.path
-        self.languages = set(languages) if languages else None
-        self.min_score = min_score
+        self.languages = set(self.config.languages) if self.config.languages else None
+        self.min_score = self.config.min_score
 
     def load_model(self):
         return load_fasttext(self.checked)

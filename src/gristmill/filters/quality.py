@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 from datatrove.data import Document
+from pydantic import Field
 
-from gristmill.filters.base import FilterResult, ModelFilter
-from gristmill.filters.scores import LINEAR_01
+from gristmill.core.configlib import Fraction, Strict
+from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.scores import LINEAR_01
 from gristmill.filters.langid import load_fasttext
 from gristmill.filters.model_check import ModelError, check_fasttext
 
@@ -33,28 +35,28 @@ def label_scores(model, texts: list[str], label: str) -> list[float]:
 
 class Quality(ModelFilter):
     yaml_name = "quality"
+    drop_reasons = ("low_quality_score",)
     batch_size = 256
     output_fields = {"quality_score": pa.float32()}
     score_field = "quality_score"
     score_bins = LINEAR_01
 
-    def __init__(
-        self,
-        model: str = "models/quality/en.bin",
-        label: str = "__label__hq",
-        min_score: float = 0.5,
-        step_id: str | None = None,
-        dropped=None,
-    ):
-        super().__init__(step_id, dropped)
+    class Config(Strict):
+        model: str = Field("models/quality/en.bin", description="fastText classifier (`pipeline quality train`)")
+        label: str = Field("__label__hq", description="label whose probability is the quality score")
+        min_score: Fraction = Field(0.5, description="drop documents whose probability of `label` is lower")
+
+    def __init__(self, config: Config | None = None, /, **kwargs):
+        super().__init__(config, **kwargs)
+        c = self.config
         # Validated now, in the planning process, with its labels: before any document is read.
-        self.checked = check_fasttext(model, "fastText classifier")
+        self.checked = check_fasttext(c.model, "fastText classifier")
         self.model_path = self.checked.path
         labels = self.checked.info["labels"]
-        if label not in labels:
-            raise ModelError(f"{self.model_path}: no label {label!r} in this classifier (it has {labels}); set `label`")
-        self.label = label
-        self.min_score = min_score
+        if c.label not in labels:
+            raise ModelError(f"{self.model_path}: no label {c.label!r} in this classifier (it has {labels}); set `label`")
+        self.label = c.label
+        self.min_score = c.min_score
 
     def load_model(self):
         return load_fasttext(self.checked)

@@ -35,64 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import datatrove.executor.base as dt_base
 import dill
 from datatrove.executor.local import LocalPipelineExecutor
 from datatrove.executor.slurm import SlurmPipelineExecutor
-from loguru import logger
 
+from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
 from gristmill.pipeline.planner import Stage
-
-_original_add_task_logger = dt_base.add_task_logger
-_original_close_task_logger = dt_base.close_task_logger
-
-
-
-def _one_line(record) -> str:
-    # A callable format gets no traceback appended: tracebacks belong in the task's log file,
-    # the terminal shows one line per warning or error.
-    return "{level: <8} | {message}\n"
-
-
-_TERMINAL = {"level": "WARNING", "format": _one_line}
-
-
-def _guarded(stream):
-    """A log sink that survives a full disk: the task fails with its own error, once, instead
-    of loguru printing a traceback for every log line it could not write."""
-
-    def write(message: str) -> None:
-        try:
-            stream.write(message)
-        except OSError:
-            pass
-
-    return write
-
-
-def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
-    # local_rank=1 makes datatrove's own terminal sink ERROR-only (its "Launching pipeline" line)
-    logfile = _original_add_task_logger(logging_dir, rank, 1, node_rank)
-    # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
-    logger.remove()
-    logger.add(sys.stderr, **_TERMINAL)
-    logger.add(_guarded(logfile), level="DEBUG",
-               format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
-    return logfile
-
-
-def _close_task_logger_quiet(logfile):
-    _original_close_task_logger(logfile)  # re-adds datatrove's INFO terminal sink ("N/M tasks completed")
-    logger.remove()
-    logger.add(sys.stderr, **_TERMINAL)
-
-
-def _quiet_task_logging() -> None:
-    """In the task's own process: route datatrove's per-task logging through the two above."""
-    dt_base.add_task_logger = _add_task_logger_quiet
-    dt_base.close_task_logger = _close_task_logger_quiet
-
 
 # Fault injection for tests: "RANK:SIGNAL:DOCS" makes task RANK send itself SIGNAL (a name,
 # e.g. SIGKILL, SIGSEGV, SIGSTOP) once DOCS documents have been read.
@@ -195,7 +144,7 @@ def _task_main() -> None:
             executor = dill.load(f)
         stage_dir = getattr(executor.logging_dir, "path", None)
         executor.pipeline = _kill_after(executor.pipeline, int(rank))
-        executor._run_for_rank(int(rank), int(local_rank))
+        run_rank(executor, int(rank), int(local_rank))
     except BaseException as e:  # reported by the supervisor; the traceback is in the task log
         status.write(_error_line(e, stage_dir).replace("\n", " "))
         code = 1
@@ -253,11 +202,7 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-class LocalExecutor(LocalPipelineExecutor):
-    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
-        _quiet_task_logging()
-        return super()._run_for_rank(rank, local_rank, node_rank)
-
+class LocalExecutor(QuietTaskLogs, LocalPipelineExecutor):
     def task_log(self, rank: int) -> str:
         return self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
 
@@ -332,13 +277,9 @@ def make_executor(stage: Stage) -> LocalPipelineExecutor:
     )
 
 
-class SlurmExecutor(SlurmPipelineExecutor):
+class SlurmExecutor(QuietTaskLogs, SlurmPipelineExecutor):
     def launch_merge_stats(self):
         pass  # merged from the per-task stats files by gristmill instead
-
-    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
-        _quiet_task_logging()
-        return super()._run_for_rank(rank, local_rank, node_rank)
 
 
 def default_venv_activate() -> str | None:

@@ -1,15 +1,17 @@
 """Turns the YAML's step list into executor stages.
 
-Streamable steps (reader, filters, writer) fuse into one pass over the documents. A step that
-needs every document first (`streamable = False`: dedup's clustering, a global shuffle) ends
-its stage; the next stage reads that stage's Parquet output. Documents are thus read and
-written once per stage, never once per step.
+Streamable steps (reader, filters, writer) fuse into one pass over the documents. A global
+step (dedup, tokenization: `streamable = False`) lays out its own stages with `stages(ctx)`;
+the first reads the documents on disk, the last writes those that follow. Documents are thus
+read and written once per stage, never once per step.
+
+`plan()` is one loop over the built steps: it knows no step by name or class. `PlanContext`
+implements the `StageContext` the steps plan against (`gristmill.core.step`).
 """
 
 from __future__ import annotations
 
 import glob
-import inspect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,32 +19,16 @@ from pathlib import Path
 import pyarrow as pa
 from loguru import logger
 
-from gristmill.config import ConfigError, RunConfig, StepSpec, step_registry
-from gristmill.filters.base import Filter
+from gristmill.config import ConfigError, RunConfig
+from gristmill.core.filter import Filter
+from gristmill.core.parquet_io import ParquetReader, ParquetWriter
+from gristmill.core.sinks import DroppedSampler
+from gristmill.core.step import Stage, Step, registered_steps
+from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
-from gristmill.pipeline.wet_reader import WetReader
-from gristmill.pipeline.writers import DroppedSampler, ParquetWriter
+from gristmill.tokenize.stages import Tokenize
 
-
-@dataclass
-class Stage:
-    index: int
-    name: str
-    folder: Path
-    pipeline: list[Step]
-    tasks: int
-    workers: int
-    step_names: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"{self.index:02d}_{self.name}"
-
-    @property
-    def output(self) -> Path:
-        return self.folder / "output"
+__all__ = ["PlanContext", "Stage", "make_fetcher", "plan", "resolve_sources"]
 
 
 def make_fetcher(cfg: RunConfig) -> Fetcher:
@@ -85,106 +71,96 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     return sources
 
 
-def _instantiate(spec: StepSpec, cls: type, stage_folder: Path, fields: dict, cfg: RunConfig, fetcher: Fetcher):
-    kwargs = spec.params.model_dump()
-    accepted = inspect.signature(cls.__init__).parameters
-    if "resolve" in accepted:
-        kwargs["resolve"] = fetcher.local_path
-    if issubclass(cls, Filter) and cfg.output.dropped_sample > 0:
-        kwargs["dropped"] = DroppedSampler(
-            stage_folder / "dropped" / spec.step_id, cfg.output.dropped_sample, {**fields, **cls.output_fields}
-        )
-    return cls(step_id=spec.step_id, **kwargs)
-
-
 @dataclass
 class PlanContext:
-    """What a step that spans stages (`streamable = False`) needs to lay out its own stages.
-
-    Such a step class implements the classmethod
-        `build_stages(cls, spec, ctx, input_folder) -> None`
-    which adds its stages with `ctx.new_stage(...)`, the first reading Parquet documents from
-    `input_folder`; its last stage writes Parquet documents with the columns `ctx.fields` (plus
-    the class's `output_fields`) to that stage's `output`, which the planner hands to whatever
-    follows.
-    """
+    """The stage context of one run (see `gristmill.core.step.StageContext`)."""
 
     cfg: RunConfig
     fetcher: Fetcher
-    compression: str | None
-    fields: dict[str, pa.DataType]
-    stages: list[Stage]
+    #: folder of the documents on disk at this point of the plan (None before the first stage)
+    documents: Path | None = None
+    #: metadata columns those documents carry, beyond the base fields
+    fields: dict[str, pa.DataType] = field(default_factory=dict)
+    stages: list[Stage] = field(default_factory=list)
+    #: the writer of the documents on disk now (the run's final documents, once planned)
+    final_writer: ParquetWriter | None = None
 
     @property
     def run_dir(self) -> Path:
         return Path(self.cfg.run_dir)
 
-    def stage_folder(self, name: str) -> Path:
-        """The folder the next stage added will have."""
-        return self.run_dir / f"{len(self.stages) + 1:02d}_{name}"
+    @property
+    def tasks(self) -> int:
+        return self.cfg.executor.tasks
 
-    def new_stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
-        """Append a stage, numbered after those planned so far, and return it."""
+    @property
+    def compression(self) -> str | None:
+        return None if self.cfg.output.compression == "none" else self.cfg.output.compression
+
+    def local_path(self, path_or_url: str) -> Path:
+        if str(path_or_url).startswith(("http://", "https://")):
+            return self.fetcher.local_path(path_or_url)
+        return Path(path_or_url).expanduser()
+
+    def writer(self) -> ParquetWriter:
+        return ParquetWriter()
+
+    def stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
         index = len(self.stages) + 1
-        stage = Stage(index, name, self.stage_folder(name), pipeline, tasks or self.cfg.executor.tasks,
-                      self.cfg.executor.workers, [s.name for s in pipeline])
-        for step in pipeline:  # every filter of every stage (dedup's too) records its scores
-            if isinstance(step, Filter) and step.scores_folder is None:
-                step.scores_folder = str(stage.folder / "scores" / step.name)
+        folder = self.run_dir / f"{index:02d}_{name}"
+        stage = Stage(index, name, folder, pipeline, tasks or self.tasks, self.cfg.executor.workers,
+                      [s.name for s in pipeline])
+        fields = dict(self.fields)
+        for step in pipeline:
+            step.stage_folder = folder
+            fields.update(step.output_fields)
+            if isinstance(step, Filter):  # every filter of every stage, dedup's too, the same way
+                step.scores_folder = str(folder / "scores" / step.name)
+                if self.cfg.output.dropped_sample > 0:
+                    step.dropped = DroppedSampler(folder / "dropped" / step.name, self.cfg.output.dropped_sample,
+                                                  fields)
+            if isinstance(step, ParquetWriter):  # the documents that leave this stage
+                step.bind(stage.output, fields, self.compression)
+                self.documents, self.fields, self.final_writer = stage.output, fields, step
         self.stages.append(stage)
         return stage
 
-
-def _stream_stage(ctx: PlanContext, specs: list[StepSpec]) -> Stage:
-    """Reader, the streamable steps fused in one pass, Parquet writer."""
-    registry = step_registry()
-    cfg = ctx.cfg
-    name = "curate" if not ctx.stages else "filter"
-    folder = ctx.stage_folder(name)
-    if not ctx.stages:
-        reader: Step = WetReader(resolve_sources(cfg, ctx.fetcher), resolve=ctx.fetcher.local_path,
-                                 limit=cfg.input.limit, max_record_bytes=cfg.input.max_record_bytes)
-    else:
-        reader = ParquetReader(ctx.stages[-1].output)
-    steps: list[Step] = [reader]
-    for spec in specs:
-        cls = registry[spec.name][1]
-        steps.append(_instantiate(spec, cls, folder, ctx.fields, cfg, ctx.fetcher))
-        ctx.fields.update(cls.output_fields)
-    steps.append(ParquetWriter(folder / "output", dict(ctx.fields), ctx.compression))
-    return ctx.new_stage(name, steps)
+    def read_documents(self) -> Step:
+        """The first step of a stage: the WET reader before any stage, then the last output."""
+        if self.documents is None:
+            cfg = self.cfg
+            return WetReader(resolve_sources(cfg, self.fetcher), resolve=self.fetcher.local_path,
+                             limit=cfg.input.limit, max_record_bytes=cfg.input.max_record_bytes)
+        return ParquetReader(self.documents)
 
 
-def _split_final_output_by_language(stage: Stage) -> None:
-    """`output.per_language`: folders per language in the run's final documents only, whichever
-    step (a filter stage, dedup's last stage) writes them; earlier stages stay flat."""
-    writers = [s for s in stage.pipeline if isinstance(s, ParquetWriter) and s.folder == stage.output]
-    if not writers:
-        raise ConfigError(f"output.per_language: stage {stage.label} writes no documents to split by language")
-    writers[-1].per_language = True
+def _build_steps(cfg: RunConfig, ctx: PlanContext) -> list[Step]:
+    """The run's steps in order, each built in this process (models checked before any task)."""
+    registry = registered_steps()
+    steps = [registry[spec.name].build(spec.params, ctx, step_id=spec.step_id) for spec in cfg.specs]
+    if cfg.tokenize is not None:  # token shards of the final documents: the run's last stages
+        steps.append(Tokenize.build(cfg.tokenize, ctx))
+    return steps
+
+
+def _stream_stage(ctx: PlanContext, steps: list[Step]) -> None:
+    """Reader, the streaming steps fused in one pass, writer."""
+    ctx.stage("curate" if not ctx.stages else "filter", [ctx.read_documents(), *steps, ctx.writer()])
 
 
 def plan(cfg: RunConfig) -> list[Stage]:
-    registry = step_registry()
-    compression = None if cfg.output.compression == "none" else cfg.output.compression
-    ctx = PlanContext(cfg, make_fetcher(cfg), compression, {}, [])
-    pending: list[StepSpec] = []  # streamable steps not yet placed in a stage
-    for spec in cfg.specs:
-        cls = registry[spec.name][1]
-        if cls.streamable:
-            pending.append(spec)
+    ctx = PlanContext(cfg, make_fetcher(cfg))
+    pending: list[Step] = []  # streaming steps not yet placed in a stage
+    for step in _build_steps(cfg, ctx):
+        if step.streamable:
+            pending.append(step)
             continue
-        if pending or not ctx.stages:  # documents must be on disk before a global step
+        if pending or ctx.documents is None:  # documents must be on disk before a global step
             _stream_stage(ctx, pending)
             pending = []
-        cls.build_stages(spec, ctx, ctx.stages[-1].output)
-        ctx.fields.update(cls.output_fields)
-    if pending or not ctx.stages:
+        step.stages(ctx)
+    if pending or ctx.documents is None:
         _stream_stage(ctx, pending)
-    if cfg.output.per_language:
-        _split_final_output_by_language(ctx.stages[-1])
-    if cfg.tokenize is not None:  # token shards of the final documents: the run's last data stages
-        from gristmill.tokenize.stages import build_stages as build_token_stages
-
-        build_token_stages(ctx, ctx.stages[-1].output)
+    if cfg.output.per_language:  # folders per language in the run's final documents only
+        ctx.final_writer.per_language = True
     return ctx.stages

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from gristmill.filters.scores import bin_edges
+from gristmill.core.scores import bin_edges
 from gristmill.pipeline.stats import funnel, languages, load_scores, merge_run, top_domains
 
 KEPT, DROPPED, BEFORE, AFTER, LINE = "#3b7dd8", "#e0703a", "#9aa5b1", "#3b7dd8", "#c0392b"

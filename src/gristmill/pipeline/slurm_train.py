@@ -16,8 +16,7 @@ from pathlib import Path
 
 from gristmill.config import RunConfig
 from gristmill.pipeline.executors import default_venv_activate
-from gristmill.trainer.launch import default_nproc, pipeline_train_config, write_resolved
-from gristmill.trainer.train import PREEMPT_ENV
+from gristmill.trainer.launch import PREEMPT_ENV, default_nproc, pipeline_train_config, write_resolved
 
 
 def train_script(cfg: RunConfig, run_dir: Path, depends_on: str | None) -> str:

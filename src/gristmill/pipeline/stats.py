@@ -37,7 +37,7 @@ def merge_stage(folder: Path) -> list[dict]:
 
 def merge_scores(folder: Path) -> dict[str, dict]:
     """Merge each filter's per-task score histograms and samples into `<stage>/scores.json`."""
-    from gristmill.filters.scores import merge
+    from gristmill.core.scores import merge
 
     merged = {}
     root = folder / "scores"

@@ -11,7 +11,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from gristmill.config import ConfigError
+from gristmill.core.configlib import ConfigError
 
 
 def _documents(inputs: list[str]):

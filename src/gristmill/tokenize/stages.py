@@ -1,4 +1,4 @@
-"""The planner hook: three stages after the run's last document stage, when `tokenize:` is set.
+"""`tokenize:`: three stages after the run's last document stage (a global step, `Tokenize`).
 
     NN_tokenizer  (1 task)  train the BPE on a sample of the final documents, or load the given
                             one; convert to tokenizer.json; choose the engine (tiktoken when it
@@ -18,13 +18,15 @@ import heapq
 import json
 import os
 from pathlib import Path
+from typing import Literal
 
 import xxhash
 from datatrove.data import DocumentsPipeline
+from pydantic import Field, model_validator
 
-from gristmill.config import ConfigError, RunConfig
-from gristmill.pipeline.parquet_reader import ParquetReader
-from gristmill.pipeline.step import Step
+from gristmill.core.configlib import ConfigError, Fraction, Strict
+from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.step import GlobalStep, StageContext, Step
 
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
 
@@ -59,12 +61,15 @@ class TokenizerStep(Step):
     """Train or load the tokenizer; decide the encoding engine on a sample of the documents."""
 
     type = "🔤 TOKENIZER"
-    yaml_name = "tokenizer"
+    step_name = "tokenizer"
 
-    def __init__(self, params: dict, output: Path):
+    def __init__(self, params: dict):
         super().__init__()
         self.params = params  # TokenizerSource as a dict (picklable)
-        self.output = Path(output)
+
+    @property
+    def output(self) -> Path:
+        return self.stage_folder / "output"
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize import encode, tokenizer
@@ -111,13 +116,16 @@ class EncodeStep(Step):
     """Encode this task's documents in batches; write `<output>/<rank>.arrow` (intermediate)."""
 
     type = "🔤 TOKENIZER"
-    yaml_name = "encode"
+    step_name = "encode"
 
-    def __init__(self, tokenizer_folder: Path, output: Path, seed: int, val_fraction: float, threads: int,
-                 batch_docs: int):
+    def __init__(self, tokenizer_folder: Path, *, seed: int, val_fraction: float, threads: int, batch_docs: int):
         super().__init__()
-        self.tokenizer_folder, self.output = Path(tokenizer_folder), Path(output)
+        self.tokenizer_folder = Path(tokenizer_folder)
         self.seed, self.val_fraction, self.threads, self.batch_docs = seed, val_fraction, threads, batch_docs
+
+    @property
+    def output(self) -> Path:
+        return self.stage_folder / "output"
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.encode import Encoder
@@ -154,9 +162,9 @@ class ShardStep(Step):
     """Merge every encode task's file into the run's shuffled token shards (`<run_dir>/tokens`)."""
 
     type = "🔤 TOKENIZER"
-    yaml_name = "shards"
+    step_name = "shards"
 
-    def __init__(self, encoded: Path, tokenizer_folder: Path, tokens_dir: Path, seed: int, val_fraction: float,
+    def __init__(self, encoded: Path, tokenizer_folder: Path, tokens_dir: Path, *, seed: int, val_fraction: float,
                  shard_tokens: int):
         super().__init__()
         self.encoded, self.tokenizer_folder, self.tokens_dir = Path(encoded), Path(tokenizer_folder), Path(tokens_dir)
@@ -180,29 +188,67 @@ class ShardStep(Step):
         yield
 
 
-def check_source(cfg: RunConfig) -> None:
-    """Fail before the run starts on a tokenizer that cannot be loaded (names the config key)."""
-    from gristmill.tokenize import tokenizer
-
-    src = cfg.tokenize.tokenizer
-    if src.path is None:
-        return
-    try:
-        tok = tokenizer.load(src.path, src.pattern)
-        tokenizer.special_ids(tok, src.eos_token, src.bos_token, src.pad_token, where=src.path)
-    except tokenizer.TokenizerError as e:
-        raise ConfigError(f"tokenize.tokenizer.path: {e}") from None
+class TrainTokenizerConfig(Strict):
+    vocab_size: int = Field(ge=259, description="vocabulary size, including 256 bytes and 3 special tokens")
+    min_frequency: int = Field(2, ge=1, description="a pair merges only if seen at least this often")
 
 
-def build_stages(ctx, input_folder: Path) -> None:
-    cfg = ctx.cfg.tokenize
-    check_source(ctx.cfg)
-    prep = ctx.stage_folder("tokenizer")
-    ctx.new_stage("tokenizer", [ParquetReader(input_folder),
-                                TokenizerStep(cfg.tokenizer.model_dump(), prep / "output")], tasks=1)
-    enc = ctx.stage_folder("tokenize")
-    ctx.new_stage("tokenize", [ParquetReader(input_folder),
-                               EncodeStep(prep / "output", enc / "output", cfg.seed, cfg.val_fraction, cfg.threads,
-                                          cfg.batch_docs)], tasks=cfg.tasks)
-    ctx.new_stage("shards", [ShardStep(enc / "output", prep / "output", ctx.run_dir / "tokens", cfg.seed,
-                                       cfg.val_fraction, cfg.shard_tokens)], tasks=1)
+class TokenizerSourceConfig(Strict):
+    path: str | None = Field(None, description="tokenizer.json, a folder with GPT-2's encoder.json + vocab.bpe, or a .tiktoken file")
+    train: TrainTokenizerConfig | None = Field(None, description="or: train a byte-level BPE on the run's documents")
+    sample_bytes: int = Field(100_000_000, ge=1, description="documents (by id hash) to train on and to check tiktoken against HF")
+    check_docs: int = Field(1000, ge=1, description="sampled documents on which tiktoken must give HF's ids to be used")
+    engine: Literal["auto", "tiktoken", "hf"] = Field("auto", description="auto: tiktoken when it gives HF's ids")
+    pattern: str | None = Field(None, description="pre-tokenizer regex of a .tiktoken file not known by name")
+    eos_token: str = "<|endoftext|>"
+    bos_token: str | None = "<|bos|>"
+    pad_token: str | None = "<|pad|>"
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.path is None) == (self.train is None):
+            raise ValueError("give exactly one of `path` (load a tokenizer) or `train` (train one)")
+        return self
+
+
+class TokenizeConfig(Strict):
+    tokenizer: TokenizerSourceConfig
+    shard_tokens: int = Field(100_000_000, ge=1, description="a shard is closed once it holds this many tokens")
+    val_fraction: Fraction = Field(0.01, description="share of documents (by id hash) in the val split")
+    seed: int = Field(0, ge=0, description="seed of the global document shuffle")
+    threads: int = Field(1, ge=1, description="encoding threads per task (tiktoken)")
+    batch_docs: int = Field(1000, ge=1, description="documents encoded per batch")
+    tasks: int | None = Field(None, ge=1, description="encode tasks (default: executor.tasks)")
+
+
+
+
+class Tokenize(GlobalStep):
+    """BPE token shards of the run's final documents (`<run_dir>/tokens/`), from `tokenize:`."""
+
+    step_name = "tokenize"
+    Config = TokenizeConfig
+
+    def check_source(self) -> None:
+        """Fail before the run starts on a tokenizer that cannot be loaded (names the config key)."""
+        from gristmill.tokenize import tokenizer
+
+        src = self.config.tokenizer
+        if src.path is None:
+            return
+        try:
+            tok = tokenizer.load(src.path, src.pattern)
+            tokenizer.special_ids(tok, src.eos_token, src.bos_token, src.pad_token, where=src.path)
+        except tokenizer.TokenizerError as e:
+            raise ConfigError(f"tokenize.tokenizer.path: {e}") from None
+
+    def stages(self, ctx: StageContext) -> None:
+        cfg = self.config
+        self.check_source()
+        prep = ctx.stage("tokenizer", [ParquetReader(ctx.documents), TokenizerStep(cfg.tokenizer.model_dump())],
+                         tasks=1)
+        enc = ctx.stage("tokenize", [ParquetReader(ctx.documents),
+                                     EncodeStep(prep.output, seed=cfg.seed, val_fraction=cfg.val_fraction,
+                                                threads=cfg.threads, batch_docs=cfg.batch_docs)], tasks=cfg.tasks)
+        ctx.stage("shards", [ShardStep(enc.output, prep.output, ctx.run_dir / "tokens", seed=cfg.seed,
+                                       val_fraction=cfg.val_fraction, shard_tokens=cfg.shard_tokens)], tasks=1)

@@ -253,7 +253,8 @@ def _states(model, optimizer, scheduler, loader) -> dict:
             "rng": RNGState()}
 
 
-def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, loader, meta: dict, keep: int, is_main: bool) -> Path:
+def save(ckpt_dir: Path, step: int, *, model, optimizer, scheduler, loader, meta: dict, keep: int,
+         is_main: bool) -> Path:
     final = ckpt_dir / f"step-{step:08d}"
     tmp = ckpt_dir / f"step-{step:08d}.tmp"
     if is_main:
@@ -278,7 +279,7 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, loader, meta: d
     return final
 
 
-def load(path: Path, model, optimizer, scheduler, loader) -> int:
+def load(path: Path, *, model, optimizer, scheduler, loader) -> int:
     """Restores everything in place; returns the checkpoint's step."""
     dcp.load(_states(model, optimizer, scheduler, loader), checkpoint_id=str(path))
     return json.loads((path / "meta.json").read_text())["step"]

@@ -11,18 +11,14 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from gristmill.config import ConfigError, _interpolate, _messages, apply_override
+from gristmill.core.configlib import ConfigError, Strict, apply_override, interpolate, messages
 
 PRESET_DIRS = [Path("configs/train"), Path(__file__).resolve().parents[3] / "configs" / "train"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelSection(_Strict):
+class ModelSection(Strict):
     vocab_size: int | None = Field(None, ge=2, description="null: the token manifest's vocab size")
     dim: int = Field(768, ge=8)
     n_layers: int = Field(12, ge=1)
@@ -39,7 +35,7 @@ class ModelSection(_Strict):
     doc_mask: bool = Field(False, description="attention stays within documents (dense mask: reference path)")
 
 
-class DataSection(_Strict):
+class DataSection(Strict):
     tokens: str = Field(description="token directory (with manifest.json) or a run directory holding tokens/")
     split: str = "train"
     val_split: str = "val"
@@ -50,7 +46,7 @@ class DataSection(_Strict):
     verify: Literal["lazy", False] = Field("lazy", description="sha256 of each shard when first opened")
 
 
-class OptimSection(_Strict):
+class OptimSection(Strict):
     lr: float = Field(3e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -58,32 +54,32 @@ class OptimSection(_Strict):
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: off")
 
 
-class ScheduleSection(_Strict):
+class ScheduleSection(Strict):
     type: Literal["cosine", "wsd", "constant"] = "cosine"
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of steps in the final decay")
 
 
-class CheckpointSection(_Strict):
+class CheckpointSection(Strict):
     every: int = Field(0, ge=0, description="steps between checkpoints (0: only at the end)")
     keep: int = Field(2, ge=1, description="keep the last N checkpoints")
     resume: bool = Field(True, description="continue from the latest checkpoint in <out>/checkpoints")
     enabled: bool = Field(True, description="false: write no checkpoints (benchmarks)")
 
 
-class EvalSection(_Strict):
+class EvalSection(Strict):
     every: int = Field(0, ge=0, description="steps between validations (0: only at the end)")
     batches: int = Field(4, ge=0, description="micro-batches per rank per validation (0: no validation)")
 
 
-class LogSection(_Strict):
+class LogSection(Strict):
     every: int = Field(1, ge=1)
     tensorboard: bool = True
     progress: bool = True
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     preset: str | None = Field(None, description="a train YAML in configs/train/ whose keys this one overrides")
     out_dir: str = Field("runs/train", description="checkpoints, metrics.jsonl, tensorboard/")
     model: ModelSection = Field(default_factory=ModelSection)
@@ -154,11 +150,11 @@ def from_dict(data: dict, overrides: list[str] = (), source: str = "train config
     for assignment in overrides:
         apply_override(data, assignment)
     errors: list[str] = []
-    data = _interpolate(data, "", errors)
+    data = interpolate(data, "", errors)
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as e:
-        errors.extend(_messages(e, "", TrainConfig))
+        errors.extend(messages(e, "", TrainConfig))
     if errors:
         raise ConfigError(f"{source}: {len(errors)} error(s)\n  " + "\n  ".join(errors))
     return cfg

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gristmill.tokenize import open_tokens
+from gristmill.tokenize.reader import open_tokens
 
 
 class TokenStream:
@@ -93,7 +93,7 @@ class WindowSampler:
 
 
 class TrainLoader:
-    def __init__(self, stream: TokenStream, seq_len: int, global_batch: int, micro_batch: int, rank: int,
+    def __init__(self, stream: TokenStream, *, seq_len: int, global_batch: int, micro_batch: int, rank: int,
                  world: int, seed: int, device: torch.device, doc_mask: bool = False):
         if global_batch % (world * micro_batch):
             raise ValueError(f"data.global_batch {global_batch} is not a multiple of micro_batch {micro_batch}"
@@ -139,7 +139,7 @@ class TrainLoader:
         self.consumed = int(state["consumed_samples"])
 
 
-def val_batches(stream: TokenStream, seq_len: int, micro_batch: int, batches: int, rank: int, world: int,
+def val_batches(stream: TokenStream, *, seq_len: int, micro_batch: int, batches: int, rank: int, world: int,
                 device: torch.device, doc_mask: bool = False):
     """Fixed validation windows, in stream order, dealt to ranks: the same set every evaluation.
 

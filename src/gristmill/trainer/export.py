@@ -71,7 +71,7 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     eos = bos = None
     try:  # the tokenizer's special ids, when the token directory is still there
-        from gristmill.tokenize import open_tokens
+        from gristmill.tokenize.reader import open_tokens
 
         toks = open_tokens(meta["config"]["data"]["tokens"], verify=False)
         eos, bos = toks.eos_id, toks.bos_id

@@ -11,6 +11,7 @@ and are one line naming the file (the ranks trust the check: `--tokens-checked`)
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -20,25 +21,33 @@ from pathlib import Path
 
 import yaml
 
-from gristmill.config import ConfigError
+from gristmill.core.configlib import ConfigError
 from gristmill.dirlock import hold
 from gristmill.trainer.config import TrainConfig, from_dict
 from gristmill.trainer.config import load as load_config
+
+# A file whose appearance asks a training run to checkpoint and stop (a Slurm job's SIGUSR1 handler
+# creates it); here, torch-free, so the pipeline can set it without importing the trainer.
+PREEMPT_ENV = "GRISTMILL_PREEMPT_FILE"
 
 # exit codes of a rank (train.main), passed on by trainer/torchrun.py
 EXIT_INPUT = 2  # token shards, checkpoints or config the run cannot use; one line printed
 EXIT_NONFINITE = 3  # the loss went NaN/inf; the message names the checkpoint a re-run resumes from
 
 
-def default_nproc(cfg: TrainConfig) -> int:
-    if cfg.nproc:
-        return cfg.nproc
-    try:
-        import torch
+def visible_gpus() -> int:
+    """The GPUs a torchrun started from here would see, counted without importing torch (the
+    pipeline's process stays torch-free): CUDA_VISIBLE_DEVICES when set, else NVIDIA's device
+    files."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [d.strip() for d in env.split(",") if d.strip()]
+        return len(ids[: ids.index("-1")] if "-1" in ids else ids)  # CUDA stops at an invalid id
+    return len(glob.glob("/dev/nvidia[0-9]*"))
 
-        return max(1, torch.cuda.device_count())
-    except ImportError:
-        return 1
+
+def default_nproc(cfg: TrainConfig) -> int:
+    return cfg.nproc or max(1, visible_gpus())
 
 
 def check_tokens(cfg: TrainConfig):
@@ -47,7 +56,7 @@ def check_tokens(cfg: TrainConfig):
     the manifest says (unless `data.verify: false`), a readable Arrow file of the manifest's
     dtype and counts, every id below the vocabulary size. Raises TokenShardError naming the file,
     or ConfigError naming the key. Returns the opened TokenDir."""
-    from gristmill.tokenize import TokenShardError, open_tokens
+    from gristmill.tokenize.reader import TokenShardError, open_tokens
 
     try:
         tokdir = open_tokens(cfg.data.tokens, verify="lazy" if cfg.data.verify else False)

@@ -29,7 +29,7 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 class Metrics:
-    def __init__(self, out_dir: Path, enabled: bool, total_steps: int, start_step: int, tensorboard: bool,
+    def __init__(self, out_dir: Path, *, enabled: bool, total_steps: int, start_step: int, tensorboard: bool,
                  progress: bool, flops_per_token: float, device: torch.device, world: int):
         self.enabled, self.device, self.world = enabled, device, world
         self.flops_per_token = flops_per_token
@@ -59,7 +59,7 @@ class Metrics:
     def add_tokens(self, n: int) -> None:
         self._tokens += n
 
-    def log_step(self, step: int, loss: float, lr: float, grad_norm: float, extra: dict | None = None) -> dict:
+    def log_step(self, step: int, loss: float, *, lr: float, grad_norm: float, extra: dict | None = None) -> dict:
         now = time.perf_counter()
         dt = max(now - self._last_time, 1e-9)
         tps = self._tokens / dt  # all ranks' tokens

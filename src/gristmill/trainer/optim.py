@@ -27,11 +27,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from gristmill.compat.torch import foreach_add_, foreach_norm, foreach_sub_, fused_adamw_, is_dtensor, local_tensor
 from gristmill.trainer.kernels.adamw import adamw_master_reference, adamw_master_triton
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
 class AdamW(torch.optim.AdamW):
@@ -66,16 +63,16 @@ class AdamW(torch.optim.AdamW):
                     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                lp = _local(p)
+                lp = local_tensor(p)
                 b = buckets.setdefault((lp.device, lp.dtype), [[], [], [], [], []])
-                for lst, t in zip(b, (lp, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
+                for lst, t in zip(b, (lp, local_tensor(p.grad), local_tensor(state["exp_avg"]), local_tensor(state["exp_avg_sq"]),
                                       state["step"])):
                     lst.append(t)
             beta1, beta2 = group["betas"]
             for (device, _), (ps, gs, ms, vs, steps) in buckets.items():
                 scale = grad_scale.to(device, non_blocking=True) if grad_scale is not None else None
                 inf = found_inf.to(device, non_blocking=True) if found_inf is not None else None
-                torch._foreach_add_(steps, 1)
+                foreach_add_(steps, 1)
                 hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
                              eps=group["eps"], grad_scale=scale, found_inf=inf)
                 if self.triton and device.type == "cuda" and all(
@@ -83,9 +80,9 @@ class AdamW(torch.optim.AdamW):
                     for p, g, m, v, st in zip(ps, gs, ms, vs, steps):
                         adamw_master_triton(p, g, m, v, None, st, **hyper)
                 else:
-                    torch._fused_adamw_(ps, gs, ms, vs, [], steps, amsgrad=False, maximize=False, **hyper)
+                    fused_adamw_(ps, gs, ms, vs, steps, **hyper)
                 if inf is not None:  # a skipped step does not count
-                    torch._foreach_sub_(steps, [inf] * len(steps))
+                    foreach_sub_(steps, [inf] * len(steps))
         return None
 
 
@@ -108,7 +105,7 @@ class MasterAdamW(AdamW):
         self._acc: dict[torch.nn.Parameter, torch.Tensor] = {}
         for group in self.param_groups:
             for p in group["params"]:
-                if p.dtype != torch.float32 or hasattr(p, "_local_tensor"):
+                if p.dtype != torch.float32 or is_dtensor(p):
                     raise ValueError("MasterAdamW: expects plain fp32 parameters (it makes the bf16 ones);"
                                      f" got {type(p).__name__} {p.dtype}")
                 master = p.detach().clone()
@@ -132,7 +129,7 @@ class MasterAdamW(AdamW):
             if p not in self._acc:
                 self._acc[p] = p.grad.float()
         if old:
-            torch._foreach_add_([self._acc[p] for p in old], [p.grad for p in old])
+            foreach_add_([self._acc[p] for p in old], [p.grad for p in old])
         for p in params:
             p.grad = None
 
@@ -152,7 +149,7 @@ class MasterAdamW(AdamW):
             if not todo:
                 continue
             steps = [self.state[p]["step"] for p, _ in todo]
-            torch._foreach_add_(steps, 1)
+            foreach_add_(steps, 1)
             beta1, beta2 = group["betas"]
             for p, g in todo:
                 st = self.state[p]
@@ -160,7 +157,7 @@ class MasterAdamW(AdamW):
                        beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                        grad_scale=grad_scale, found_inf=found_inf)
             if found_inf is not None:  # a skipped step does not count
-                torch._foreach_sub_(steps, [found_inf] * len(steps))
+                foreach_sub_(steps, [found_inf] * len(steps))
         return None
 
     @contextmanager
@@ -189,9 +186,9 @@ def grad_norm(grads) -> torch.Tensor:
             if not all(pl.is_shard() for pl in placements):
                 raise ValueError(f"grad_norm: expected sharded DTensor gradients (FSDP2), got {placements}")
             sharded = True
-    local = [_local(g) for g in grads]
+    local = [local_tensor(g) for g in grads]
     if local:
-        sq = torch.stack(torch._foreach_norm(local, 2, dtype=torch.float32)).square().sum()
+        sq = torch.stack(foreach_norm(local, dtype=torch.float32)).square().sum()
     else:
         sq = torch.zeros((), dtype=torch.float32)
     if sharded and dist.is_initialized() and dist.get_world_size() > 1:

@@ -61,15 +61,13 @@ def apply_ac(model: nn.Module, mode: str) -> None:
     recompute norms, RoPE, SwiGLU and other cheap elementwise ops)."""
     if mode == "none":
         return
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from gristmill.compat.torch import attention_ops, checkpoint_wrapper
 
     kwargs = {"preserve_rng_state": False}
     if mode == "selective":
         from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-        save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default,
-                torch.ops.aten._scaled_dot_product_efficient_attention.default,
-                torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+        save = {torch.ops.aten.mm.default, *attention_ops()}
 
         def policy(ctx, op, *args, **kw):
             return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
@@ -85,7 +83,7 @@ def apply_compile(model: nn.Module) -> None:
         block.compile(fullgraph=False)
 
 
-def apply_fsdp(model: nn.Module, d: Dist, param_dtype: torch.dtype, reshard: bool = True,
+def apply_fsdp(model: nn.Module, d: Dist, *, param_dtype: torch.dtype, reshard: bool = True,
                unit_layers: int = 1) -> None:
     """FSDP2: `unit_layers` consecutive blocks per unit (one all-gather and one reduce-scatter
     each; fewer, larger units cost less host time per step on small models), then the root."""

@@ -2,35 +2,46 @@
 
     python -m torch.distributed.run --nproc-per-node N -m gristmill.trainer.train CONFIG --out DIR
 
-Check the token shards (rank 0, unless the launcher did) → build the model on the meta device →
-activation checkpointing → compile per block → FSDP2 → `to_empty` + `init_weights` → fused
-AdamW → resume from the newest intact checkpoint → loop: micro-
-batches with gradient accumulation (gradient sync only on the last), grad norm with clipping and
-the NaN/inf guard inside the optimizer step, schedule, the previous step's readout (metrics, a
-non-finite loss stops), validation, checkpoint. The host never waits for the GPU mid-loop.
+`train()` checks the token shards (rank 0, unless the launcher did) and builds a `Trainer` once,
+which owns the model, optimizer, scheduler, loader, checkpoints and metrics. Building: the model
+on the meta device → activation checkpointing → compile per block → FSDP2 → `to_empty` +
+`init_weights` → fused AdamW → resume from the newest intact checkpoint.
+
+`Trainer.train()` runs the loop; each iteration, in this order:
+
+1. `train_step()`: the micro-batches with gradient accumulation (gradient sync only on the last),
+   grad norm with clipping and the NaN/inf guard inside the optimizer step, schedule;
+2. the previous step's readout (`PendingReadout`: metrics; a non-finite loss stops), then this
+   step's loss, grad norm and preemption flag are queued for reading one step later;
+3. at a validation, a checkpoint, a preemption or the last step: this step's readout at once
+   (a checkpoint only after its step's loss is known to be finite);
+4. validation, checkpoint, preemption stop.
+
+The host never waits for the GPU mid-loop: step N's readout is read after step N+1 was queued.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from gristmill.config import ConfigError
+from gristmill.core.configlib import ConfigError
 from gristmill.trainer import checkpoint as ckpt
 from gristmill.trainer.config import TrainConfig
 from gristmill.trainer.config import load as load_config
-from gristmill.trainer.data import TokenStream, TrainLoader, val_batches
+from gristmill.trainer.data import Batch, TokenStream, TrainLoader, val_batches
 from gristmill.trainer.kernels import HAVE_TRITON, Kernels
-from gristmill.trainer.launch import EXIT_INPUT, EXIT_NONFINITE, check_tokens
+from gristmill.trainer.launch import EXIT_INPUT, EXIT_NONFINITE, PREEMPT_ENV, check_tokens
 from gristmill.trainer.metrics import Metrics
 from gristmill.trainer.model import ModelArgs, Transformer
 from gristmill.trainer.optim import AdamW, MasterAdamW, clip_and_guard, param_groups
@@ -84,7 +95,18 @@ def resolve_kernels(cfg: TrainConfig, device: torch.device) -> Kernels:
     return Kernels(backend, fused_ce=cfg.fused_ce, rope_in_place=cfg.ac != "selective")
 
 
-def build(cfg: TrainConfig, d: Dist, vocab_size: int):
+@dataclass
+class Built:
+    """What `build` makes: the model and what trains it."""
+    model: Transformer
+    args: ModelArgs
+    optimizer: AdamW
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    autocast: AbstractContextManager  # torch.autocast, or nullcontext
+    fsdp: bool
+
+
+def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
     args = model_args(cfg, vocab_size)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and d.device.type == "cuda")
     use_fsdp = cfg.fsdp is True or (cfg.fsdp == "auto" and d.world > 1)
@@ -98,7 +120,8 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     if cfg.compile:
         apply_compile(model)
     if use_fsdp:
-        apply_fsdp(model, d, torch.bfloat16 if bf16 else torch.float32, cfg.fsdp_reshard, cfg.fsdp_unit_layers)
+        apply_fsdp(model, d, param_dtype=torch.bfloat16 if bf16 else torch.float32, reshard=cfg.fsdp_reshard,
+                   unit_layers=cfg.fsdp_unit_layers)
     model.to_empty(device=d.device)
     model.init_weights(cfg.seed)
     # fused on every device (CPU runs take the GPU's code path): clipping and the non-finite
@@ -113,7 +136,7 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master
                 else nullcontext())
-    return model, args, optimizer, scheduler, autocast, use_fsdp
+    return Built(model=model, args=args, optimizer=optimizer, scheduler=scheduler, autocast=autocast, fsdp=use_fsdp)
 
 
 class StepReadout:
@@ -146,22 +169,13 @@ class StepReadout:
         return loss, gn, preempt > 0
 
 
-@torch.no_grad()
-def evaluate(model, cfg: TrainConfig, stream: TokenStream, d: Dist, autocast) -> float | None:
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=d.device)
-    for b in val_batches(stream, cfg.data.seq_len, cfg.data.micro_batch, cfg.eval.batches, d.rank, d.world,
-                         d.device, cfg.model.doc_mask):
-        with autocast:
-            loss = model(b.inputs, b.targets, b.doc_ids)
-        total += torch.stack([loss.double() * b.targets.numel(), torch.tensor(b.targets.numel(), device=d.device)])
-    model.train()
-    if dist.get_world_size() > 1:
-        dist.all_reduce(total)
-    return (total[0] / total[1]).item() if total[1] > 0 else None
-
-
-PREEMPT_ENV = "GRISTMILL_PREEMPT_FILE"
+@dataclass
+class PendingReadout:
+    """A step whose values `StepReadout` holds and the host has not read yet; the rest of its
+    metrics record."""
+    step: int
+    lr: float
+    epoch: float
 
 
 def preempt_flag(device) -> torch.Tensor:
@@ -177,7 +191,7 @@ def open_data(cfg: TrainConfig, d: Dist, checked: bool):
     """The token directory, checked once (shards present, sha256 as `data.verify` asks, format,
     ids below the vocabulary) by rank 0 unless the launcher already did (`checked`); every rank
     learns rank 0's verdict, so a bad shard is one message and no rank starts training."""
-    from gristmill.tokenize import TokenShardError, open_tokens
+    from gristmill.tokenize.reader import TokenShardError, open_tokens
 
     verdict, tokdir = None, None
     if d.is_main and not checked:
@@ -194,6 +208,171 @@ def open_data(cfg: TrainConfig, d: Dist, checked: bool):
     return tokdir or open_tokens(cfg.data.tokens, verify=False)
 
 
+class Trainer:
+    """One run's model, optimizer, scheduler, loader, checkpoints and metrics, built (and resumed
+    from the newest intact checkpoint) once; `train()` runs the loop and returns the summary."""
+
+    def __init__(self, cfg: TrainConfig, *, d: Dist, stream: TokenStream, out_dir: Path):
+        self.cfg, self.d, self.out_dir = cfg, d, out_dir
+        built = build(cfg, d, stream.vocab_size)
+        self.model, self.args, self.optimizer = built.model, built.args, built.optimizer
+        self.scheduler, self.autocast, self.fsdp = built.scheduler, built.autocast, built.fsdp
+        if self.args.vocab_size < stream.vocab_size:
+            raise InputError(f"model.vocab_size {self.args.vocab_size} < the tokenizer's {stream.vocab_size}")
+        self.loader = TrainLoader(stream, seq_len=cfg.data.seq_len, global_batch=cfg.data.global_batch,
+                                  micro_batch=cfg.data.micro_batch, rank=d.rank, world=d.world, seed=cfg.data.seed,
+                                  device=d.device, doc_mask=cfg.model.doc_mask)
+        self.val_stream = None
+        if cfg.eval.batches and cfg.data.val_split in stream.tokdir.splits:
+            self.val_stream = TokenStream(stream.tokdir, cfg.data.val_split)
+
+        self.ckpt_dir = out_dir / "checkpoints"
+        self.meta = {"config": cfg.model_dump(mode="json"), "model_args": self.args.to_dict(), "world_size": d.world}
+        self.step = 0
+        # the checkpoint a re-run would resume from, and how it is known to be sound
+        self.resume_point: tuple[Path, str] | None = None
+        if cfg.checkpoint.resume:
+            self._resume()
+
+        self.end = min(cfg.steps, cfg.stop_after or cfg.steps)
+        self.tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
+        self.metrics = Metrics(out_dir, enabled=d.is_main, total_steps=cfg.steps, start_step=self.step,
+                               tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
+                               flops_per_token=self.args.flops_per_token(cfg.data.seq_len), device=d.device,
+                               world=d.world)
+        self.last_rec: dict = {}
+        self.val_loss: float | None = None
+        self.readout = StepReadout(d.device)
+        self.pending: PendingReadout | None = None
+
+    def _resume(self) -> None:
+        try:
+            last = ckpt.newest_intact(self.ckpt_dir)
+        except ckpt.CheckpointError as e:
+            raise InputError(str(e)) from None
+        if last is not None:
+            self.step = ckpt.load(last, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                  loader=self.loader)
+            self.resume_point = (last, "this run started from it; its files matched their checksums")
+            if self.d.is_main:
+                print(f"resumed from {last} (step {self.step}, {self.loader.consumed} samples consumed)", flush=True)
+
+    def train_step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimizer step on this rank's micro-batches of a global batch. Only queues device
+        work: returns the summed loss and the grad norm as device tensors, and the step's lr."""
+        model, optimizer, n = self.model, self.optimizer, len(batches)
+        loss_sum = torch.zeros((), device=self.d.device)
+        for i, b in enumerate(batches):
+            if self.fsdp:
+                model.set_requires_gradient_sync(i == n - 1)
+            with self.autocast:
+                loss = model(b.inputs, b.targets, b.doc_ids) / n
+            loss.backward()
+            if n > 1:
+                optimizer.accumulate_grads()
+            loss_sum += loss.detach()
+        grad_norm = clip_and_guard(optimizer, self.cfg.optim.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return loss_sum, grad_norm, lr
+
+    def _take_pending(self) -> bool:
+        """Reads and logs the pending step's readout, if any (waits for that step on the device);
+        raises on a non-finite loss. True if preemption was asked."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return False
+        loss_val, gn, preempted = self.readout.read()
+        if not (math.isfinite(loss_val) and math.isfinite(gn)):
+            if self.resume_point is None:
+                where = "This run has written no checkpoint and resumed from none."
+            else:
+                where = f"Checkpoint kept: {self.resume_point[0]} ({self.resume_point[1]})" + (
+                    "; re-running resumes from it." if self.cfg.checkpoint.resume else ".")
+            raise NonFiniteLoss(
+                f"step {p.step}: loss {loss_val} / grad norm {gn} is not finite; the optimizer skipped the"
+                f" step and training stopped. {where} If the loss diverges again from there, lower optim.lr,"
+                " raise warm-up or set model.z_loss.")
+        self.metrics.add_tokens(self.tokens_per_step)
+        if p.step % self.cfg.log.every == 0 or p.step == self.end:
+            self.last_rec = self.metrics.log_step(p.step, loss_val, lr=p.lr, grad_norm=gn, extra={"epoch": p.epoch})
+        return preempted
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean validation loss over the fixed validation windows (all ranks), None if there are none."""
+        cfg, d, model = self.cfg, self.d, self.model
+        model.eval()
+        total = torch.zeros(2, dtype=torch.float64, device=d.device)
+        for b in val_batches(self.val_stream, seq_len=cfg.data.seq_len, micro_batch=cfg.data.micro_batch,
+                             batches=cfg.eval.batches, rank=d.rank, world=d.world, device=d.device,
+                             doc_mask=cfg.model.doc_mask):
+            with self.autocast:
+                loss = model(b.inputs, b.targets, b.doc_ids)
+            total += torch.stack([loss.double() * b.targets.numel(),
+                                  torch.tensor(b.targets.numel(), device=d.device)])
+        model.train()
+        if dist.get_world_size() > 1:
+            dist.all_reduce(total)
+        return (total[0] / total[1]).item() if total[1] > 0 else None
+
+    def save(self) -> None:
+        saved = ckpt.save(self.ckpt_dir, self.step, model=self.model, optimizer=self.optimizer,
+                          scheduler=self.scheduler, loader=self.loader, meta=self.meta, keep=self.cfg.checkpoint.keep,
+                          is_main=self.d.is_main)
+        self.resume_point = (saved, f"written by this run after the finite loss of step {self.step}")
+
+    def train(self) -> dict:
+        """Runs the loop to `steps` (or `stop_after`, or a preemption); returns the summary."""
+        cfg, ck = self.cfg, self.cfg.checkpoint
+        started, start_step = time.perf_counter(), self.step
+        try:
+            while self.step < self.end:
+                loss_sum, grad_norm, lr = self.train_step(self.loader.next_global_batch())
+                step = self.step
+                # the previous step's readout is complete by now (this step is queued behind it)
+                preempted = self._take_pending()
+                self.readout.record(loss_sum, grad_norm, preempt_flag(self.d.device))
+                self.pending = PendingReadout(step=step, lr=lr, epoch=self.loader.epoch)
+                evaluate_now = self.val_stream is not None and (
+                    (cfg.eval.every and step % cfg.eval.every == 0) or step == self.end)
+                periodic_save = ck.enabled and bool(ck.every) and step % ck.every == 0
+                save_now = False
+                if evaluate_now or periodic_save or preempted or step == self.end:
+                    # a checkpoint only after its step's loss is known to be finite
+                    preempted = self._take_pending() or preempted
+                    save_now = ck.enabled and (periodic_save or step == self.end or preempted)
+                if evaluate_now:
+                    self.val_loss = self.evaluate()
+                    if self.val_loss is not None:
+                        self.metrics.log_eval(step, self.val_loss)
+                if save_now:
+                    self.save()
+                if preempted:
+                    if self.d.is_main:
+                        print(f"preempted: checkpoint of step {step} written; re-run (or requeue) resumes", flush=True)
+                    break
+        finally:
+            self.metrics.close()
+        return self._summary(started, start_step)
+
+    def _summary(self, started: float, start_step: int) -> dict:
+        step, rec, val_loss, main = self.step, self.last_rec, self.val_loss, self.d.is_main
+        summary = {"steps": step, "target_steps": self.cfg.steps, "trained_steps": step - start_step,
+                   "loss": rec.get("loss"), "val_loss": val_loss, "seconds": time.perf_counter() - started,
+                   "tokens_per_s": rec.get("tokens_per_s"), "mfu": rec.get("mfu"),
+                   "checkpoint": str(self.resume_point[0]) if main and self.resume_point else None}
+        if main:
+            (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            vl = f", val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f})" if val_loss is not None else ""
+            print(f"trained {summary['trained_steps']} steps to step {step}: loss {summary['loss']}{vl};"
+                  f" checkpoint {summary['checkpoint']}", flush=True)
+        return summary
+
+
 def train(cfg: TrainConfig, out_dir: Path, tokens_checked: bool = False) -> dict:
     """Runs (or resumes) training in this process; returns a summary. Needs a process group
     (torchrun's, or a one-process group created here). `tokens_checked`: the launcher has
@@ -201,117 +380,7 @@ def train(cfg: TrainConfig, out_dir: Path, tokens_checked: bool = False) -> dict
     d = init_distributed()
     out_dir.mkdir(parents=True, exist_ok=True)
     stream = TokenStream(open_data(cfg, d, tokens_checked), cfg.data.split)
-    model, args, optimizer, scheduler, autocast, use_fsdp = build(cfg, d, stream.vocab_size)
-    if args.vocab_size < stream.vocab_size:
-        raise InputError(f"model.vocab_size {args.vocab_size} < the tokenizer's {stream.vocab_size}")
-    loader = TrainLoader(stream, cfg.data.seq_len, cfg.data.global_batch, cfg.data.micro_batch, d.rank, d.world,
-                         cfg.data.seed, d.device, cfg.model.doc_mask)
-    val_stream = None
-    if cfg.eval.batches and cfg.data.val_split in stream.tokdir.splits:
-        val_stream = TokenStream(stream.tokdir, cfg.data.val_split)
-
-    ckpt_dir = out_dir / "checkpoints"
-    meta = {"config": cfg.model_dump(mode="json"), "model_args": args.to_dict(), "world_size": d.world}
-    step = 0
-    # the checkpoint a re-run would resume from, and how it is known to be sound
-    resume_point: tuple[Path, str] | None = None
-    if cfg.checkpoint.resume:
-        try:
-            last = ckpt.newest_intact(ckpt_dir)
-        except ckpt.CheckpointError as e:
-            raise InputError(str(e)) from None
-        if last is not None:
-            step = ckpt.load(last, model, optimizer, scheduler, loader)
-            resume_point = (last, "this run started from it; its files matched their checksums")
-            if d.is_main:
-                print(f"resumed from {last} (step {step}, {loader.consumed} samples consumed)", flush=True)
-
-    tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
-    metrics = Metrics(out_dir, d.is_main, cfg.steps, step, cfg.log.tensorboard, cfg.log.progress,
-                      args.flops_per_token(cfg.data.seq_len), d.device, d.world)
-    last_rec: dict = {}
-    val_loss = None
-    readout = StepReadout(d.device)
-    pending: dict | None = None  # the step whose readout the host has not taken yet
-
-    def take(p: dict) -> bool:
-        """Logs step p's readout; raises on a non-finite loss. True if preemption was asked."""
-        nonlocal last_rec
-        loss_val, gn, preempted = readout.read()
-        if not (math.isfinite(loss_val) and math.isfinite(gn)):
-            if resume_point is None:
-                where = "This run has written no checkpoint and resumed from none."
-            else:
-                where = f"Checkpoint kept: {resume_point[0]} ({resume_point[1]})" + (
-                    "; re-running resumes from it." if cfg.checkpoint.resume else ".")
-            raise NonFiniteLoss(
-                f"step {p['step']}: loss {loss_val} / grad norm {gn} is not finite; the optimizer skipped the"
-                f" step and training stopped. {where} If the loss diverges again from there, lower optim.lr,"
-                " raise warm-up or set model.z_loss.")
-        metrics.add_tokens(tokens_per_step)
-        if p["step"] % cfg.log.every == 0 or p["step"] == end:
-            last_rec = metrics.log_step(p["step"], loss_val, p["lr"], gn, {"epoch": p["epoch"]})
-        return preempted
-
-    started, start_step = time.perf_counter(), step
-    end = min(cfg.steps, cfg.stop_after or cfg.steps)
-    try:
-        while step < end:
-            batches = loader.next_global_batch()
-            loss_sum = torch.zeros((), device=d.device)
-            for i, b in enumerate(batches):
-                last = i == len(batches) - 1
-                if use_fsdp:
-                    model.set_requires_gradient_sync(last)
-                with autocast:
-                    loss = model(b.inputs, b.targets, b.doc_ids) / len(batches)
-                loss.backward()
-                if len(batches) > 1:
-                    optimizer.accumulate_grads()
-                loss_sum += loss.detach()
-            grad_norm = clip_and_guard(optimizer, cfg.optim.grad_clip)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            step += 1
-            # the previous step's readout is complete by now (this step is queued behind it)
-            preempted = take(pending) if pending is not None else False
-            readout.record(loss_sum, grad_norm, preempt_flag(d.device))
-            pending = {"step": step, "lr": lr, "epoch": loader.epoch}
-            evaluate_now = val_stream is not None and ((cfg.eval.every and step % cfg.eval.every == 0) or step == end)
-            every = cfg.checkpoint.every
-            periodic_save = cfg.checkpoint.enabled and bool(every) and step % every == 0
-            save_now = False
-            if evaluate_now or periodic_save or preempted or step == end:
-                # a checkpoint only after its step's loss is known to be finite
-                preempted = take(pending) or preempted
-                pending = None
-                save_now = cfg.checkpoint.enabled and (periodic_save or step == end or preempted)
-            if evaluate_now:
-                val_loss = evaluate(model, cfg, val_stream, d, autocast)
-                if val_loss is not None:
-                    metrics.log_eval(step, val_loss)
-            if save_now:
-                saved = ckpt.save(ckpt_dir, step, model, optimizer, scheduler, loader, meta, cfg.checkpoint.keep,
-                                  d.is_main)
-                resume_point = (saved, f"written by this run after the finite loss of step {step}")
-            if preempted:
-                if d.is_main:
-                    print(f"preempted: checkpoint of step {step} written; re-run (or requeue) resumes", flush=True)
-                break
-    finally:
-        metrics.close()
-    summary = {"steps": step, "target_steps": cfg.steps, "trained_steps": step - start_step, "loss": last_rec.get("loss"),
-               "val_loss": val_loss, "seconds": time.perf_counter() - started,
-               "tokens_per_s": last_rec.get("tokens_per_s"), "mfu": last_rec.get("mfu"),
-               "checkpoint": str(resume_point[0]) if d.is_main and resume_point else None}
-    if d.is_main:
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        vl = f", val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f})" if val_loss is not None else ""
-        print(f"trained {summary['trained_steps']} steps to step {step}: loss {summary['loss']}{vl};"
-              f" checkpoint {summary['checkpoint']}", flush=True)
-    return summary
+    return Trainer(cfg, d=d, stream=stream, out_dir=out_dir).train()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-checked", action="store_true",
                    help="the launcher has checked the token directory (sha256, format, ids); do not again")
     args = p.parse_args(argv)
-    from gristmill.tokenize import TokenShardError
+    from gristmill.tokenize.reader import TokenShardError
 
     rank = int(os.environ.get("RANK", "0"))
     code = 0

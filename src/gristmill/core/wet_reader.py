@@ -47,7 +47,7 @@ from datatrove.data import Document, DocumentsPipeline
 from isal import isal_zlib
 from loguru import logger
 
-from gristmill.pipeline.step import Step
+from gristmill.core.step import Step
 
 CHUNK = 1 << 20  # bytes read from the file at a time
 FEED = 16 << 10  # compressed bytes per decompress call
@@ -426,7 +426,7 @@ class WetReader(Step):
     """Yields one datatrove Document per WET conversion record of this task's share of sources."""
 
     type = "📖 READER"
-    yaml_name = "read_wet"
+    step_name = "read_wet"
 
     def __init__(
         self,
@@ -436,7 +436,7 @@ class WetReader(Step):
         step_id: str | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
     ):
-        super().__init__(step_id)
+        super().__init__(step_id=step_id)
         self.sources = list(sources)
         self.resolve = resolve
         self.limit = limit

@@ -1,4 +1,4 @@
-"""Run a dedup step's stages on a folder of Parquet documents (no WET reading stage).
+"""Run a global step's stages (dedup, ...) on a folder of Parquet documents, with no WET stage.
 
 For benchmarks, tests and re-deduplicating an existing output folder:
 
@@ -11,19 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gristmill.config import StepSpec, from_dict, step_registry
+from gristmill.config import from_dict
+from gristmill.core.step import Stage, registered_steps
 from gristmill.pipeline.executors import make_executor
-from gristmill.pipeline.planner import PlanContext, Stage, make_fetcher
+from gristmill.pipeline.planner import PlanContext, make_fetcher
 from gristmill.pipeline.stats import merge_stage
 
 
 def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int = 1, workers: int = 1) -> list[Stage]:
-    model, cls = step_registry()[step]
+    cls = registered_steps()[step]
     cfg = from_dict({"run_dir": str(run_dir), "executor": {"tasks": tasks, "workers": workers},
                      "input": {"paths": [str(input_folder)]}, "output": {"dropped_sample": 0}})
-    spec = StepSpec(name=step, index=0, params=model.model_validate(params))
-    ctx = PlanContext(cfg, make_fetcher(cfg), "zstd", {}, [])
-    cls.build_stages(spec, ctx, Path(input_folder))
+    ctx = PlanContext(cfg, make_fetcher(cfg), documents=Path(input_folder))
+    cls.build(cls.Config.model_validate(params), ctx, step_id=f"00_{step}").stages(ctx)
     return ctx.stages
 
 

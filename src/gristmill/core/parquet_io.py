@@ -1,23 +1,26 @@
-"""Writers: a stage's kept documents as Parquet, and a sample of dropped documents.
+"""Documents between stages: Parquet files read by `ParquetReader`, written by `ParquetWriter`.
 
-Files are written to `<name>.tmp` and renamed when the task finishes, so a task killed
-mid-way leaves no half file that a re-run could mistake for output; the re-run rewrites the
-same bytes (pyarrow writes deterministically for the same rows and options).
+Reading: files are sorted by name (which starts with the writing task's rank) and dealt to
+tasks round-robin, so a stage's input order is defined whatever the number of tasks.
+
+Writing: files are written to `<name>.tmp` and renamed when the task finishes, so a task
+killed mid-way leaves no half file that a re-run could mistake for output; the re-run rewrites
+the same bytes (pyarrow writes deterministically for the same rows and options). A writer is
+built without a folder or schema: the stage context binds it to its stage's `output/` and to
+the columns documents carry at that point of the plan.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 from datatrove.data import Document, DocumentsPipeline
 
-from gristmill.pipeline.documents import documents_to_table, schema_for
-from gristmill.pipeline.step import Step
+from gristmill.core.documents import documents_to_table, schema_for, table_to_documents
+from gristmill.core.step import Step
 
 ROW_GROUP_DOCS = 2000
 # Fault injection for tests of resumption: the process dies (as if killed) after writing this
@@ -27,7 +30,7 @@ FAULT_ENV = "GRISTMILL_FAULT_AFTER_DOCS"
 FAIL_TASK_ENV = "GRISTMILL_FAIL_TASK"
 
 
-class _ParquetFile:
+class ParquetFile:
     """One Parquet file written in row groups, atomically renamed into place on close."""
 
     def __init__(self, path: Path, schema: pa.Schema, compression: str):
@@ -65,27 +68,52 @@ class _ParquetFile:
         os.replace(self.tmp, self.path)
 
 
-class ParquetWriter(Step):
-    """Writes kept documents to `<folder>/<rank>.parquet`, or `<folder>/<language>/<rank>.parquet`."""
+class ParquetReader(Step):
+    type = "📖 READER"
+    step_name = "read_parquet"
 
-    type = "💽 WRITER"
-    yaml_name = "write_parquet"
-
-    def __init__(
-        self,
-        folder: str | Path,
-        extra_fields: dict[str, pa.DataType],
-        compression: str = "zstd",
-        per_language: bool = False,
-    ):
+    def __init__(self, folder: str | Path):
         super().__init__()
         self.folder = Path(folder)
-        self.schema = schema_for(extra_fields)
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.rglob("*.parquet"), key=lambda p: (p.name, str(p)))
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        for path in self.files()[rank::world_size]:
+            self.stat_update("files")
+            pf = pq.ParquetFile(path)
+            for i in range(pf.num_row_groups):
+                for doc in table_to_documents(pf.read_row_group(i)):
+                    self.stat_update("documents")
+                    self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
+                    yield doc
+
+
+class ParquetWriter(Step):
+    """Writes kept documents to `<folder>/<rank>.parquet`, or `<folder>/<language>/<rank>.parquet`.
+
+    Built unbound (`ParquetWriter()`) inside a stage's pipeline; the stage context calls `bind`.
+    """
+
+    type = "💽 WRITER"
+    step_name = "write_parquet"
+
+    def __init__(self, folder: str | Path | None = None, extra_fields: dict[str, pa.DataType] | None = None,
+                 compression: str | None = "zstd", per_language: bool = False):
+        super().__init__()
+        self.folder = Path(folder) if folder is not None else None
+        self.schema = schema_for(extra_fields) if extra_fields is not None else None
         self.compression = compression
         self.per_language = per_language
 
+    def bind(self, folder: Path, extra_fields: dict[str, pa.DataType], compression: str | None) -> None:
+        self.folder, self.schema, self.compression = Path(folder), schema_for(extra_fields), compression
+
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        files: dict[str, _ParquetFile] = {}
+        if self.folder is None or self.schema is None:
+            raise RuntimeError("ParquetWriter was never bound to a stage (StageContext.stage binds it)")
+        files: dict[str, ParquetFile] = {}
         fault_after = int(os.environ.get(FAULT_ENV, "0"))
         if os.environ.get(FAIL_TASK_ENV) == str(rank):
             raise RuntimeError(f"injected failure of task {rank} ({FAIL_TASK_ENV})")
@@ -95,7 +123,7 @@ class ParquetWriter(Step):
             out = files.get(key)
             if out is None:
                 path = (self.folder / key if key else self.folder) / f"{rank:05d}.parquet"
-                out = files[key] = _ParquetFile(path, self.schema, self.compression)
+                out = files[key] = ParquetFile(path, self.schema, self.compression)
             with self.track_time():
                 out.add(doc)
             written += 1
@@ -106,43 +134,7 @@ class ParquetWriter(Step):
             self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
             yield doc
         if not files:
-            files[""] = _ParquetFile(self.folder / f"{rank:05d}.parquet", self.schema, self.compression)
+            files[""] = ParquetFile(self.folder / f"{rank:05d}.parquet", self.schema, self.compression)
         with self.track_time():
             for out in files.values():
                 out.close()
-
-
-class DroppedSampler:
-    """Keeps a deterministic sample of the documents one filter dropped, with the reason.
-
-    Sampling is by a hash of the document id, not a random draw, so a re-run samples the same
-    documents and the stage folder stays byte-identical.
-    """
-
-    reason_field: ClassVar[str] = "drop_reason"
-
-    def __init__(self, folder: str | Path, rate: float, extra_fields: dict[str, pa.DataType]):
-        self.folder = Path(folder)
-        self.rate = rate
-        self.threshold = int(rate * 2**64)
-        self.schema = schema_for({**extra_fields, self.reason_field: pa.string()})
-        self._file: _ParquetFile | None = None
-        self._rank = 0
-
-    def open(self, rank: int) -> "DroppedSampler":
-        self._rank = rank
-        self._file = None
-        return self
-
-    def offer(self, doc: Document, reason: str | None) -> None:
-        if self.rate <= 0 or xxhash.xxh3_64_intdigest(doc.id or doc.text) >= self.threshold:
-            return
-        if self._file is None:
-            self._file = _ParquetFile(self.folder / f"{self._rank:05d}.parquet", self.schema, "zstd")
-        doc.metadata[self.reason_field] = reason or "unspecified"
-        self._file.add(doc)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None

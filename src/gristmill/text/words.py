@@ -60,21 +60,21 @@ def _bmp_class(unicode_class: str) -> str:
 _BMP = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x10000)))
 _IDEOGRAPHIC = r"[\p{Han}\p{Hiragana}\p{Katakana}]"
 _SYLLABIC = r"[\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]"
-_IDEO = _bmp_class(_IDEOGRAPHIC)
-_SYL = _bmp_class(_SYLLABIC)
+IDEOGRAPHIC_CHARS = _bmp_class(_IDEOGRAPHIC)
+SYLLABIC_CHARS = _bmp_class(_SYLLABIC)
 _MARK = _bmp_class(r"\p{M}")
 # letters, digits and marks of the scripts that separate words with spaces
 _ALNUM = _bmp_class(rf"[[\p{{L}}\p{{N}}\p{{M}}]--{_IDEOGRAPHIC}--{_SYLLABIC}]")
-_ASTRAL = "\U00010000-\U0010ffff"
+ASTRAL_CHARS = "\U00010000-\U0010ffff"
 del _BMP
 
-_WORD = re.compile(
+WORD_TOKEN = re.compile(
     rf"""
       \d+(?:[.,]\d+)+
     | [{_ALNUM}]+(?:['’\-][{_ALNUM}]+)*
-    | [^\s{_ALNUM}{_IDEO}{_SYL}{_ASTRAL}]+
-    | [{_IDEO}{_ASTRAL}]
-    | [{_SYL}][{_MARK}]*
+    | [^\s{_ALNUM}{IDEOGRAPHIC_CHARS}{SYLLABIC_CHARS}{ASTRAL_CHARS}]+
+    | [{IDEOGRAPHIC_CHARS}{ASTRAL_CHARS}]
+    | [{SYLLABIC_CHARS}][{_MARK}]*
     """,
     re.VERBOSE,
 )
@@ -103,7 +103,7 @@ def split_words(text: str) -> list[str]:
     last = _last
     if last[0] is text:
         return last[1]
-    words = _WORD.findall(text)
+    words = WORD_TOKEN.findall(text)
     _last = (text, words)
     return words
 

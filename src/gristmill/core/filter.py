@@ -12,9 +12,9 @@ from pathlib import Path
 
 from datatrove.data import Document, DocumentsPipeline
 
-from gristmill.pipeline.step import Step
-from gristmill.filters.scores import LENGTH_BINS, ScoreRecorder
-from gristmill.pipeline.writers import DroppedSampler
+from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
+from gristmill.core.sinks import DroppedSampler
+from gristmill.core.step import Step
 
 FilterResult = bool | tuple[bool, str]
 
@@ -40,11 +40,10 @@ class Filter(Step):
     #: the histogram's fixed bins: {"scale": "linear"|"log" (log10 of the value), "lo", "hi", "n"}
     score_bins: dict = LENGTH_BINS
 
-    def __init__(self, step_id: str | None = None, dropped: DroppedSampler | None = None):
-        super().__init__(step_id)
-        self.dropped = dropped
-        #: set by the planner to `<stage>/scores/<step>`; None: scores are kept but not written
-        self.scores_folder = None
+    #: set by the stage context (when `output.dropped_sample` > 0): a sample of dropped documents
+    dropped: DroppedSampler | None = None
+    #: set by the stage context to `<stage>/scores/<step>`; None: scores are kept but not written
+    scores_folder: str | None = None
 
     @abstractmethod
     def filter(self, doc: Document) -> FilterResult:

@@ -1,0 +1,94 @@
+"""datatrove internals gristmill leans on, in one place.
+
+- Task logging: datatrove's executors set up each task's logging with the module functions
+  `datatrove.executor.base.add_task_logger` / `close_task_logger`, which print every task's INFO
+  lines to the terminal (burying the progress bar). In the task's own process we replace the
+  two: INFO and below go to the task's log file only (a sink that survives a full disk), the
+  terminal gets one line per warning or error, tracebacks stay in the file.
+- `PipelineExecutor._run_for_rank(rank, local_rank, node_rank)`: runs one task (skips it if
+  complete, writes stats and the completion marker). gristmill's local executor calls it in
+  supervised child processes, and both executors override it to install the logging above.
+- Importing `datatrove.utils.logging` configures loguru (INFO to stderr); the CLI imports it
+  first so that its own setup afterwards wins.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import datatrove.executor.base as dt_base
+from loguru import logger
+
+#: datatrove versions this module was written and tested for
+WRITTEN_FOR = ("0.10.1",)
+
+_original_add_task_logger = dt_base.add_task_logger
+_original_close_task_logger = dt_base.close_task_logger
+
+
+
+def _one_line(record) -> str:
+    # A callable format gets no traceback appended: tracebacks belong in the task's log file,
+    # the terminal shows one line per warning or error.
+    return "{level: <8} | {message}\n"
+
+
+_TERMINAL = {"level": "WARNING", "format": _one_line}
+
+
+def _guarded(stream):
+    """A log sink that survives a full disk: the task fails with its own error, once, instead
+    of loguru printing a traceback for every log line it could not write."""
+
+    def write(message: str) -> None:
+        try:
+            stream.write(message)
+        except OSError:
+            pass
+
+    return write
+
+
+def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
+    # local_rank=1 makes datatrove's own terminal sink ERROR-only (its "Launching pipeline" line)
+    logfile = _original_add_task_logger(logging_dir, rank, 1, node_rank)
+    # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
+    logger.remove()
+    logger.add(sys.stderr, **_TERMINAL)
+    logger.add(_guarded(logfile), level="DEBUG",
+               format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
+    return logfile
+
+
+def _close_task_logger_quiet(logfile):
+    _original_close_task_logger(logfile)  # re-adds datatrove's INFO terminal sink ("N/M tasks completed")
+    logger.remove()
+    logger.add(sys.stderr, **_TERMINAL)
+
+
+def quiet_task_logging() -> None:
+    """In the task's own process: route datatrove's per-task logging through the two above."""
+    dt_base.add_task_logger = _add_task_logger_quiet
+    dt_base.close_task_logger = _close_task_logger_quiet
+
+
+
+class QuietTaskLogs:
+    """Mixin for a datatrove executor: each task logs as `quiet_task_logging` says."""
+
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
+        quiet_task_logging()
+        return super()._run_for_rank(rank, local_rank, node_rank)
+
+
+def run_rank(executor, rank: int, local_rank: int = 0):
+    """Run one task of `executor` in this process (datatrove's per-rank entry)."""
+    return executor._run_for_rank(rank, local_rank)
+
+
+def configure_cli_logging(level: str = "WARNING") -> None:
+    """The CLI's terminal logging: datatrove's import-time loguru setup, then ours over it."""
+    import datatrove.utils.logging  # noqa: F401  (configures loguru on import)
+
+    logger.remove()
+    logger.add(sys.stderr, level=level, format="{level: <8} | {message}")

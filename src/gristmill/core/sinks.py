@@ -1,0 +1,52 @@
+"""Sinks a filter writes beside its output: a deterministic sample of the documents it dropped.
+
+(Score histograms and samples of kept and dropped documents: `core.scores`.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pyarrow as pa
+import xxhash
+from datatrove.data import Document
+
+from gristmill.core.documents import schema_for
+from gristmill.core.parquet_io import ParquetFile
+
+
+class DroppedSampler:
+    """Keeps a deterministic sample of the documents one filter dropped, with the reason.
+
+    Sampling is by a hash of the document id, not a random draw, so a re-run samples the same
+    documents and the stage folder stays byte-identical.
+    """
+
+    reason_field: ClassVar[str] = "drop_reason"
+
+    def __init__(self, folder: str | Path, rate: float, extra_fields: dict[str, pa.DataType]):
+        self.folder = Path(folder)
+        self.rate = rate
+        self.threshold = int(rate * 2**64)
+        self.schema = schema_for({**extra_fields, self.reason_field: pa.string()})
+        self._file: ParquetFile | None = None
+        self._rank = 0
+
+    def open(self, rank: int) -> "DroppedSampler":
+        self._rank = rank
+        self._file = None
+        return self
+
+    def offer(self, doc: Document, reason: str | None) -> None:
+        if self.rate <= 0 or xxhash.xxh3_64_intdigest(doc.id or doc.text) >= self.threshold:
+            return
+        if self._file is None:
+            self._file = ParquetFile(self.folder / f"{self._rank:05d}.parquet", self.schema, "zstd")
+        doc.metadata[self.reason_field] = reason or "unspecified"
+        self._file.add(doc)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,166 @@
+"""The step contract: every step of a run is a `Step`, and every YAML step registers itself.
+
+A step is a datatrove `PipelineStep` (so datatrove's executors, local and Slurm, can run any
+of them) that owns its parameters as a nested pydantic `Config`: defaults live there and
+nowhere else. Setting `yaml_name` on a class registers it under that name when its module is
+imported; the run config, `pipeline validate` and the README's step reference read the
+registry (`registered_steps()`).
+
+Two kinds:
+- a streaming step (`Step`, `Filter`) maps or filters documents one pass at a time; the
+  planner fuses consecutive streaming steps into one stage;
+- a global step (`GlobalStep`) needs every document first (dedup, tokenization): it declares
+  its own stages with `stages(ctx)`, against the `StageContext` below.
+
+Steps that only exist inside a stage (the readers, dedup's phases) set `step_name` instead of
+`yaml_name`: they are named in stats but cannot be written in YAML.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+import pyarrow as pa
+from datatrove.pipeline.base import PipelineStep
+
+from gristmill.core.configlib import Strict
+
+if TYPE_CHECKING:
+    from gristmill.core.parquet_io import ParquetWriter
+
+#: The modules that define gristmill's own YAML steps, imported on first use of the registry.
+#: Other packages add steps through the `gristmill.steps` entry point group (value: a module).
+STEP_MODULES = (
+    "gristmill.filters.langid",
+    "gristmill.filters.gopher_quality",
+    "gristmill.filters.gopher_repetition",
+    "gristmill.filters.c4_lines",
+    "gristmill.filters.kenlm",
+    "gristmill.filters.quality",
+    "gristmill.dedup.exact",
+    "gristmill.dedup.near",
+)
+_REGISTRY: dict[str, type[Step]] = {}
+
+
+class Step(PipelineStep):
+    #: key of the step in the YAML `steps:` list (registers the class); also its stats name
+    yaml_name: ClassVar[str] = ""
+    #: stats name of a step that is not written in YAML (a reader, a phase of dedup)
+    step_name: ClassVar[str] = ""
+    #: False for steps that need every document of the run before emitting any (`GlobalStep`)
+    streamable: ClassVar[bool] = True
+    #: metadata this step adds to documents, as Parquet columns of the stage output
+    output_fields: ClassVar[dict[str, pa.DataType]] = {}
+    #: the reasons it drops documents under (stats `dropped_<reason>`), for the step reference
+    drop_reasons: ClassVar[tuple[str, ...]] = ()
+
+    class Config(Strict):
+        """This step takes no parameters."""
+
+    #: the folder of the stage this step runs in; set by `StageContext.stage`
+    stage_folder: Path | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("yaml_name")
+        if not name:
+            return
+        other = _REGISTRY.get(name)
+        if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise TypeError(f"step {name!r} of {cls.__module__}.{cls.__qualname__} is already defined by "
+                            f"{other.__module__}.{other.__qualname__}")
+        _REGISTRY[name] = cls
+
+    @classmethod
+    def build(cls, config: Strict, ctx: BuildContext, step_id: str | None = None) -> Step:
+        """The step of one YAML entry, built in the planning process. Override to resolve
+        resources first (a model given as a URL is fetched through `ctx.local_path`)."""
+        return cls(config, step_id=step_id)
+
+    def __init__(self, config: Strict | None = None, /, *, step_id: str | None = None, **params):
+        """`Step(config)` with a validated `Config`, or `Step(**params)` validated here."""
+        if config is not None and params:
+            raise TypeError(f"{type(self).__name__}: give a Config or keyword parameters, not both")
+        self.config = config if config is not None else self.Config(**params)
+        # datatrove keys stats by str(self) == f"{type}: {name}", so set the name first.
+        self.name = step_id or self.yaml_name or self.step_name
+        super().__init__()
+
+    def __repr__(self) -> str:
+        return f"{self.type}: {self.name}"
+
+
+class GlobalStep(Step):
+    """A step that needs all documents first: it plans stages instead of running in one."""
+
+    streamable = False
+
+    def stages(self, ctx: StageContext) -> None:
+        """Add this step's stages with `ctx.stage(...)`; the first reads `ctx.documents`, and
+        the last writes the documents that follow with `ctx.writer()` (if any follow)."""
+        raise NotImplementedError
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        raise TypeError(f"{self.name} is planned into stages (`stages(ctx)`), not run as a step")
+
+
+@dataclass
+class Stage:
+    """One executor stage: its steps, task count and folder (`<run_dir>/NN_<name>/`)."""
+
+    index: int
+    name: str
+    folder: Path
+    pipeline: list[Step]
+    tasks: int
+    workers: int
+    step_names: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.index:02d}_{self.name}"
+
+    @property
+    def output(self) -> Path:
+        return self.folder / "output"
+
+
+class BuildContext(Protocol):
+    """What a step may ask of the planner while it is built."""
+
+    def local_path(self, path_or_url: str) -> Path:
+        """A local file for a path or an http(s) URL (downloaded, verified, cached)."""
+
+
+class StageContext(BuildContext, Protocol):
+    """What a global step plans against (implemented by the planner)."""
+
+    #: folder of the documents on disk at this point of the plan (Parquet, read with ParquetReader)
+    documents: Path
+    #: metadata columns those documents carry (beyond the base fields)
+    fields: dict[str, pa.DataType]
+    #: tasks per stage (`executor.tasks`)
+    tasks: int
+    run_dir: Path
+
+    def stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
+        """Append a stage: numbered, foldered, every step's `stage_folder` set, drop samplers and
+        score recorders attached to its filters, its writer (if any) bound to `output/`."""
+
+    def writer(self) -> ParquetWriter:
+        """A writer of the documents that leave this stage, bound when the stage is added."""
+
+
+def registered_steps() -> dict[str, type[Step]]:
+    """YAML step name → step class: gristmill's own modules, entry points, and any module
+    already imported that defines a step (a test's, a notebook's)."""
+    for module in STEP_MODULES:
+        importlib.import_module(module)
+    for ep in entry_points(group="gristmill.steps"):
+        importlib.import_module(ep.value)
+    return dict(sorted(_REGISTRY.items()))

@@ -1,0 +1,56 @@
+"""The step reference, written from the registered steps: `pipeline steps` prints it, and the
+README's "Steps" section is this text (a test keeps the two equal).
+
+Each step contributes its YAML name, the first paragraph of its docstring (or of its module's),
+what it writes onto documents, and every parameter of its `Config` with default and description.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+
+from gristmill.core.step import STEP_MODULES, registered_steps
+
+BEGIN = "<!-- steps: written by `pipeline steps --markdown`; edit the steps' docstrings and Configs -->"
+END = "<!-- /steps -->"
+
+
+def _summary(cls) -> str:
+    doc = inspect.getdoc(cls) if cls.__doc__ else inspect.getdoc(sys.modules[cls.__module__])
+    return " ".join((doc or "").split("\n\n")[0].split())
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "required"
+    return json.dumps(field.get_default(call_default_factory=True), ensure_ascii=False, default=str)
+
+
+def reference(shipped_only: bool = False) -> list[dict]:
+    """Every registered step (a plugin's or a test's too), or gristmill's own (`STEP_MODULES`)."""
+    out = []
+    for name, cls in registered_steps().items():
+        if shipped_only and cls.__module__ not in STEP_MODULES:
+            continue
+        params = [{"name": p, "default": _default(f), "description": f.description or ""}
+                  for p, f in cls.Config.model_fields.items()]
+        out.append({"name": name, "module": cls.__module__, "summary": _summary(cls),
+                    "kind": "streaming" if cls.streamable else "global (plans its own stages)",
+                    "writes": sorted(cls.output_fields), "drops": list(cls.drop_reasons), "params": params})
+    return out
+
+
+def markdown(shipped_only: bool = False) -> str:
+    lines = [BEGIN, ""]
+    for step in reference(shipped_only):
+        path = "src/" + step["module"].replace(".", "/") + ".py"
+        writes = f" Writes {', '.join(f'`{w}`' for w in step['writes'])}." if step["writes"] else ""
+        drops = f" Drop reasons: {', '.join(f'`{d}`' for d in step['drops'])}." if step["drops"] else ""
+        lines.append(f"- **`{step['name']}`** ({step['kind']}; `{path}`) — {step['summary']}{writes}{drops}")
+        for p in step["params"]:
+            desc = f": {p['description']}" if p["description"] else ""
+            lines.append(f"  - `{p['name']}` = `{p['default']}`{desc}")
+    lines += ["", END]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Text utilities shared by every step that counts words, lines or paragraphs."""

@@ -1,0 +1,68 @@
+"""The dependency internals gristmill leans on (gristmill.compat) are there, in the versions the
+compat modules were written for. A failure here means: an upgrade; re-read the private code
+named in the module's docstring before extending its WRITTEN_FOR."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def test_torch_internals():
+    torch = pytest.importorskip("torch")
+    from gristmill.compat import torch as compat
+
+    assert _major_minor(torch.__version__) in compat.WRITTEN_FOR, (
+        f"torch {torch.__version__} installed; gristmill.compat.torch was written for {compat.WRITTEN_FOR}")
+    t = torch.ones(3)
+    assert compat.local_tensor(t) is t and not compat.is_dtensor(t)
+    steps = [torch.zeros(()), torch.zeros(())]
+    compat.foreach_add_(steps, 1)
+    compat.foreach_sub_(steps, [torch.tensor(1.0), torch.tensor(0.0)])
+    assert [float(s) for s in steps] == [0.0, 1.0]
+    assert float(torch.stack(compat.foreach_norm([torch.tensor([3.0, 4.0])])).sum()) == 5.0
+    assert len(compat.attention_ops()) == 3
+    wrapped = compat.checkpoint_wrapper(torch.nn.Linear(2, 2), preserve_rng_state=False)
+    assert wrapped(torch.ones(1, 2)).shape == (1, 2)
+    # the fused AdamW kernel torch.optim.AdamW(fused=True) calls: one step against the optimizer
+    p0 = torch.tensor([1.0, -2.0])
+    g = torch.tensor([0.5, 0.25])
+    ref = torch.nn.Parameter(p0.clone())
+    ref.grad = g.clone()
+    opt = torch.optim.AdamW([ref], lr=0.1, weight_decay=0.01, foreach=False)
+    opt.step()
+    p, m, v, step = p0.clone(), torch.zeros(2), torch.zeros(2), torch.zeros(())
+    compat.foreach_add_([step], 1)
+    try:
+        compat.fused_adamw_([p], [g.clone()], [m], [v], [step], lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.01,
+                            eps=1e-8, grad_scale=None, found_inf=None)
+    except RuntimeError as e:  # some CPU builds have no fused CPU kernel
+        pytest.skip(f"no fused AdamW kernel on this device: {e}")
+    assert torch.allclose(p, ref.detach(), atol=1e-6)
+
+
+def test_datatrove_internals():
+    import inspect
+
+    import datatrove
+    import datatrove.executor.base as dt_base
+
+    from gristmill.compat import datatrove as compat
+
+    version = importlib.metadata.version("datatrove")
+    assert version in compat.WRITTEN_FOR, (
+        f"datatrove {version} installed; gristmill.compat.datatrove was written for {compat.WRITTEN_FOR}")
+    assert datatrove.__name__ == "datatrove"
+    # the two module functions replaced in each task's process, with the signatures called
+    for name in ("add_task_logger", "close_task_logger"):
+        assert callable(getattr(dt_base, name)), name
+    assert list(inspect.signature(dt_base.add_task_logger).parameters)[:4] == [
+        "logging_dir", "rank", "local_rank", "node_rank"]
+    # the per-rank entry the local supervisor calls and both executors override
+    params = list(inspect.signature(dt_base.PipelineExecutor._run_for_rank).parameters)
+    assert params[:4] == ["self", "rank", "local_rank", "node_rank"], params
