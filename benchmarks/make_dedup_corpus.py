@@ -25,7 +25,6 @@ planted duplicate: id, original id, kind (exact/edit/boilerplate/shuffle) and tr
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import random
 import sys

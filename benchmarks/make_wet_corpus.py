@@ -57,10 +57,7 @@ from isal import isal_zlib
 from gristmill.dedup.text import jaccard, shingle_hashes, words
 from gristmill.filters.langid import LABEL_PREFIX, load_fasttext
 
-try:  # the reader may move to the core layer
-    from gristmill.core.wet_reader import WetRecord, iter_wet_records
-except ImportError:
-    from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
 REPO = Path(__file__).resolve().parents[1]
 # as in make_dedup_corpus.py (not imported from there: it imports the WET reader from one place only)

@@ -15,7 +15,7 @@ import pytest
 
 from gristmill.dedup.text import jaccard, shingles
 from gristmill.filters.langid import load_fasttext
-from gristmill.pipeline.wet_reader import WetRecord, iter_wet_records
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
