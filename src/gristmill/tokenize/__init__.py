@@ -1,7 +1,7 @@
 """BPE tokenization into Arrow token shards (see README, "Token shards").
 
 `open_tokens(dir)` reads a token directory; `tokenizer.load`/`tokenizer.train` give the
-tokenizer; `stages.build_stages` is the planner's hook.
+tokenizer; `stages.Tokenize` is the global step that plans the tokenization stages.
 """
 
 from gristmill.tokenize.reader import Shard, TokenDir, TokenShardError, open_tokens
