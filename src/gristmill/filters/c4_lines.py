@@ -21,7 +21,7 @@ from pydantic import Field
 
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter, FilterResult
-from gristmill.text.words import split_sentences
+from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_sentences, split_words
 
 _POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))
 
@@ -48,6 +48,15 @@ class C4Lines(Filter):
     def filter(self, doc: Document) -> FilterResult:
         c = self.config
         lines = doc.text.splitlines() if c.split_paragraph else split_sentences(doc.text)
+        # Words of a line are whitespace-separated, as in C4, except on pages whose lid label is a
+        # language written without spaces (zh, ja, th, ...): there a whitespace split sees a
+        # whole line as one word, so ICU's words are counted (punctuation tokens are not words).
+        language = doc.metadata.get("language")
+        if language in UNSPACED_LANGUAGES:
+            def line_words(line: str) -> list[str]:
+                return [w for w in split_words(line, language) if w.strip(PUNCTUATION_CHARS)]
+        else:
+            line_words = str.split
         max_len = c.max_word_length
         kept: list[str] = []
         line_drops = Counter()  # lines dropped, by rule, for the stats
@@ -58,7 +67,7 @@ class C4Lines(Filter):
         for n_lines, line in enumerate(lines, 1):
             line = uncited = line.strip()
             # a word longer than max_len needs a line longer than max_len: split only those
-            if max_len != -1 and len(line) > max_len and any(len(w) > max_len for w in line.split()):
+            if max_len != -1 and len(line) > max_len and any(len(w) > max_len for w in line_words(line)):
                 line_drops["line-filter-too_long_word"] += 1
                 continue
             if c.remove_citations and "[" in line:  # every citation starts with "["
@@ -68,7 +77,7 @@ class C4Lines(Filter):
             ):
                 line_drops["line-filter-no_terminal_punc"] += 1
                 continue
-            if len(uncited.split()) < c.min_words_per_line:  # words counted before citations go
+            if len(line_words(uncited)) < c.min_words_per_line:  # words counted before citations go
                 line_drops["line-filter-too_few_words"] += 1
                 continue
             line_l = line.lower()

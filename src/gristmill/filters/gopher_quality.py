@@ -54,7 +54,8 @@ class GopherQuality(Filter):
     def filter(self, doc: Document) -> FilterResult:
         c = self.config
         text = doc.text
-        words = split_words(text)
+        # the lid label picks ICU words for Chinese, Japanese, Thai, Lao, Khmer and Burmese pages
+        words = split_words(text, doc.metadata.get("language"))
         n_words = len(words)
 
         # One pass over distinct words: "symbol words" consist only of punctuation and count

@@ -239,7 +239,7 @@ class GopherRepetition(Filter):
         if c.dup_line_char_frac and dup_chars / n_chars > c.dup_line_char_frac:
             return False, "dup_line_char_frac"
 
-        words = split_words(text)
+        words = split_words(text, doc.metadata.get("language"))  # as in gopher_quality
         if len(words) < _NUMPY_MIN_WORDS:
             top_chars_of = partial(_top_chars_of_strings, words)
             repeated_chars_of = partial(_repeated_chars_of_strings, words)

@@ -12,14 +12,25 @@ symbol and alphabetic words, stop words, n-gram repetition):
   words" exist as in spaCy's output (spaCy splits some runs such as "?!" further, and keeps
   URLs and e-mail addresses whole where we split them at their punctuation);
 * Han, Hiragana and Katakana characters are one token each, as are Thai, Lao, Khmer and
-  Myanmar letters (with their combining marks): these scripts write no spaces between words,
-  and per-character counts keep length and repetition statistics meaningful, where a
-  whitespace split would see a paragraph as one "word";
+  Myanmar letters (with their combining marks), unless the page is labelled with their
+  language (below): these scripts write no spaces between words, and a whitespace split would
+  see a paragraph as one "word";
 * characters beyond U+FFFF (emoji, rare ideographs, historic scripts) are one token each;
 * whitespace (str.isspace) is never part of a token; spaCy emits runs of extra spaces and
   newlines as tokens.
 
 No token ever contains whitespace, which the repetition filter relies on (see there).
+
+Pages whose language label (fastText lid.176, `doc.metadata["language"]`) is one of
+`UNSPACED_LANGUAGES` (zh, ja, th, lo, km, my) get real words in those scripts instead of
+characters: ICU's word break iterator (`icu4py`, which bundles ICU 78.3 and its dictionaries)
+segments the page, and every segment holding a Han/kana/Thai/Lao/Khmer/Myanmar character is
+one word ("我们是中国人" -> "我们" "是" "中国人"); the rest of the page (Latin, digits,
+punctuation) is tokenized by the regex above, so those parts follow the same conventions on
+every page. Per-character counts made Gopher see a Chinese page of 800 words as 2,000 words
+of length 1 (docs/segmenters.md measures the segmenters). Every other page, English first,
+takes the regex path unchanged: the language is checked against a set, the text is never
+scanned for script (that scan would cost English pages ~10%).
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ __all__ = [
     "PUNCTUATION_SET",
     "PUNCTUATION_CHARS",
     "split_words",
+    "UNSPACED_LANGUAGES",
     "split_sentences",
     "split_paragraphs",
     "split_lines",
@@ -65,6 +77,12 @@ SYLLABIC_CHARS = _bmp_class(_SYLLABIC)
 _MARK = _bmp_class(r"\p{M}")
 # letters, digits and marks of the scripts that separate words with spaces
 _ALNUM = _bmp_class(rf"[[\p{{L}}\p{{N}}\p{{M}}]--{_IDEOGRAPHIC}--{_SYLLABIC}]")
+# what a word of an unspaced script is made of (see _SCRIPT_RUNS): its script's characters and
+# the Common/Inherited letters and marks written inside such words (the katakana length mark
+# "ー" of "ページ", the half-width voicing mark "ﾞ")
+_SCRIPT_WORD_CHARS = _bmp_class(
+    rf"[{_IDEOGRAPHIC}{_SYLLABIC}[[\p{{L}}\p{{M}}]&&[\p{{Common}}\p{{Inherited}}]]]"
+)
 ASTRAL_CHARS = "\U00010000-\U0010ffff"
 del _BMP
 
@@ -79,6 +97,24 @@ WORD_TOKEN = re.compile(
     re.VERBOSE,
 )
 
+# (benchmarks/word_segmenters.py times the bare regex under this name)
+_WORD = WORD_TOKEN
+
+#: lid.176 labels of the languages written without spaces between words, segmented with ICU.
+#: (Korean is written with spaces: ICU and the regex agree exactly on it.)
+UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my"})
+
+# an ICU segment holding one of these is a word of an unspaced script; ideographs beyond
+# U+FFFF (CJK extensions B..H, planes 2 and 3) are Han too
+_UNSPACED_CHAR = re.compile(f"[{IDEOGRAPHIC_CHARS}{SYLLABIC_CHARS}\U00020000-\U0003ffff]")
+_SPACE = re.compile(r"\s")
+# ICU joins letters and digits of any script into one word where no space separates them
+# ("ฝนAnna", "2004การ", "3.14ก็ได้" on a Thai page); such a segment is cut into runs of
+# _SCRIPT_WORD_CHARS, which stay words, and runs of the rest, which get the regex's tokens.
+_SCRIPT_CHARS_ALL = f"{_SCRIPT_WORD_CHARS}\U00020000-\U0003ffff"
+_HAS_OTHER_CHAR = re.compile(f"[^{_SCRIPT_CHARS_ALL}]")
+_SCRIPT_RUNS = re.compile(f"[{_SCRIPT_CHARS_ALL}]+|[^{_SCRIPT_CHARS_ALL}]+")
+
 # A sentence ends at "." "!" or "?" (repeated, possibly followed by closing quotes or
 # brackets) when whitespace and then a capital letter (possibly after opening quotes or
 # brackets) follow; the end of the text ends the last one. punkt also knows abbreviations
@@ -89,22 +125,82 @@ _SENTENCE_BREAK = regex.compile(r"[.!?]+[\"'”’)\]]*(\s+)(?=[\"'“‘(\[]*\p
 
 _PARAGRAPH_BREAK = re.compile(r"\n{2,}")
 
-# The Gopher filters run one after the other on the same text: keep the last split. The text
-# is held, so `is` cannot match a new string at a recycled address.
-_last: tuple[str, list[str]] = ("", [])
+# The Gopher filters run one after the other on the same text: keep the last split, with the
+# language it was split for (None: the regex). The text is held, so `is` cannot match a new
+# string at a recycled address.
+_last: tuple[str, str | None, list[str]] = ("", None, [])
+
+# icu4py builds an ICU BreakIterator per text (its API has no setText), so no iterator can be
+# kept per language; ICU itself caches the compiled rules and dictionaries, so that a new one
+# costs ~6 us after the first of each process (~5 ms: the dictionary loads), measured with
+# `WordBreaker("", "zh")`; a cached icu4py Locale instead of the language string saves nothing.
+# Imported on first use: English-only runs never load ICU.
+_WordBreaker = None
 
 
-def split_words(text: str) -> list[str]:
+def _word_breaker():
+    global _WordBreaker
+    if _WordBreaker is None:
+        try:
+            from icu4py.breakers import WordBreaker
+        except ImportError as e:
+            raise ImportError(
+                "gristmill.text.words: pages labelled zh/ja/th/lo/km/my need ICU word segmentation: "
+                f"pip install icu4py==1.2.0 (pinned in pyproject.toml) ({e})"
+            ) from None
+        _WordBreaker = WordBreaker
+    return _WordBreaker
+
+
+def _split_unspaced(text: str, language: str) -> list[str]:
+    """ICU's words where they hold an unspaced-script character; the regex's tokens between.
+
+    One breaker over the whole page (a breaker per run of script costs 4-8x more, see
+    docs/segmenters.md). ICU segments tile the text, so the text between two kept segments is
+    handed to the regex by position, without copying.
+    """
+    breaker = _word_breaker()
+    findall, is_unspaced, has_space = WORD_TOKEN.findall, _UNSPACED_CHAR.search, _SPACE.search
+    has_other_char = _HAS_OTHER_CHAR.search
+    words: list[str] = []
+    pending = pos = 0  # text[pending:pos] is not tokenized yet
+    for segment in breaker(text, language):
+        end = pos + len(segment)
+        # a segment with whitespace inside (a space carrying a combining mark) goes to the
+        # regex, so that no token ever holds whitespace
+        if is_unspaced(segment) and not has_space(segment):
+            if pending < pos:
+                words += findall(text, pending, pos)
+            if has_other_char(segment):
+                for run in _SCRIPT_RUNS.findall(segment):
+                    if is_unspaced(run):
+                        words.append(run)
+                    else:
+                        words += findall(run)
+            else:
+                words.append(segment)
+            pending = end
+        pos = end
+    if pending < len(text):
+        words += findall(text, pending)
+    return words
+
+
+def split_words(text: str, language: str | None = None) -> list[str]:
     """Words and punctuation/symbol tokens of `text` (see the module docstring).
 
+    `language` is the page's lid label: one of UNSPACED_LANGUAGES selects ICU segmentation for
+    its script; anything else (None included) the regex alone.
     The list may be shared with the previous caller on the same text: do not modify it.
     """
     global _last
+    if language not in UNSPACED_LANGUAGES:
+        language = None
     last = _last
-    if last[0] is text:
-        return last[1]
-    words = WORD_TOKEN.findall(text)
-    _last = (text, words)
+    if last[0] is text and last[1] == language:
+        return last[2]
+    words = WORD_TOKEN.findall(text) if language is None else _split_unspaced(text, language)
+    _last = (text, language, words)
     return words
 
 

@@ -1,0 +1,189 @@
+"""split_words by script: ICU words on pages labelled zh/ja/th/lo/km/my, the regex elsewhere.
+
+The pages are the crawl sample's, labelled by langid (lid.176, score >= 0.65) as the pipeline
+labels them before the filters run.
+"""
+
+from __future__ import annotations
+
+import sys
+from unicodedata import category
+from collections import Counter
+
+import pytest
+from datatrove.data import Document
+
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
+from gristmill.filters.c4_lines import C4Lines
+from gristmill.filters.gopher_quality import GopherQuality
+from gristmill.filters.gopher_repetition import GopherRepetition
+from gristmill.filters.langid import LangId
+from gristmill.text import words as words_mod
+from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, WORD_TOKEN, split_words
+
+pytest.importorskip("icu4py", reason="icu4py==1.2.0 (pyproject.toml) segments unspaced scripts")
+
+UNSPACED = words_mod._UNSPACED_CHAR
+
+
+@pytest.fixture(scope="module")
+def labelled(wet_files, lid_model) -> list[Document]:
+    docs = [Document(text=r.text, id=r.record_id) for f in wet_files for r in iter_wet_records(f)
+            if isinstance(r, WetRecord)]
+    kept = list(LangId(model=str(lid_model), languages=None, min_score=0.65).run(iter(docs)))
+    langs = Counter(d.metadata["language"] for d in kept)
+    # what the sample holds (docs/segmenters.md): Chinese, Japanese and one Thai page
+    assert langs["zh"] >= 5 and langs["ja"] >= 5 and langs["th"] >= 1 and langs["en"] > 300, langs
+    return kept
+
+
+def pages(labelled, *languages) -> list[Document]:
+    return [d for d in labelled if d.metadata["language"] in languages]
+
+
+def script_words(words: list[str]) -> list[str]:
+    return [w for w in words if UNSPACED.search(w)]
+
+
+def test_known_segmentations():
+    # ICU 78.3's dictionaries, as pinned (icu4py==1.2.0)
+    assert split_words("我们是中国人。", "zh") == ["我们", "是", "中国人", "。"]
+    assert split_words("東京都に行きました…", "ja") == ["東京", "都", "に", "行き", "ま", "した", "…"]
+    assert split_words("ภาษาไทย ภาษา", "th") == ["ภาษา", "ไทย", "ภาษา"]
+    # Latin, digits and punctuation between them follow the regex, as on English pages
+    assert split_words("「Don't」3.14ก็ได้ 2004การ ฝนAnna", "th") == [
+        "「", "Don't", "」", "3.14", "ก็ได้", "2004", "การ", "ฝน", "Anna",
+    ]  # fmt: skip
+    # any other label, or none, keeps one token per character
+    assert split_words("我们是中国人。", "en") == split_words("我们是中国人。") == list("我们是中国人。")
+
+
+def test_real_unspaced_pages_get_multi_character_words(labelled):
+    for lang in ("zh", "ja", "th"):
+        for d in pages(labelled, lang):
+            regex_words = script_words(WORD_TOKEN.findall(d.text))
+            icu_words = script_words(split_words(d.text, lang))
+            # the regex: one character a token (Thai: a letter with its marks)
+            assert all(len(w) == 1 or lang == "th" and all(category(c)[0] == "M" for c in w[1:])
+                       for w in regex_words), d.id
+            multi = sum(len(w) > 1 for w in icu_words) / len(icu_words)
+            assert multi > 0.4, (d.id, multi)  # measured 0.47..0.97
+            assert len(icu_words) < 0.85 * len(regex_words), d.id
+
+
+def test_tokens_spell_the_page_and_hold_no_whitespace(labelled):
+    for d in pages(labelled, *UNSPACED_LANGUAGES):
+        words = split_words(d.text, d.metadata["language"])
+        assert "".join(words) == "".join(d.text.split()), d.id
+        assert not any(ch.isspace() for w in words for ch in w), d.id
+
+
+def test_latin_digits_and_punctuation_keep_the_regex_tokens(labelled):
+    for d in pages(labelled, "zh", "th"):
+        words = split_words(d.text, d.metadata["language"])
+        rest = [w for w in words if not UNSPACED.search(w)]
+        assert rest == WORD_TOKEN.findall(UNSPACED.sub(" ", d.text)), d.id
+    for d in pages(labelled, "ja"):
+        # kana words keep their Common-script length marks ("ページ"), never Latin letters or digits
+        for w in script_words(split_words(d.text, "ja")):
+            assert not words_mod._HAS_OTHER_CHAR.search(w), (d.id, w)
+
+
+def test_other_languages_split_exactly_as_the_regex(labelled):
+    others = [d for d in labelled if d.metadata["language"] not in UNSPACED_LANGUAGES]
+    assert len(others) > 400
+    for d in others:
+        assert split_words(d.text, d.metadata["language"]) == WORD_TOKEN.findall(d.text), d.id
+    # English text holds nothing for ICU to segment: the unspaced path returns the same tokens
+    latin = [d.text for d in pages(labelled, "en") if not UNSPACED.search(d.text)]
+    assert len(latin) > 300
+    for text in latin:
+        assert split_words(text, "zh") == WORD_TOKEN.findall(text)
+
+
+def test_unspaced_words_count_as_alphabetic(labelled):
+    # Gopher's alphabetic share: a word counts when any character isalpha(); Han and kana are
+    # Lo, the length mark Lm, Thai consonants Lo (its vowel and tone marks Mn are not letters)
+    for d in pages(labelled, *UNSPACED_LANGUAGES):
+        non_alpha = [w for w in script_words(split_words(d.text, d.metadata["language"]))
+                     if not any(map(str.isalpha, w))]
+        assert all(len(w) == 1 for w in non_alpha), non_alpha  # symbols such as "㌔", as before
+        assert len(non_alpha) <= 2
+
+
+def test_cache_is_per_language():
+    text = "".join(["我们是", "中国人"])
+    regex_words = split_words(text)
+    assert split_words(text, "en") is regex_words  # any non-unspaced label shares the regex split
+    zh = split_words(text, "zh")
+    assert zh == ["我们", "是", "中国人"] and zh != regex_words
+    assert split_words(text, "zh") is zh
+    assert split_words(text) == list(text)
+
+
+def content_words(words):
+    return sum(1 for w in words if w.strip(PUNCTUATION_CHARS))
+
+
+def test_gopher_counts_chinese_words_not_characters(labelled):
+    zh = pages(labelled, "zh")
+    for d in zh:
+        chars, words = content_words(WORD_TOKEN.findall(d.text)), content_words(split_words(d.text, "zh"))
+        assert words < chars
+        # a minimum between the two counts: met by the characters, not by the words
+        f = GopherQuality(min_doc_words=words + 1, min_avg_word_length=None)
+        unlabelled = Document(text=d.text, id=d.id)
+        assert f.filter(unlabelled) != (False, "gopher_short_doc"), d.id
+        assert f.filter(Document(text=d.text, id=d.id, metadata={"language": "zh"})) == (False, "gopher_short_doc")
+
+
+def test_gopher_mean_word_length_of_words(labelled):
+    # the mean length of Chinese words is above 1 (characters), below Gopher's English 3
+    for d in pages(labelled, "zh"):
+        words = [w for w in split_words(d.text, "zh") if w.strip(PUNCTUATION_CHARS)]
+        mean = sum(map(len, words)) / len(words)
+        assert 1.3 < mean < 3, (d.id, mean)
+
+
+def test_repetition_sees_repeated_words_not_common_characters(labelled):
+    # five characters in a row recur in any Chinese or Japanese page; five words rarely do
+    f = GopherRepetition()
+    changed = 0
+    for d in pages(labelled, "zh", "ja"):
+        before = f.filter(Document(text=d.text, id=d.id))
+        after = f.filter(Document(text=d.text, id=d.id, metadata=dict(d.metadata)))
+        changed += before != after
+        if after is not True:
+            assert after[1].startswith(("top_", "duplicated_")) and before is not True, (d.id, before, after)
+    assert changed >= 3
+
+
+def c4_kept_lines(text, language, **params) -> int:
+    f = C4Lines(**params)
+    f.filter(Document(text=text, id="x", metadata={"language": language} if language else {}))
+    kept = f.stats.to_dict()["stats"].get("line-kept", 0)
+    return kept["total"] if isinstance(kept, dict) else kept
+
+
+def test_c4_counts_icu_words_per_line(labelled):
+    # with only the word-count rule on, an unlabelled Chinese line is one "word" (no spaces)
+    params = dict(filter_no_terminal_punct=False, min_num_sentences=-1, filter_policy=False,
+                  filter_javascript=False, filter_curly_bracket=False, filter_lorem_ipsum=False)
+    more = 0
+    for d in pages(labelled, "zh", "ja"):
+        before = c4_kept_lines(d.text, None, **params)
+        after = c4_kept_lines(d.text, d.metadata["language"], **params)
+        assert after >= before, d.id
+        more += after > before
+    assert more >= 10  # of 15; the others are one line, or short menu items either way
+    # an English page decides as before when labelled
+    en = next(d for d in pages(labelled, "en") if C4Lines().filter(Document(text=d.text, id="x")) is True)
+    assert c4_kept_lines(en.text, "en") == c4_kept_lines(en.text, None) > 0
+
+
+def test_missing_icu_is_one_clear_line(monkeypatch):
+    monkeypatch.setattr(words_mod, "_WordBreaker", None)
+    monkeypatch.setitem(sys.modules, "icu4py.breakers", None)
+    with pytest.raises(ImportError, match=r"icu4py==1\.2\.0") as e:
+        split_words("".join(["我们", "是"]), "ja")
+    assert "\n" not in str(e.value)
