@@ -20,7 +20,7 @@ from gristmill.config import from_dict
 from gristmill.pipeline.planner import plan
 from gristmill.pipeline.runner import run
 from gristmill.tokenize import encode, open_tokens
-from gristmill.tokenize.shards import bucket_of, is_val, shuffle_key
+from gristmill.tokenize.shards import bucket_of, is_val, plan_shards, shuffle_key
 from gristmill.tokenize.stages import ManifestStep, ShardStep
 
 from .test_tokens import config, curated
@@ -91,33 +91,64 @@ def test_a_shard_spans_buckets_and_a_bucket_holds_several_shards(runs):
     assert any(owners.count(o) >= 2 for o in owners)
 
 
-def test_order_and_cuts_are_the_single_global_sort(runs):
+def reference_cuts(texts: dict[str, str], lengths: dict[str, int], shard_tokens: int) -> dict[str, list[list[str]]]:
     """An independent reference: sort every document by (xxh3_64(id, seed), xxh3_64(text)), split by
     id hash, close a shard after the document that brings it to shard_tokens."""
-    run_dir = runs[(2, 3)]
-    texts = curated(run_dir)
-    toks = open_tokens(run_dir)
-    fast = encode.tiktoken_from_hf(toks.tokenizer()).encoding
-    lengths = dict(zip(texts, (len(t) + 1 for t in fast.encode_ordinary_batch(list(texts.values())))))
     order = sorted(texts, key=lambda i: (shuffle_key(i, SEED), xxhash.xxh3_64_intdigest(texts[i])))
+    out = {}
     for split in ("train", "val"):
         want, cur, count = [], [], 0
         for doc_id in (i for i in order if is_val(i, VAL) == (split == "val")):
             cur.append(doc_id)
             count += lengths[doc_id]
-            if count >= SHARD_TOKENS:
+            if count >= shard_tokens:
                 want.append(cur)
                 cur, count = [], 0
         if cur:
             want.append(cur)
+        out[split] = want
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(runs):
+    texts = curated(runs[(1, 1)])
+    fast = encode.tiktoken_from_hf(open_tokens(runs[(1, 1)]).tokenizer()).encoding
+    lengths = dict(zip(texts, (len(t) + 1 for t in fast.encode_ordinary_batch(list(texts.values())))))
+    return texts, lengths, fast
+
+
+def test_order_and_cuts_are_the_single_global_sort(runs, reference):
+    texts, lengths, fast = reference
+    toks = open_tokens(runs[(2, 3)])
+    want = reference_cuts(texts, lengths, SHARD_TOKENS)
+    for split in ("train", "val"):
         shards = toks.shards(split)
-        assert [list(s.ids) for s in shards] == want
-        assert [s.tokens.size for s in shards] == [sum(lengths[i] for i in w) for w in want]
+        assert [list(s.ids) for s in shards] == want[split]
+        assert [s.tokens.size for s in shards] == [sum(lengths[i] for i in w) for w in want[split]]
     # the token stream: every shard's values buffer in order is each document's ids + EOS, in that order
     stream = np.concatenate(list(toks.stream("train")))
     ids = [i for s in toks.shards("train") for i in s.ids]
     expect = np.concatenate([np.append(fast.encode_ordinary(texts[i]), toks.eos_id) for i in ids])
     assert np.array_equal(stream, expect)
+
+
+@pytest.mark.parametrize("shard_tokens", [1, 5_000, 40_000, 10**9])
+def test_plan_cuts_where_the_sequential_rule_does(runs, reference, shard_tokens):
+    """From one document a shard to one shard a split spanning all 7 buckets."""
+    texts, lengths, _ = reference
+    want = reference_cuts(texts, lengths, shard_tokens)
+    got = plan_shards(runs[(1, 7)] / "03_tokenize" / "output", 7, shard_tokens)
+    for split in ("train", "val"):
+        mine = [s for s in got["shards"] if s["split"] == split]
+        assert [s["path"] for s in mine] == [f"{split}-{i:05d}.arrow" for i in range(len(want[split]))]
+        assert [s["documents"] for s in mine] == [len(w) for w in want[split]]
+        assert [s["tokens"] for s in mine] == [sum(lengths[i] for i in w) for w in want[split]]
+        for s in mine:
+            assert sum(stop - first for _, first, stop in s["pieces"]) == s["documents"]
+            assert s["owner"] == s["pieces"][0][0] and all(first < stop for _, first, stop in s["pieces"])
+    if shard_tokens == 10**9:
+        assert [len(s["pieces"]) for s in got["shards"]] == [7, 7]
 
 
 def test_reader_and_inspect_accept_the_output(runs):

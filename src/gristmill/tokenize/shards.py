@@ -178,7 +178,7 @@ class SortedBucket:
     """One bucket of every encode output, sorted by (key, tie): per split, the rows in global order.
 
     Held per document: key, tie, length (8 bytes each), file and row index (4 + 8), val flag (1)
-    and the sort permutation (8): about 45 bytes. Token values stay in the mapped files.
+    and the sort permutations (8 + 8): about 55 bytes. Token values stay in the mapped files.
     """
 
     def __init__(self, folder: Path, *, tokens: bool = True):
@@ -225,37 +225,42 @@ class SortedBucket:
 
 
 def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
-    """Cut points of today's sequential rule, found bucket by bucket from document lengths alone.
+    """Cut points of the sequential rule, found bucket by bucket from document lengths alone.
 
     A shard closes after the document that brings it to `shard_tokens`; a shard may span buckets.
     Returns {"buckets", "shard_tokens", "shards": [{path, split, owner, documents, tokens,
     pieces: [[bucket, first, stop], ...]}]} with shards in manifest order (train, then val).
-    Memory: one bucket's `SortedBucket` without token values.
+    Memory: one bucket's `SortedBucket` without token values, plus the lengths' running sum
+    (8 bytes a document); work per bucket is one sort plus a binary search per shard cut.
     """
-    shards: list[dict] = []
-    for split in ("train", "val"):
-        index, cur = 0, None
-        for b in range(buckets):
-            sb = SortedBucket(bucket_dir(root, b), tokens=False)
-            lengths = sb.lengths[sb.order[split]].tolist()
-            del sb
-            first = 0  # where the open shard's piece of this bucket starts
-            for pos, n in enumerate(lengths):
+    done: dict[str, list[dict]] = {"train": [], "val": []}
+    open_: dict[str, dict | None] = {"train": None, "val": None}
+    for b in range(buckets):
+        sb = SortedBucket(bucket_dir(root, b), tokens=False)
+        for split in ("train", "val"):
+            cum = np.cumsum(sb.lengths[sb.order[split]])  # tokens up to and including each document
+            pos = 0
+            while pos < len(cum):
+                cur = open_[split]
                 if cur is None:
-                    cur = {"path": f"{split}-{index:05d}.arrow", "split": split, "owner": b, "documents": 0,
-                           "tokens": 0, "pieces": []}
-                    first = pos
-                cur["documents"] += 1
-                cur["tokens"] += n
+                    cur = open_[split] = {"path": f"{split}-{len(done[split]):05d}.arrow", "split": split,
+                                          "owner": b, "documents": 0, "tokens": 0, "pieces": []}
+                before = int(cum[pos - 1]) if pos else 0
+                # the first document at or after pos that brings the open shard to shard_tokens
+                stop = int(np.searchsorted(cum, before + shard_tokens - cur["tokens"], side="left")) + 1
+                stop = min(stop, len(cum))
+                cur["pieces"].append([b, pos, stop])
+                cur["documents"] += stop - pos
+                cur["tokens"] += int(cum[stop - 1]) - before
                 if cur["tokens"] >= shard_tokens:
-                    cur["pieces"].append([b, first, pos + 1])
-                    shards.append(cur)
-                    index, cur = index + 1, None
-            if cur is not None and lengths[first:]:
-                cur["pieces"].append([b, first, len(lengths)])
-        if cur is not None:
-            shards.append(cur)
-    return {"buckets": buckets, "shard_tokens": shard_tokens, "shards": shards}
+                    done[split].append(cur)
+                    open_[split] = None
+                pos = stop
+        del sb
+    for split in ("train", "val"):
+        if open_[split] is not None:
+            done[split].append(open_[split])
+    return {"buckets": buckets, "shard_tokens": shard_tokens, "shards": done["train"] + done["val"]}
 
 
 def write_planned_shards(root: Path, plan: dict, owner: int, out_dir: Path, dtype: pa.DataType,
