@@ -21,7 +21,7 @@ from gristmill.pipeline.planner import plan
 from gristmill.pipeline.runner import run
 from gristmill.tokenize import encode, open_tokens
 from gristmill.tokenize.shards import bucket_of, is_val, plan_shards, shuffle_key
-from gristmill.tokenize.stages import ManifestStep, ShardStep
+from gristmill.tokenize.stages import ManifestStep, ShardPlanStep, ShardStep
 
 from .test_tokens import config, curated
 
@@ -183,3 +183,15 @@ def test_manifest_names_a_missing_shard_task(tmp_path, runs):
     with pytest.raises(FileNotFoundError, match=r"00001\.json: shard task 1 left no list of its shards"):
         list(step.run())
     assert not (tmp_path / "tokens").exists()  # nothing half-written
+
+
+def test_plan_refuses_encode_output_of_the_one_file_per_task_layout(tmp_path, runs):
+    """A run directory made before the encode tasks bucketed their output: named, not planned as empty."""
+    encoded = tmp_path / "encoded"
+    encoded.mkdir()
+    (encoded / "00000.arrow").write_bytes(next((runs[(1, 1)] / "03_tokenize" / "output" / "00000").glob("*.arrow")).read_bytes())
+    step = ShardPlanStep(encoded, buckets=1, shard_tokens=SHARD_TOKENS)
+    step.stage_folder = tmp_path / "plan"
+    with pytest.raises(ValueError, match=r"encoded/00000\.arrow: encode output of an older layout; rerun with --force"):
+        list(step.run())
+    assert not (tmp_path / "plan").exists()

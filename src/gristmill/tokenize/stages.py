@@ -183,6 +183,9 @@ class ShardPlanStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import plan_shards
 
+        flat = sorted(self.encoded.glob("*.arrow"))
+        if flat:  # one file per task, not per bucket: no bucket would hold its documents
+            raise ValueError(f"{flat[0]}: encode output of an older layout; rerun with --force")
         with self.track_time():
             plan = plan_shards(self.encoded, self.buckets, self.shard_tokens)
         self.output.mkdir(parents=True, exist_ok=True)
