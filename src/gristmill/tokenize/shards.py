@@ -177,28 +177,30 @@ class BucketedWriter:
 class SortedBucket:
     """One bucket of every encode output, sorted by (key, tie): per split, the rows in global order.
 
-    Held per document: key, tie, length (8 bytes each), file and row index (4 + 8), val flag (1)
+    Held per document: key, tie, length (8 bytes each), batch and row index (4 + 8), val flag (1)
     and the sort permutations (8 + 8): about 55 bytes. Token values stay in the mapped files.
     """
 
     def __init__(self, folder: Path, *, tokens: bool = True):
         paths = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
-        self.tables = [pa.ipc.open_file(pa.memory_map(str(p))).read_all() for p in paths]  # zero-copy
-        file_idx, row_idx, keys, ties, vals, lengths = [], [], [], [], [], []
+        # one unit per record batch (an encode batch): its arrays are views of the mapped file.
+        # Combining a file's batches into one array would copy every token into memory.
+        self.units = [b for p in paths for b in pa.ipc.open_file(pa.memory_map(str(p))).read_all().to_batches()]
+        unit_idx, row_idx, keys, ties, vals, lengths = [], [], [], [], [], []
         self.views = []
-        for f, t in enumerate(self.tables):
-            n = t.num_rows
-            col = t.column("tokens").combine_chunks()
+        for u, batch in enumerate(self.units):
+            n = batch.num_rows
+            col = batch.column("tokens")
             offsets = col.offsets.to_numpy()
-            file_idx.append(np.full(n, f, dtype=np.int32))
+            unit_idx.append(np.full(n, u, dtype=np.int32))
             row_idx.append(np.arange(n, dtype=np.int64))
-            keys.append(t.column("key").to_numpy())
-            ties.append(t.column("tie").to_numpy())
-            vals.append(t.column("val").to_numpy(zero_copy_only=False))
+            keys.append(batch.column("key").to_numpy())
+            ties.append(batch.column("tie").to_numpy())
+            vals.append(batch.column("val").to_numpy(zero_copy_only=False))
             lengths.append(np.diff(offsets))
             self.views.append((offsets, col.values.to_numpy() if tokens else None))
         cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt)  # noqa: E731
-        self.file_idx, self.row_idx = cat(file_idx, np.int32), cat(row_idx, np.int64)
+        self.unit_idx, self.row_idx = cat(unit_idx, np.int32), cat(row_idx, np.int64)
         keys, ties, vals = cat(keys, np.uint64), cat(ties, np.uint64), cat(vals, bool)
         self.lengths = cat(lengths, np.int64)
         # lexsort is stable: equal (key, tie) keep file (rank) then row order, as the single sort did
@@ -208,20 +210,20 @@ class SortedBucket:
     def gather(self, split: str, first: int, stop: int):
         """Token slices, lengths and ids of the split's sorted documents [first, stop)."""
         rows = self.order[split][first:stop]
-        chunk_vals, chunk_lens, chunk_ids = [], [], []
-        id_cols: dict[int, list] = {}
+        chunk_vals, chunk_lens, where = [], [], []
+        per_unit: dict[int, list] = {}
         for i in rows:
-            f, r = int(self.file_idx[i]), int(self.row_idx[i])
-            offsets, values = self.views[f]
+            u, r = int(self.unit_idx[i]), int(self.row_idx[i])
+            offsets, values = self.views[u]
             a, b = offsets[r], offsets[r + 1]
             chunk_vals.append(values[a:b])
             chunk_lens.append(b - a)
-            chunk_ids.append((f, r))
-            id_cols.setdefault(f, []).append(r)
-        # ids: one take per file instead of the whole column as Python strings
-        taken = {f: dict(zip(rs, self.tables[f].column("id").take(pa.array(rs, pa.int64())).to_pylist()))
-                 for f, rs in id_cols.items()}
-        return chunk_vals, chunk_lens, [taken[f][r] for f, r in chunk_ids]
+            where.append((u, r))
+            per_unit.setdefault(u, []).append(r)
+        # ids: one take per record batch instead of every id as a Python string
+        taken = {u: dict(zip(rs, self.units[u].column("id").take(pa.array(rs, pa.int64())).to_pylist()))
+                 for u, rs in per_unit.items()}
+        return chunk_vals, chunk_lens, [taken[u][r] for u, r in where]
 
 
 def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
