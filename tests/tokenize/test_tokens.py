@@ -78,8 +78,9 @@ def curated(run_dir: Path) -> dict[str, str]:
 
 def test_plan_puts_token_stages_last(tmp_path, gpt2_cfg):
     stages = plan(from_dict(gpt2_cfg(tmp_path / "p")))
-    assert [s.label for s in stages] == ["01_curate", "02_tokenizer", "03_tokenize", "04_shards"]
-    assert [s.tasks for s in stages] == [4, 1, 4, 1]
+    assert [s.label for s in stages] == ["01_curate", "02_tokenizer", "03_tokenize", "04_shard_plan", "05_shards",
+                                         "06_manifest"]
+    assert [s.tasks for s in stages] == [4, 1, 4, 1, 4, 1]
     assert stages[1].pipeline[0].folder == stages[2].pipeline[0].folder == stages[0].output
 
 
@@ -193,7 +194,11 @@ def test_output_is_byte_identical_for_1_and_4_tasks(tmp_path, gpt2_cfg, gpt2_run
     assert len(a) > 4 and a.keys() == b.keys()
     for name in a:
         assert a[name] == b[name], name
-    assert len(list((gpt2_run / "03_tokenize" / "output").glob("*.arrow"))) == 4
+    # 4 shard tasks' buckets, written by the encode tasks that got documents (curate wrote 2 files);
+    # a bucket file is made on its first document, so tasks without documents leave none
+    encoded = gpt2_run / "03_tokenize" / "output"
+    assert sorted(p.name for p in encoded.iterdir()) == [f"{b:05d}" for b in range(4)]
+    assert sorted({p.name for p in encoded.glob("*/*.arrow")}) == ["00000.arrow", "00001.arrow"]
 
 
 def test_tampered_or_truncated_shard_is_named(tmp_path, gpt2_run):

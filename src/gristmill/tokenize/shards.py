@@ -10,6 +10,16 @@ Determinism. Each document's split and place are functions of its id alone:
 - order: documents sorted by `(xxh3_64(id, seed), xxh3_64(text))` — a seeded global shuffle that
   never looks at which task encoded a document, so 1 or 40 tasks write the same bytes.
 Shards are cut in that order once they reach `shard_tokens` tokens (documents are never split).
+
+Parallel shuffle. The shuffle key's range is cut into P equal buckets (`bucket_of`); every encode
+task writes its documents of bucket p to `<p>/<rank>.arrow`. Sorting each bucket by
+`(key, tie)` and taking the buckets in order is the global order, whatever N and P are. Where a
+shard is cut depends on every earlier document's length, so one cheap pass (`plan_shards`,
+1 task) reads only the small columns (key, tie, val, list offsets; no token values) bucket by
+bucket and records each shard as pieces `(bucket, first, stop)` of the sorted buckets. Shard task
+p writes the shards that start in its bucket (`write_planned_shards`), reading the head of later
+buckets when a shard runs past its own; `finish_tokens` (1 task) gathers them into `tokens/`.
+The files are those the single sorted pass wrote before, byte for byte.
 """
 
 from __future__ import annotations
@@ -118,74 +128,198 @@ def write_shard(path: Path, values: np.ndarray, lengths: np.ndarray, ids: list[s
         writer.write_batch(batch)
 
 
-def merge_shards(inputs: Iterable[Path], out_dir: Path, *, tokenizer_file: Path, tokenizer_meta: dict,
-                 dtype: pa.DataType, seed: int, val_fraction: float, shard_tokens: int,
-                 progress=None) -> dict:
-    """Shuffle every encoded document globally and write `out_dir` (shards + manifest + tokenizer).
+KEY_SPACE = 2**64
 
-    Only the sort keys are held in memory; token lists are gathered per shard from the
-    memory-mapped intermediate files. The directory is built as `<out_dir>.tmp` and swapped in
-    whole, so a killed merge never leaves a half-written `tokens/`.
+
+def bucket_of(key: int, buckets: int) -> int:
+    """The bucket of a shuffle key: equal ranges of the 64-bit key space, in key order."""
+    return (key * buckets) >> 64
+
+
+def bucket_dir(root: Path, bucket: int) -> Path:
+    return root / f"{bucket:05d}"
+
+
+class BucketedWriter:
+    """One encode task's output split by shuffle-key range: `<root>/<bucket>/<rank>.arrow`.
+
+    A bucket's file is opened on its first document, so a task writes at most `buckets` files and
+    holds one encode batch in memory.
     """
-    tables = []
-    for path in sorted(inputs):
-        tables.append(pa.ipc.open_file(pa.memory_map(str(path))).read_all())  # zero-copy views
+
+    def __init__(self, root: Path, rank: int, buckets: int, dtype: pa.DataType, eos_id: int, seed: int,
+                 val_fraction: float):
+        self.root, self.rank, self.buckets = Path(root), rank, buckets
+        self.dtype, self.eos_id, self.seed, self.val_fraction = dtype, eos_id, seed, val_fraction
+        self.writers: dict[int, IntermediateWriter] = {}
+        self.documents = self.tokens = 0
+
+    def write(self, ids: list[str], texts: list[str], token_lists: list[list[int]]) -> None:
+        parts: dict[int, list[int]] = {}
+        for i, doc_id in enumerate(ids):
+            parts.setdefault(bucket_of(shuffle_key(doc_id, self.seed), self.buckets), []).append(i)
+        for b in sorted(parts):
+            w = self.writers.get(b)
+            if w is None:
+                w = self.writers[b] = IntermediateWriter(bucket_dir(self.root, b) / f"{self.rank:05d}.arrow",
+                                                         self.dtype, self.eos_id, self.seed, self.val_fraction)
+            rows = parts[b]
+            before = w.tokens
+            w.write([ids[i] for i in rows], [texts[i] for i in rows], [token_lists[i] for i in rows])
+            self.tokens += w.tokens - before
+        self.documents += len(ids)
+
+    def close(self) -> None:
+        for b in sorted(self.writers):
+            self.writers[b].close()
+
+
+class SortedBucket:
+    """One bucket of every encode output, sorted by (key, tie): per split, the rows in global order.
+
+    Held per document: key, tie, length (8 bytes each), batch and row index (4 + 8), val flag (1)
+    and the sort permutations (8 + 8): about 55 bytes. Token values stay in the mapped files.
+    """
+
+    def __init__(self, folder: Path, *, tokens: bool = True):
+        paths = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
+        # one unit per record batch (an encode batch): its arrays are views of the mapped file.
+        # Combining a file's batches into one array would copy every token into memory.
+        self.units = [b for p in paths for b in pa.ipc.open_file(pa.memory_map(str(p))).read_all().to_batches()]
+        unit_idx, row_idx, keys, ties, vals, lengths = [], [], [], [], [], []
+        self.views = []
+        for u, batch in enumerate(self.units):
+            n = batch.num_rows
+            col = batch.column("tokens")
+            offsets = col.offsets.to_numpy()
+            unit_idx.append(np.full(n, u, dtype=np.int32))
+            row_idx.append(np.arange(n, dtype=np.int64))
+            keys.append(batch.column("key").to_numpy())
+            ties.append(batch.column("tie").to_numpy())
+            vals.append(batch.column("val").to_numpy(zero_copy_only=False))
+            lengths.append(np.diff(offsets))
+            self.views.append((offsets, col.values.to_numpy() if tokens else None))
+        cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt)  # noqa: E731
+        self.unit_idx, self.row_idx = cat(unit_idx, np.int32), cat(row_idx, np.int64)
+        keys, ties, vals = cat(keys, np.uint64), cat(ties, np.uint64), cat(vals, bool)
+        self.lengths = cat(lengths, np.int64)
+        # lexsort is stable: equal (key, tie) keep file (rank) then row order, as the single sort did
+        order = np.lexsort((ties, keys))
+        self.order = {split: order[vals[order] == (split == "val")] for split in ("train", "val")}
+
+    def gather(self, split: str, first: int, stop: int):
+        """Token slices, lengths and ids of the split's sorted documents [first, stop)."""
+        rows = self.order[split][first:stop]
+        chunk_vals, chunk_lens, where = [], [], []
+        per_unit: dict[int, list] = {}
+        for i in rows:
+            u, r = int(self.unit_idx[i]), int(self.row_idx[i])
+            offsets, values = self.views[u]
+            a, b = offsets[r], offsets[r + 1]
+            chunk_vals.append(values[a:b])
+            chunk_lens.append(b - a)
+            where.append((u, r))
+            per_unit.setdefault(u, []).append(r)
+        # ids: one take per record batch instead of every id as a Python string
+        taken = {u: dict(zip(rs, self.units[u].column("id").take(pa.array(rs, pa.int64())).to_pylist()))
+                 for u, rs in per_unit.items()}
+        return chunk_vals, chunk_lens, [taken[u][r] for u, r in where]
+
+
+def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
+    """Cut points of the sequential rule, found bucket by bucket from document lengths alone.
+
+    A shard closes after the document that brings it to `shard_tokens`; a shard may span buckets.
+    Returns {"buckets", "shard_tokens", "shards": [{path, split, owner, documents, tokens,
+    pieces: [[bucket, first, stop], ...]}]} with shards in manifest order (train, then val).
+    Memory: one bucket's `SortedBucket` without token values, plus the lengths' running sum
+    (8 bytes a document); work per bucket is one sort plus a binary search per shard cut.
+    """
+    done: dict[str, list[dict]] = {"train": [], "val": []}
+    open_: dict[str, dict | None] = {"train": None, "val": None}
+    for b in range(buckets):
+        sb = SortedBucket(bucket_dir(root, b), tokens=False)
+        for split in ("train", "val"):
+            cum = np.cumsum(sb.lengths[sb.order[split]])  # tokens up to and including each document
+            pos = 0
+            while pos < len(cum):
+                cur = open_[split]
+                if cur is None:
+                    cur = open_[split] = {"path": f"{split}-{len(done[split]):05d}.arrow", "split": split,
+                                          "owner": b, "documents": 0, "tokens": 0, "pieces": []}
+                before = int(cum[pos - 1]) if pos else 0
+                # the first document at or after pos that brings the open shard to shard_tokens
+                stop = int(np.searchsorted(cum, before + shard_tokens - cur["tokens"], side="left")) + 1
+                stop = min(stop, len(cum))
+                cur["pieces"].append([b, pos, stop])
+                cur["documents"] += stop - pos
+                cur["tokens"] += int(cum[stop - 1]) - before
+                if cur["tokens"] >= shard_tokens:
+                    done[split].append(cur)
+                    open_[split] = None
+                pos = stop
+        del sb
+    for split in ("train", "val"):
+        if open_[split] is not None:
+            done[split].append(open_[split])
+    return {"buckets": buckets, "shard_tokens": shard_tokens, "shards": done["train"] + done["val"]}
+
+
+def write_planned_shards(root: Path, plan: dict, owner: int, out_dir: Path, dtype: pa.DataType,
+                         progress=None) -> list[dict]:
+    """Write the planned shards that start in bucket `owner` into `out_dir`; their manifest entries.
+
+    Memory: the sorted index of one bucket at a time (`SortedBucket`) plus one shard's tokens.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    np_dtype = dtype.to_pandas_dtype()
+    loaded: tuple[int, SortedBucket] | None = None
+    entries = []
+    for shard in plan["shards"]:
+        if shard["owner"] != owner:
+            continue
+        chunk_vals, chunk_lens, chunk_ids = [], [], []
+        for b, first, stop in shard["pieces"]:
+            if loaded is None or loaded[0] != b:
+                loaded = None  # drop the previous bucket's maps before opening the next
+                loaded = (b, SortedBucket(bucket_dir(root, b)))
+            v, n, i = loaded[1].gather(shard["split"], first, stop)
+            chunk_vals += v
+            chunk_lens += n
+            chunk_ids += i
+        values = np.concatenate(chunk_vals).astype(np_dtype, copy=False)
+        if len(chunk_ids) != shard["documents"] or len(values) != shard["tokens"]:
+            raise ValueError(f"{root}: shard {shard['path']} does not match its plan (encode outputs changed?)")
+        tmp = out_dir / (shard["path"] + ".tmp")
+        write_shard(tmp, values, np.asarray(chunk_lens, dtype=np.int64), chunk_ids, dtype, shard["split"])
+        os.replace(tmp, out_dir / shard["path"])
+        entries.append({"path": shard["path"], "split": shard["split"], "documents": len(chunk_ids),
+                        "tokens": int(len(values)), "sha256": sha256_file(out_dir / shard["path"])})
+        if progress:
+            progress(entries[-1])
+    return entries
+
+
+def finish_tokens(shard_files: Path, entries: list[dict], out_dir: Path, *, tokenizer_file: Path,
+                  tokenizer_meta: dict, dtype: pa.DataType, seed: int, val_fraction: float,
+                  shard_tokens: int) -> dict:
+    """Build `out_dir` (shards + manifest + tokenizer) from the shard tasks' files.
+
+    `entries` are in manifest order. Shard files are hard-linked (copied where links fail), so the
+    shard stage's output stays whole for a re-run; the directory is built as `<out_dir>.tmp` and
+    swapped in whole, so a killed step never leaves a half-written `tokens/`.
+    """
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     shutil.copyfile(tokenizer_file, tmp / "tokenizer.json")
-
-    # per document: (file, row, key, tie, val) as flat arrays
-    file_idx, row_idx, keys, ties, vals = [], [], [], [], []
-    for f, t in enumerate(tables):
-        n = t.num_rows
-        file_idx.append(np.full(n, f, dtype=np.int32))
-        row_idx.append(np.arange(n, dtype=np.int64))
-        keys.append(t.column("key").to_numpy())
-        ties.append(t.column("tie").to_numpy())
-        vals.append(t.column("val").to_numpy(zero_copy_only=False))
-    cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt)  # noqa: E731
-    file_idx, row_idx = cat(file_idx, np.int32), cat(row_idx, np.int64)
-    keys, ties, vals = cat(keys, np.uint64), cat(ties, np.uint64), cat(vals, bool)
-    order = np.lexsort((ties, keys))  # by key, then tie
-
-    # per file, the document token slices: combine chunks once per file (views stay mmapped)
-    views = []
-    for t in tables:
-        col = t.column("tokens").combine_chunks() if t.num_rows else None
-        views.append(None if col is None else (col.offsets.to_numpy(), col.values.to_numpy(), t.column("id").to_pylist()))
-
-    shards: list[dict] = []
-    np_dtype = dtype.to_pandas_dtype()
-    for split in ("train", "val"):
-        picked = order[vals[order] == (split == "val")]
-        chunk_vals, chunk_lens, chunk_ids, count = [], [], [], 0
-
-        def flush():
-            nonlocal chunk_vals, chunk_lens, chunk_ids, count
-            if not chunk_ids:
-                return
-            name = f"{split}-{sum(1 for s in shards if s['split'] == split):05d}.arrow"
-            values = np.concatenate(chunk_vals).astype(np_dtype, copy=False)
-            write_shard(tmp / name, values, np.asarray(chunk_lens, dtype=np.int64), chunk_ids, dtype, split)
-            shards.append({"path": name, "split": split, "documents": len(chunk_ids), "tokens": int(len(values)),
-                           "sha256": sha256_file(tmp / name)})
-            if progress:
-                progress(shards[-1])
-            chunk_vals, chunk_lens, chunk_ids, count = [], [], [], 0
-
-        for i in picked:
-            offsets, values, ids = views[file_idx[i]]
-            r = row_idx[i]
-            a, b = offsets[r], offsets[r + 1]
-            chunk_vals.append(values[a:b])
-            chunk_lens.append(b - a)
-            chunk_ids.append(ids[r])
-            count += b - a
-            if count >= shard_tokens:
-                flush()
-        flush()
-
+    for e in entries:
+        src = shard_files / e["path"]
+        try:
+            os.link(src, tmp / e["path"])
+        except OSError:
+            shutil.copyfile(src, tmp / e["path"])
+    shards = [{k: e[k] for k in ("path", "split", "documents", "tokens", "sha256")} for e in entries]
     splits = {}
     for split in ("train", "val"):
         mine = [s for s in shards if s["split"] == split]
@@ -205,7 +339,6 @@ def merge_shards(inputs: Iterable[Path], out_dir: Path, *, tokenizer_file: Path,
         "totals": {"documents": sum(s["documents"] for s in shards), "tokens": sum(s["tokens"] for s in shards)},
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    del tables, views
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)

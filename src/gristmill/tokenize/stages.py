@@ -3,8 +3,14 @@
     NN_tokenizer  (1 task)  train the BPE on a sample of the final documents, or load the given
                             one; convert to tokenizer.json; choose the engine (tiktoken when it
                             gives HF's ids on the sample, else HF). Output: tokenizer.json, engine.json
-    NN_tokenize   (N tasks) encode each task's share of the documents → output/<rank>.arrow
-    NN_shards     (1 task)  global seeded shuffle, split, shards → <run_dir>/tokens/
+    NN_tokenize   (N tasks) encode each task's share of the documents → output/<bucket>/<rank>.arrow,
+                            P buckets by shuffle-key range
+    NN_shard_plan (1 task)  where the shards are cut: reads only keys and lengths, bucket by bucket
+    NN_shards     (P tasks) task p sorts bucket p and writes the shards that start in it
+    NN_manifest   (1 task)  tokens/: the shards in global order, tokenizer.json, manifest.json
+
+The global seeded shuffle is a sort by shuffle key; buckets are key ranges, so bucket by bucket
+is the global order and the shards are byte-identical for any N and P (see shards.py).
 
 Training runs in a stage, not at plan time, because the documents it learns from do not exist
 until the stages before it ran. Its sample is chosen by id hash (the documents with the smallest
@@ -113,15 +119,17 @@ class TokenizerStep(Step):
 
 
 class EncodeStep(Step):
-    """Encode this task's documents in batches; write `<output>/<rank>.arrow` (intermediate)."""
+    """Encode this task's documents in batches; write `<output>/<bucket>/<rank>.arrow` (intermediate)."""
 
     type = "🔤 TOKENIZER"
     step_name = "encode"
 
-    def __init__(self, tokenizer_folder: Path, *, seed: int, val_fraction: float, threads: int, batch_docs: int):
+    def __init__(self, tokenizer_folder: Path, *, seed: int, val_fraction: float, threads: int, batch_docs: int,
+                 buckets: int = 1):
         super().__init__()
         self.tokenizer_folder = Path(tokenizer_folder)
         self.seed, self.val_fraction, self.threads, self.batch_docs = seed, val_fraction, threads, batch_docs
+        self.buckets = buckets
 
     @property
     def output(self) -> Path:
@@ -129,12 +137,12 @@ class EncodeStep(Step):
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.encode import Encoder
-        from gristmill.tokenize.shards import IntermediateWriter, token_dtype
+        from gristmill.tokenize.shards import BucketedWriter, token_dtype
 
         meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
         encoder = Encoder.from_file(self.tokenizer_folder / "tokenizer.json", meta["engine"], self.threads)
-        writer = IntermediateWriter(self.output / f"{rank:05d}.arrow", token_dtype(meta["vocab_size"]),
-                                    meta["eos_id"], self.seed, self.val_fraction)
+        writer = BucketedWriter(self.output, rank, self.buckets, token_dtype(meta["vocab_size"]), meta["eos_id"],
+                                self.seed, self.val_fraction)
         batch = []
 
         def flush():
@@ -158,25 +166,99 @@ class EncodeStep(Step):
         yield
 
 
+class ShardPlanStep(Step):
+    """Where the shards are cut (`output/plan.json`), from the encode outputs' keys and lengths."""
+
+    type = "🔤 TOKENIZER"
+    step_name = "shard_plan"
+
+    def __init__(self, encoded: Path, *, buckets: int, shard_tokens: int):
+        super().__init__()
+        self.encoded, self.buckets, self.shard_tokens = Path(encoded), buckets, shard_tokens
+
+    @property
+    def output(self) -> Path:
+        return self.stage_folder / "output"
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        from gristmill.tokenize.shards import plan_shards
+
+        flat = sorted(self.encoded.glob("*.arrow"))
+        if flat:  # one file per task, not per bucket: no bucket would hold its documents
+            raise ValueError(f"{flat[0]}: encode output of an older layout; rerun with --force")
+        with self.track_time():
+            plan = plan_shards(self.encoded, self.buckets, self.shard_tokens)
+        self.output.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.output / "plan.json", json.dumps(plan))
+        self.stat_update("documents", value=sum(s["documents"] for s in plan["shards"]))
+        self.stat_update("shards", value=len(plan["shards"]))
+        return
+        yield
+
+
 class ShardStep(Step):
-    """Merge every encode task's file into the run's shuffled token shards (`<run_dir>/tokens`)."""
+    """Task p: write the planned shards that start in bucket p (`output/shards/`, `output/<p>.json`)."""
 
     type = "🔤 TOKENIZER"
     step_name = "shards"
 
-    def __init__(self, encoded: Path, tokenizer_folder: Path, tokens_dir: Path, *, seed: int, val_fraction: float,
-                 shard_tokens: int):
+    def __init__(self, encoded: Path, plan_folder: Path, tokenizer_folder: Path):
         super().__init__()
-        self.encoded, self.tokenizer_folder, self.tokens_dir = Path(encoded), Path(tokenizer_folder), Path(tokens_dir)
+        self.encoded, self.plan_folder, self.tokenizer_folder = Path(encoded), Path(plan_folder), Path(tokenizer_folder)
+
+    @property
+    def output(self) -> Path:
+        return self.stage_folder / "output"
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        from gristmill.tokenize.shards import token_dtype, write_planned_shards
+
+        meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
+        plan_file = self.plan_folder / "plan.json"
+        plan = json.loads(plan_file.read_text())
+        if plan["buckets"] != world_size:
+            raise ValueError(f"{plan_file}: planned for {plan['buckets']} shard tasks, this stage runs {world_size}")
+        with self.track_time():
+            entries = write_planned_shards(self.encoded, plan, rank, self.output / "shards",
+                                           token_dtype(meta["vocab_size"]))
+        _write_atomic(self.output / f"{rank:05d}.json", json.dumps(entries))
+        self.stat_update("documents", value=sum(e["documents"] for e in entries))
+        self.stat_update("tokens", value=sum(e["tokens"] for e in entries))
+        self.stat_update("shards", value=len(entries))
+        return
+        yield
+
+
+class ManifestStep(Step):
+    """Gather every shard task's files into the run's token directory (`<run_dir>/tokens`)."""
+
+    type = "🔤 TOKENIZER"
+    step_name = "manifest"
+
+    def __init__(self, plan_folder: Path, shard_folder: Path, tokenizer_folder: Path, tokens_dir: Path, *, seed: int,
+                 val_fraction: float, shard_tokens: int):
+        super().__init__()
+        self.plan_folder, self.shard_folder = Path(plan_folder), Path(shard_folder)
+        self.tokenizer_folder, self.tokens_dir = Path(tokenizer_folder), Path(tokens_dir)
         self.seed, self.val_fraction, self.shard_tokens = seed, val_fraction, shard_tokens
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        from gristmill.tokenize.shards import merge_shards, token_dtype
+        from gristmill.tokenize.shards import finish_tokens, token_dtype
 
         meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
+        plan = json.loads((self.plan_folder / "plan.json").read_text())
+        written = {}
+        for p in range(plan["buckets"]):
+            f = self.shard_folder / f"{p:05d}.json"
+            if not f.is_file():
+                raise FileNotFoundError(f"{f}: shard task {p} left no list of its shards")
+            written.update({e["path"]: e for e in json.loads(f.read_text())})
+        missing = [s["path"] for s in plan["shards"] if s["path"] not in written]
+        if missing:
+            raise ValueError(f"{self.shard_folder}: planned shards not written: {', '.join(missing[:5])}")
         with self.track_time():
-            manifest = merge_shards(
-                sorted(self.encoded.glob("*.arrow")), self.tokens_dir,
+            manifest = finish_tokens(
+                self.shard_folder / "shards", [written[s["path"]] for s in plan["shards"]], self.tokens_dir,
                 tokenizer_file=self.tokenizer_folder / "tokenizer.json",
                 tokenizer_meta={k: meta[k] for k in ("source", "vocab_size", "eos_id", "bos_id", "pad_id", "engine")},
                 dtype=token_dtype(meta["vocab_size"]), seed=self.seed, val_fraction=self.val_fraction,
@@ -219,6 +301,7 @@ class TokenizeConfig(Strict):
     threads: int = Field(1, ge=1, description="encoding threads per task (tiktoken)")
     batch_docs: int = Field(1000, ge=1, description="documents encoded per batch")
     tasks: int | None = Field(None, ge=1, description="encode tasks (default: executor.tasks)")
+    shard_tasks: int | None = Field(None, ge=1, description="shard tasks = shuffle-key buckets (default: the encode tasks)")
 
 
 
@@ -247,8 +330,14 @@ class Tokenize(GlobalStep):
         self.check_source()
         prep = ctx.stage("tokenizer", [ParquetReader(ctx.documents), TokenizerStep(cfg.tokenizer.model_dump())],
                          tasks=1)
+        buckets = cfg.shard_tasks or cfg.tasks or ctx.tasks  # one bucket per shard task
         enc = ctx.stage("tokenize", [ParquetReader(ctx.documents),
                                      EncodeStep(prep.output, seed=cfg.seed, val_fraction=cfg.val_fraction,
-                                                threads=cfg.threads, batch_docs=cfg.batch_docs)], tasks=cfg.tasks)
-        ctx.stage("shards", [ShardStep(enc.output, prep.output, ctx.run_dir / "tokens", seed=cfg.seed,
-                                       val_fraction=cfg.val_fraction, shard_tokens=cfg.shard_tokens)], tasks=1)
+                                                threads=cfg.threads, batch_docs=cfg.batch_docs, buckets=buckets)],
+                        tasks=cfg.tasks)
+        plan = ctx.stage("shard_plan", [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens)],
+                         tasks=1)
+        shards = ctx.stage("shards", [ShardStep(enc.output, plan.output, prep.output)], tasks=buckets)
+        ctx.stage("manifest", [ManifestStep(plan.output, shards.output, prep.output, ctx.run_dir / "tokens",
+                                            seed=cfg.seed, val_fraction=cfg.val_fraction,
+                                            shard_tokens=cfg.shard_tokens)], tasks=1)
