@@ -394,8 +394,13 @@ class NearDedup(GlobalStep):
         bands, _ = p.band_rows()
         sig = ctx.stage("near_dedup_signature", [ParquetReader(documents), NearDedupSignature(p, step_id=self.name)])
         ranges = p.ranges(tasks)
+        # one (band, range) pair per task; with fewer tasks than bands and no key_ranges, `tasks`
+        # tasks of whole bands (ceil(bands / tasks) each, one at a time), as many processes as
+        # the other stages: a small local run does not start a process per band
+        pairs = bands * ranges
         buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(sig.folder, bands=bands, ranges=ranges, shards=tasks,
-                                                                    step_id=self.name)], tasks=bands * ranges)
+                                                                    step_id=self.name)],
+                            tasks=pairs if p.key_ranges or tasks >= bands else tasks)
         edges = buckets.folder / "edges"
         if p.verify:
             sh = ctx.stage("near_dedup_shingles", [
