@@ -23,11 +23,14 @@ Connected components (`components`): one task, in two passes over the edge shard
    edge of the shard joins one root).
 A node's root is the smallest index of its component, i.e. the first document in the order key.
 
-Peak memory of the cluster task: 16 bytes per node (sorted node keys + parent) plus one shard of
-edges (16 bytes per edge) and its temporaries, i.e. about 16*D + 48*E/S bytes for D documents in
-duplicate clusters and E candidate edges in S shards. It holds no per-document state for the
-(1 - d) share of documents that have no near duplicate, and never all edges at once. For a
-Common Crawl snapshot (3e9 docs, about 30% in clusters: D ~ 1e9) that is ~16 GB plus the shard.
+Peak memory of the cluster task: the node keys and parents (16 bytes per node), one shard of
+edges as node indices, and the temporaries of the merge (pass 1: old and new node arrays while a
+shard's keys are merged in) and of pointer jumping (pass 2: `parent[parent]`, 8 bytes per node):
+measured ~41 bytes per node for E ~ 0.7 D in 4 shards (near.py's docstring has the figures),
+i.e. about 40*D + 32*E/S bytes for D documents in duplicate clusters and E candidate edges in
+S shards. It holds no per-document state for the documents that have no near duplicate, and
+never all edges at once. For a Common Crawl snapshot (3e9 docs, ~1e9 in clusters) that is
+~40 GB plus the shard.
 """
 
 from __future__ import annotations

@@ -5,17 +5,44 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
 1. `near_dedup_signature` (T): shingles (normalised word n-grams, `text.shingle_hashes`: each
    word hashed once, n-grams combined in numpy), MinHash signatures (`minhash.MinHasher`,
    vectorised per batch), one key per LSH band; writes per band
-   `bands/band_BBB/task_RRRRR.npy` = (key, source index, offset) and the task's sources table.
-2. `near_dedup_buckets` (min(T, b)): per band, sort by (key, order key); runs of equal keys give
-   star edges (first document, other) (`lsh.band_edges`), written to `edges/shard_SSS/` by anchor.
+   `bands/band_BBB/task_RRRRR.npy` = (key, source index, offset) records, sorted by key, and the
+   task's sources table.
+2. `near_dedup_buckets` (b x R: one (band, key range) pair per task; R = `key_ranges`, default
+   ceil(T / b); with T < b and no `key_ranges`, T tasks of whole bands): a task takes its range
+   of the 64-bit key space (`lsh.key_range_bounds`) from every signature task's file of its band
+   (binary search in the memory-mapped, key-sorted file: only that slice is read), sorts by
+   (key, order key); runs of equal keys give star edges (first document, other)
+   (`lsh.sorted_band_edges`), written to `edges/shard_SSS/band_BBB.range_GGGGG.npy` by anchor.
+   Equal keys share a range, so the edges are exactly the band's, in the same order, for any R.
 3. `near_dedup_shingles` (T, if `verify`): re-reads the documents; for the candidates only (the
    documents of some edge) recomputes the shingle set and writes it to the shards that need it.
 4. `near_dedup_verify` (T, if `verify`): per shard, the exact Jaccard of every candidate pair;
    keeps the edges with Jaccard >= threshold (drops LSH false positives).
 5. `near_dedup_cluster` (1 task): connected components over the edge shards, read one shard at a
-   time (`lsh.components`: memory ~16 B per document in a cluster + one shard of edges); every
-   document but its component's first (order key) is removed; removals are written per task.
+   time (`lsh.components`); every document but its component's first (order key) is removed;
+   removals are written per task.
 6. `near_dedup_filter` (T): drops the removed documents (reason `near_duplicate`).
+
+Memory of a buckets task (N = documents with shingles; a pair holds ~N/R records: keys leave
+`band_keys` through a multiply-xorshift, so the ranges of a band are even, within 5% at 225k
+records per range in tests/dedup/test_buckets.py). Per record held: 16 bytes of arrays (band key
+and order key; the 20-byte file record is read one signature task's slice at a time), then the
+in-place sort (`lsh.sort_records`) adds its int64 order and one 8-byte temporary: peak 32 bytes
+per record, edges and a few 1-byte masks on top (tracemalloc: 33.3 bytes per record for 3e6
+records in one range; tests/dedup/test_buckets.py bounds it by 36). So a task holds ~33 * N / R
+bytes: for 3e9 documents and 4,000 tasks over b = 14 bands (R = 286), ~0.35 GB; R bounds it,
+whatever the corpus, and `key_ranges` sets it directly (R = ceil(33 * N / budget)). Before the
+split a task held a whole band, all N records, at 44 bytes each (same measurement): 130 GB for
+3e9 documents.
+
+Memory of the cluster task (`lsh.components`, one task): the sorted node keys and int64 parents
+(16 bytes per document in some cluster, D) plus, while a shard is hooked in, one shard of edges
+as node indices and the pointer-jumping temporaries (`parent[parent]`, 8 bytes per node). Measured
+with tracemalloc on D = 3.8e6 nodes, E = 2.7e6 edges in 4 shards: peak 155 MB = 41 bytes per node
+(the union1d of pass 1 holds old and new node arrays plus one shard's keys: ~24 B/node + 16 B/edge
+of a shard; pass 2: nodes + parent + jump temporary + u, v: ~24 B/node + 16-32 B/shard edge), in
+17 s on one core (4.5 us per node). For a snapshot with D ~ 1e9 that is ~40 GB and ~75 min in
+one task: the stage that does not divide.
 """
 
 from __future__ import annotations
@@ -370,7 +397,7 @@ class NearDedup(GlobalStep):
         seed: int = Field(1, description="seed of the MinHash permutations")
         key_ranges: int | None = Field(
             None, ge=1, description="key ranges per band: `near_dedup_buckets` runs bands x key_ranges tasks, "
-            "each holding ~32 bytes x documents / key_ranges (default: ceil(tasks / bands))")
+            "each holding ~33 bytes x documents / key_ranges (default: ceil(tasks / bands))")
 
         @model_validator(mode="after")
         def _bands_rows(self):
