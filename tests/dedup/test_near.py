@@ -25,11 +25,12 @@ def test_recall_and_precision_on_ground_truth(dedup_corpus, corpus_ids, tmp_path
 
 def test_same_clusters_and_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
     res = []
-    for t in (1, 4):
-        st = run_on_parquet("near_dedup", {}, dedup_corpus / "docs", tmp_path / f"r{t}", tasks=t)
+    for t, params in ((1, {}), (4, {"key_ranges": 3}), (4, {})):  # 42 bucket tasks of one (band, range) pair
+        st = run_on_parquet("near_dedup", params, dedup_corpus / "docs", tmp_path / f"r{t}{len(params)}", tasks=t)
         cl = np.load(next(s for s in st if s.name == "near_dedup_cluster").folder / "clusters.npy")
         res.append((cl.tolist(), sorted(pq.read_table(st[-1].output, columns=["id"]).column("id").to_pylist())))
-    assert res[0] == res[1] and len(res[0][0]) > 100
+    assert next(s for s in st if s.name == "near_dedup_buckets").tasks == 4  # fewer tasks than bands: whole bands
+    assert res[0] == res[1] == res[2] and len(res[0][0]) > 100
     # the cluster size distribution (for `pipeline report`) accounts for every clustered document
     import json
 
@@ -40,7 +41,7 @@ def test_same_clusters_and_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
     assert sum(sizes.values()) == int((nodes == roots).sum()) and min(sizes) >= 2
     from gristmill.pipeline.report import cluster_sizes
 
-    assert cluster_sizes(tmp_path / "r4") == [(cluster.name, {str(k): v for k, v in sizes.items()})]
+    assert cluster_sizes(tmp_path / "r40") == [(cluster.name, {str(k): v for k, v in sizes.items()})]
 
 
 def test_pipeline_run_with_both_dedups_is_task_count_invariant(tmp_path, wet_files):

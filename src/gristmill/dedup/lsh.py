@@ -10,6 +10,12 @@ Edges: per band, records (key, order key) sorted by (key, order key); every run 
 gives the star edges (first document, each other document): the first in the order key is the
 anchor, so it is the one a cluster keeps. Edges never leave the band's own files.
 
+Key ranges (`key_range_bounds`): a band's work is cut into R ranges of the 64-bit key space,
+range g = [ceil(g*2^64/R), ceil((g+1)*2^64/R)). Equal keys fall in one range, so the edges of a
+band are the edges of its ranges; and since ranges are intervals of the sort's first key, the
+ranges' edges concatenated in range order are the band's edges in the same order. Keys leave
+`band_keys` through a multiply-xorshift, so each range holds ~1/R of a band's records.
+
 Connected components (`components`): one task, in two passes over the edge shards:
 1. the sorted unique nodes (documents in at least one edge), merged shard by shard;
 2. union-find on int64 parent indices over those nodes, the shards' edges hooked in one shard
@@ -17,11 +23,14 @@ Connected components (`components`): one task, in two passes over the edge shard
    edge of the shard joins one root).
 A node's root is the smallest index of its component, i.e. the first document in the order key.
 
-Peak memory of the cluster task: 16 bytes per node (sorted node keys + parent) plus one shard of
-edges (16 bytes per edge) and its temporaries, i.e. about 16*D + 48*E/S bytes for D documents in
-duplicate clusters and E candidate edges in S shards. It holds no per-document state for the
-(1 - d) share of documents that have no near duplicate, and never all edges at once. For a
-Common Crawl snapshot (3e9 docs, about 30% in clusters: D ~ 1e9) that is ~16 GB plus the shard.
+Peak memory of the cluster task: the node keys and parents (16 bytes per node), one shard of
+edges as node indices, and the temporaries of the merge (pass 1: old and new node arrays while a
+shard's keys are merged in) and of pointer jumping (pass 2: `parent[parent]`, 8 bytes per node):
+measured ~41 bytes per node for E ~ 0.7 D in 4 shards (near.py's docstring has the figures),
+i.e. about 40*D + 32*E/S bytes for D documents in duplicate clusters and E candidate edges in
+S shards. It holds no per-document state for the documents that have no near duplicate, and
+never all edges at once. For a Common Crawl snapshot (3e9 docs, ~1e9 in clusters) that is
+~40 GB plus the shard.
 """
 
 from __future__ import annotations
@@ -68,19 +77,51 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return keys
 
 
-def band_edges(keys: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """(E, 2) uint64 star edges (anchor, other) of the documents `nodes` sharing a band key."""
+def key_range_bounds(ranges: int) -> list[int]:
+    """The R+1 bounds of R equal ranges of the 64-bit key space (Python ints; the last is 2^64):
+    range g holds the keys k with bounds[g] <= k < bounds[g+1]."""
+    if ranges < 1:
+        raise ValueError(f"key ranges must be >= 1, got {ranges}")
+    return [-(-(g << 64) // ranges) for g in range(ranges + 1)]
+
+
+def key_range(keys: np.ndarray, ranges: int) -> np.ndarray:
+    """Index of the range (of `ranges`, as `key_range_bounds`) that holds each key."""
+    inner = np.array(key_range_bounds(ranges)[1:-1], dtype=np.uint64)
+    return np.searchsorted(inner, keys, side="right")
+
+
+def sort_records(keys: np.ndarray, nodes: np.ndarray) -> None:
+    """Sorts (keys, nodes) by (key, node) in place. Peak: the two arrays + the int64 order + one
+    8-byte temporary = 32 bytes per record (a sort returning new arrays while the caller still
+    holds the old ones would peak at 40)."""
+    order = np.lexsort((nodes, keys))
+    keys[:] = keys[order]
+    nodes[:] = nodes[order]
+
+
+def sorted_band_edges(keys: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """`band_edges` of records already sorted by (key, node) (`sort_records`), the same edges in
+    the same order. Temporaries: a few bool arrays (1 byte per record each) and the edges; no
+    per-record integer array, since in a band most keys are unique."""
     if len(keys) < 2:
         return np.empty((0, 2), dtype=np.uint64)
-    order = np.lexsort((nodes, keys))
-    k, v = keys[order], nodes[order]
-    same = k[1:] == k[:-1]
+    same = keys[1:] == keys[:-1]  # same[i]: record i+1 continues the run of record i
     if not same.any():
         return np.empty((0, 2), dtype=np.uint64)
-    start = np.r_[True, ~same]
-    anchor = v[np.maximum.accumulate(np.where(start, np.arange(len(v)), 0))]
-    e = np.stack([anchor, v], axis=1)[~start]
+    first = np.flatnonzero(same & ~np.r_[False, same[:-1]])  # first record of each run of >= 2
+    member = np.flatnonzero(same) + 1  # every other record of those runs
+    del same
+    anchor = nodes[first[np.searchsorted(first, member - 1, side="right") - 1]]
+    e = np.stack([anchor, nodes[member]], axis=1)
     return e[e[:, 0] != e[:, 1]]  # the same document twice in a bucket is no edge
+
+
+def band_edges(keys: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """(E, 2) uint64 star edges (anchor, other) of the documents `nodes` sharing a band key,
+    in (key, other) order."""
+    order = np.lexsort((nodes, keys))
+    return sorted_band_edges(keys[order], nodes[order])
 
 
 def shard_of(anchor: np.ndarray, shards: int) -> np.ndarray:

@@ -5,21 +5,50 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
 1. `near_dedup_signature` (T): shingles (normalised word n-grams, `text.shingle_hashes`: each
    word hashed once, n-grams combined in numpy), MinHash signatures (`minhash.MinHasher`,
    vectorised per batch), one key per LSH band; writes per band
-   `bands/band_BBB/task_RRRRR.npy` = (key, source index, offset) and the task's sources table.
-2. `near_dedup_buckets` (min(T, b)): per band, sort by (key, order key); runs of equal keys give
-   star edges (first document, other) (`lsh.band_edges`), written to `edges/shard_SSS/` by anchor.
+   `bands/band_BBB/task_RRRRR.npy` = (key, source index, offset) records, sorted by key, and the
+   task's sources table.
+2. `near_dedup_buckets` (b x R: one (band, key range) pair per task; R = `key_ranges`, default
+   ceil(T / b); with T < b and no `key_ranges`, T tasks of whole bands): a task takes its range
+   of the 64-bit key space (`lsh.key_range_bounds`) from every signature task's file of its band
+   (binary search in the memory-mapped, key-sorted file: only that slice is read), sorts by
+   (key, order key); runs of equal keys give star edges (first document, other)
+   (`lsh.sorted_band_edges`), written to `edges/shard_SSS/band_BBB.range_GGGGG.npy` by anchor.
+   Equal keys share a range, so the edges are exactly the band's, in the same order, for any R.
 3. `near_dedup_shingles` (T, if `verify`): re-reads the documents; for the candidates only (the
    documents of some edge) recomputes the shingle set and writes it to the shards that need it.
 4. `near_dedup_verify` (T, if `verify`): per shard, the exact Jaccard of every candidate pair;
    keeps the edges with Jaccard >= threshold (drops LSH false positives).
 5. `near_dedup_cluster` (1 task): connected components over the edge shards, read one shard at a
-   time (`lsh.components`: memory ~16 B per document in a cluster + one shard of edges); every
-   document but its component's first (order key) is removed; removals are written per task.
+   time (`lsh.components`); every document but its component's first (order key) is removed;
+   removals are written per task.
 6. `near_dedup_filter` (T): drops the removed documents (reason `near_duplicate`).
+
+Memory of a buckets task (N = documents with shingles; a pair holds ~N/R records: keys leave
+`band_keys` through a multiply-xorshift, so the ranges of a band are even, within 5% at 225k
+records per range in tests/dedup/test_buckets.py). Per record held: 16 bytes of arrays (band key
+and order key; the 20-byte file record is read one signature task's slice at a time), then the
+in-place sort (`lsh.sort_records`) adds its int64 order and one 8-byte temporary: peak 32 bytes
+per record, edges and a few 1-byte masks on top (tracemalloc: 33.3 bytes per record for 3e6
+records in one range; tests/dedup/test_buckets.py bounds it by 36). So a task holds ~33 * N / R
+bytes: for 3e9 documents and 4,000 tasks over b = 14 bands (R = 286), ~0.35 GB; R bounds it,
+whatever the corpus, and `key_ranges` sets it directly (R = ceil(33 * N / budget)). Before the
+split a task held a whole band, all N records, at 44 bytes each (same measurement): 130 GB for
+3e9 documents.
+
+Memory of the cluster task (`lsh.components`, one task): the sorted node keys and int64 parents
+(16 bytes per document in some cluster, D) plus, while a shard is hooked in, one shard of edges
+as node indices and the pointer-jumping temporaries (`parent[parent]`, 8 bytes per node). Measured
+with tracemalloc on D = 3.8e6 nodes, E = 2.7e6 edges in 4 shards: peak 155 MB = 41 bytes per node
+(the union1d of pass 1 holds old and new node arrays plus one shard's keys: ~24 B/node + 16 B/edge
+of a shard; pass 2: nodes + parent + jump temporary + u, v: ~24 B/node + 16-32 B/shard edge), in
+17 s on one core (4.5 us per node). For a snapshot with D ~ 1e9 that is ~40 GB and ~75 min in
+one task: the stage that does not divide.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 from pathlib import Path
 
 import numpy as np
@@ -30,15 +59,15 @@ from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Step
-from gristmill.dedup.lsh import band_edges, band_keys, components, optimal_bands, shard_of
+from gristmill.dedup.lsh import (band_keys, components, key_range_bounds, optimal_bands, shard_of, sort_records,
+                                 sorted_band_edges)
 from gristmill.dedup.minhash import MinHasher
 from gristmill.dedup.order import DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy, write_json_atomic
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
 BATCH_DOCS = 256
-
-
+_SCAN_RECORDS = 1 << 20  # records read at a time when a task scans a whole band file
 
 
 class NearDedupSignature(Step):
@@ -89,31 +118,95 @@ class NearDedupSignature(Step):
             rec = np.concatenate(out) if out else np.empty((0, bands), dtype=BAND_REC)
             check_unique(order_key(rec["src"][:, 0], rec["offset"][:, 0]), list(sources.index), self.yaml_name)
             for b in range(bands):
-                save_npy(self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.npy", np.ascontiguousarray(rec[:, b]))
+                col = rec[:, b]
+                # sorted by key, a file is cut into key ranges by binary search: a buckets task
+                # reads the slice of its range and nothing else, for any number of ranges
+                save_npy(self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.npy",
+                         col[np.argsort(col["key"], kind="stable")])
             sources.save(self.folder, rank)
-            write_json_atomic(self.folder / "lsh.json", {"bands": bands, "rows": rows, "num_perm": self.p.num_perm})
+            write_json_atomic(self.folder / "lsh.json", {"bands": bands, "rows": rows, "num_perm": self.p.num_perm,
+                                                         "sorted_by_key": True})
         return
         yield
 
 
-def _load_band(sig_folder: Path, band: int, task_ranks) -> tuple[np.ndarray, np.ndarray]:
-    keys, ords = [], []
-    for f in sorted((sig_folder / "bands" / f"band_{band:03d}").glob("task_*.npy")):
-        r = np.load(f)
-        keys.append(r["key"])
-        ords.append(order_key(task_ranks[int(f.stem.split("_")[1])][r["src"]], r["offset"]))
-    if not keys:
-        return np.empty(0, np.uint64), np.empty(0, np.uint64)
-    return np.concatenate(keys), np.concatenate(ords)
+def _lower_bound(keys, x: int) -> int:
+    """First index of the sorted (memory-mapped) `keys` with a key >= x: reads ~log2(n) keys."""
+    if x >= 1 << 64:
+        return len(keys)
+    return bisect.bisect_left(keys, np.uint64(x))
+
+
+def _band_files(sig_folder: Path, band: int) -> list[tuple[int, Path]]:
+    return [(int(f.stem.split("_")[1]), f) for f in sorted((sig_folder / "bands" / f"band_{band:03d}").glob("task_*.npy"))]
+
+
+def _load_pair(sig_folder: Path, band: int, lo: int, hi: int, task_ranks) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, order keys) of the band's records with lo <= key < hi, from every signature task.
+
+    Each task's file is sorted by key, so its slice of the range is found by binary search on
+    the memory-mapped file and only that slice is read. The two output arrays are allocated
+    once (16 bytes per record); one task's slice (20 bytes per record) is the only other buffer.
+    """
+    slices = []
+    for t, f in _band_files(sig_folder, band):
+        m = np.load(f, mmap_mode="r")
+        if len(m):
+            k = m["key"]
+            a, b = _lower_bound(k, lo), _lower_bound(k, hi)
+            if b > a:
+                slices.append((t, m, a, b))
+    n = sum(b - a for _, _, a, b in slices)
+    keys, ords = np.empty(n, np.uint64), np.empty(n, np.uint64)
+    i = 0
+    for t, m, a, b in slices:
+        r = np.array(m[a:b])
+        keys[i : i + len(r)] = r["key"]
+        ords[i : i + len(r)] = order_key(task_ranks[t][r["src"]], r["offset"])
+        i += len(r)
+    return keys, ords
+
+
+def _check_shared_sources(sig_folder: Path, task_ranks, part: int, parts: int, names: list[str], step: str) -> None:
+    """Refuse two documents of different signature tasks that share (source, offset).
+
+    Each signature task refused its own repeats; documents of two tasks can share an order key
+    only if their source is in both tasks' tables (normally never: a source is one input file,
+    read by one task). The documents of such sources are checked here, partitioned by a hash of
+    the order key (equal keys meet in one part) so a task holds 8 bytes x shared documents / parts.
+    Band 0 holds every document that has shingles.
+    """
+    seen: dict[int, int] = {}
+    for ranks in task_ranks.values():
+        for r in set(ranks.tolist()):
+            seen[r] = seen.get(r, 0) + 1
+    shared = np.array(sorted(r for r, c in seen.items() if c > 1), dtype=np.uint64)
+    if not len(shared):
+        return
+    found = []
+    for t, f in _band_files(sig_folder, 0):
+        local = np.isin(task_ranks[t], shared)
+        if not local.any():
+            continue
+        m = np.load(f, mmap_mode="r")
+        for i in range(0, len(m), _SCAN_RECORDS):
+            r = np.array(m[i : i + _SCAN_RECORDS])
+            r = r[local[r["src"]]]
+            o = order_key(task_ranks[t][r["src"]], r["offset"])
+            found.append(o[shard_of(o, parts) == part])
+    if found:
+        check_unique(np.concatenate(found), names, step)
 
 
 class NearDedupBuckets(Step):
+    """Stage 2, one (band, key range) pair per task: see the module docstring's memory model."""
+
     type = "🫂 DEDUP"
     step_name = "near_dedup_buckets"
 
-    def __init__(self, sig_folder: Path, *, bands: int, shards: int, step_id: str | None = None):
+    def __init__(self, sig_folder: Path, *, bands: int, ranges: int, shards: int, step_id: str | None = None):
         super().__init__(step_id=step_id)
-        self.sig_folder, self.bands, self.shards = Path(sig_folder), bands, shards
+        self.sig_folder, self.bands, self.ranges, self.shards = Path(sig_folder), bands, ranges, shards
 
     @property
     def folder(self) -> Path:
@@ -121,16 +214,28 @@ class NearDedupBuckets(Step):
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
+            meta = self.sig_folder / "lsh.json"
+            if not json.loads(meta.read_text()).get("sorted_by_key"):
+                raise ValueError(f"{meta}: band files not sorted by key (an older near_dedup_signature wrote them); "
+                                 "run near_dedup again with --force")
             task_ranks, rank_of = load_ranks(self.sig_folder)
-            for b in range(rank, self.bands, world_size):
-                keys, ords = _load_band(self.sig_folder, b, task_ranks)
-                if b == 0:  # every document is in every band: one band checks keys across tasks
-                    check_unique(ords, sorted(rank_of, key=rank_of.get), self.yaml_name)
-                e = band_edges(keys, ords)
+            bounds = key_range_bounds(self.ranges)
+            # a stage planned with one task per pair runs one pair here; fewer tasks run several,
+            # one after the other, holding one pair at a time
+            for pair in range(rank, self.bands * self.ranges, world_size):
+                b, g = divmod(pair, self.ranges)
+                if b == 0:
+                    _check_shared_sources(self.sig_folder, task_ranks, g, self.ranges,
+                                          sorted(rank_of, key=rank_of.get), self.yaml_name)
+                keys, ords = _load_pair(self.sig_folder, b, bounds[g], bounds[g + 1], task_ranks)
+                self.stat_update("records", value=len(keys))
+                sort_records(keys, ords)
+                e = sorted_band_edges(keys, ords)
+                del keys, ords
                 self.stat_update("candidate_edges", value=len(e))
                 shard = shard_of(e[:, 0], self.shards)
                 for s in range(self.shards):
-                    save_npy(self.folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.npy", e[shard == s])
+                    save_npy(self.folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.range_{g:05d}.npy", e[shard == s])
         return
         yield
 
@@ -290,6 +395,9 @@ class NearDedup(GlobalStep):
         fn_weight: float = Field(0.9, ge=0, le=1, description="weight of false negatives when choosing bands")
         verify: bool = Field(True, description="check candidate pairs' exact Jaccard (drops LSH false positives)")
         seed: int = Field(1, description="seed of the MinHash permutations")
+        key_ranges: int | None = Field(
+            None, ge=1, description="key ranges per band: `near_dedup_buckets` runs bands x key_ranges tasks, "
+            "each holding ~33 bytes x documents / key_ranges (default: ceil(tasks / bands))")
 
         @model_validator(mode="after")
         def _bands_rows(self):
@@ -304,12 +412,22 @@ class NearDedup(GlobalStep):
                 return self.bands, self.rows
             return optimal_bands(self.threshold, self.num_perm, self.fp_weight, self.fn_weight)
 
+        def ranges(self, tasks: int) -> int:
+            """Key ranges per band: as configured, else the fewest that give every task a pair."""
+            return self.key_ranges or -(-tasks // self.band_rows()[0])
+
     def stages(self, ctx: StageContext) -> None:
         p, tasks, documents = self.config, ctx.tasks, ctx.documents
         bands, _ = p.band_rows()
         sig = ctx.stage("near_dedup_signature", [ParquetReader(documents), NearDedupSignature(p, step_id=self.name)])
-        buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(sig.folder, bands=bands, shards=tasks,
-                                                                    step_id=self.name)], tasks=min(tasks, bands))
+        ranges = p.ranges(tasks)
+        # one (band, range) pair per task; with fewer tasks than bands and no key_ranges, `tasks`
+        # tasks of whole bands (ceil(bands / tasks) each, one at a time), as many processes as
+        # the other stages: a small local run does not start a process per band
+        pairs = bands * ranges
+        buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(sig.folder, bands=bands, ranges=ranges, shards=tasks,
+                                                                    step_id=self.name)],
+                            tasks=pairs if p.key_ranges or tasks >= bands else tasks)
         edges = buckets.folder / "edges"
         if p.verify:
             sh = ctx.stage("near_dedup_shingles", [
