@@ -97,9 +97,6 @@ WORD_TOKEN = re.compile(
     re.VERBOSE,
 )
 
-# (benchmarks/word_segmenters.py times the bare regex under this name)
-_WORD = WORD_TOKEN
-
 #: lid.176 labels of the languages written without spaces between words, segmented with ICU.
 #: (Korean is written with spaces: ICU and the regex agree exactly on it.)
 UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my"})
