@@ -243,10 +243,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args, console)
-    except (ConfigError, LockHeld, DownloadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError) as e:  # missing/corrupt model, missing input: found before running
+    # config errors (ConfigError is a ValueError), corrupt or missing models and inputs found
+    # before running, a directory in use, a download that cannot succeed: nothing was run
+    except (ValueError, FileNotFoundError, LockHeld, DownloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a read-only or vanished directory: one line naming the path

@@ -13,10 +13,11 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import os
 from pathlib import Path
 
 import xxhash
+
+from gristmill.core.files import write_text_atomic
 
 SAMPLE_SIZE = 50
 SAMPLE_CHARS = 300
@@ -86,11 +87,7 @@ class ScoreRecorder:
                 "missing": self.missing, "length_bins": LENGTH_BINS, "length": self.length, "samples": samples}
 
     def write(self, folder: Path, rank: int) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{rank:05d}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.as_dict()))
-        os.replace(tmp, path)
+        write_text_atomic(folder / f"{rank:05d}.json", json.dumps(self.as_dict()))
 
 
 def merge(parts: list[dict]) -> dict:

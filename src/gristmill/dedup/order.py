@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gristmill.core.files import write_text_atomic
+
 if TYPE_CHECKING:
     from datatrove.data import Document
 
@@ -93,10 +95,7 @@ def order_key(ranks: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj))
 
 
 def save_npy(path: Path, arr: np.ndarray) -> None:

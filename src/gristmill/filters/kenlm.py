@@ -41,11 +41,6 @@ def stats_path(model: str | Path) -> Path:
     return Path(f"{model}.stats.json")
 
 
-def check_kenlm_model(path: str | Path) -> Path:
-    """Validate a KenLM binary or ARPA file now (cheap checks, then a trial load in a child)."""
-    return Path(check_kenlm(path).path)
-
-
 def load_kenlm(path: str | Path | Checked):
     """Load a KenLM model validated by `check_kenlm` (validated now if given a path)."""
     import kenlm  # the installed `kenlm` module; absolute import, not this file

@@ -22,11 +22,6 @@ from gristmill.filters.model_check import Checked, ModelError, check_fasttext, u
 LABEL_PREFIX = "__label__"
 
 
-def check_fasttext_model(path: str | Path) -> Path:
-    """Validate a fastText model now (cheap checks, then a trial load in a child process)."""
-    return Path(check_fasttext(path).path)
-
-
 def load_fasttext(path: str | Path | Checked):
     """Load a fastText model validated by `check_fasttext` (validated now if given a path)."""
     import fasttext

@@ -22,6 +22,7 @@ import yaml
 from loguru import logger
 
 from gristmill.config import ConfigError
+from gristmill.core.files import write_text_atomic
 from gristmill.dirlock import LOCK_NAME
 
 # Settings that change how or where a run goes, never what it writes (key prefixes). `run_dir`
@@ -117,14 +118,8 @@ def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
             resumed = True
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).write_text("gristmill run directory: `pipeline run --force` clears what gristmill wrote here\n")
-    _write_atomic(config_path, yaml.safe_dump(resolved, sort_keys=False))
+    write_text_atomic(config_path, yaml.safe_dump(resolved, sort_keys=False))
     return resumed
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def clear(run_dir: Path) -> list[str]:

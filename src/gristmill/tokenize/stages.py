@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +30,7 @@ from datatrove.data import DocumentsPipeline
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import ConfigError, Fraction, Strict
+from gristmill.core.files import write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Step
 
@@ -55,12 +55,6 @@ def hash_sample(docs, budget_bytes: int) -> list[str]:
         while len(heap) > 1 and total - heap[0][3] >= budget_bytes:
             total -= heapq.heappop(heap)[3]
     return [text for _, _, text, _ in sorted(heap, key=lambda e: (-e[0], e[1]))]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class TokenizerStep(Step):
@@ -106,13 +100,13 @@ class TokenizerStep(Step):
                 if p["engine"] == "tiktoken" and engine != "tiktoken":
                     raise ValueError(f"tokenize.tokenizer.engine is tiktoken but it cannot be used: {reason}")
         self.output.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.output / "tokenizer.json", tok.to_str(pretty=True))
+        write_text_atomic(self.output / "tokenizer.json", tok.to_str(pretty=True))
         meta = {"engine": engine, "engine_reason": reason, "checked_documents": checked,
                 "source": p.get("path") or "trained", "vocab_size": info.vocab_size, "eos_id": info.eos_id,
                 "bos_id": info.bos_id, "pad_id": info.pad_id}
         if train:
             meta["trained"] = {**train, "sample_documents": len(sample)}
-        _write_atomic(self.output / "engine.json", json.dumps(meta, indent=2))
+        write_text_atomic(self.output / "engine.json", json.dumps(meta, indent=2))
         self.stat_update(f"engine_{engine}")
         return
         yield  # a generator that emits nothing: the executor drains it
@@ -189,7 +183,7 @@ class ShardPlanStep(Step):
         with self.track_time():
             plan = plan_shards(self.encoded, self.buckets, self.shard_tokens)
         self.output.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.output / "plan.json", json.dumps(plan))
+        write_text_atomic(self.output / "plan.json", json.dumps(plan))
         self.stat_update("documents", value=sum(s["documents"] for s in plan["shards"]))
         self.stat_update("shards", value=len(plan["shards"]))
         return
@@ -221,7 +215,7 @@ class ShardStep(Step):
         with self.track_time():
             entries = write_planned_shards(self.encoded, plan, rank, self.output / "shards",
                                            token_dtype(meta["vocab_size"]))
-        _write_atomic(self.output / f"{rank:05d}.json", json.dumps(entries))
+        write_text_atomic(self.output / f"{rank:05d}.json", json.dumps(entries))
         self.stat_update("documents", value=sum(e["documents"] for e in entries))
         self.stat_update("tokens", value=sum(e["tokens"] for e in entries))
         self.stat_update("shards", value=len(entries))
