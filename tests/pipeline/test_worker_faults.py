@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,8 +30,19 @@ HANG_S = 120  # far above any run here: reaching it means the run hung
 
 def config(run_dir: Path, wet_files, lid_model, workers: int, copies: int = 1) -> dict:
     # `copies` repeats the 2014 file so that each task runs for seconds, long enough to be
-    # killed from outside while it works.
-    paths = [str(wet_files[0])] * copies + [str(wet_files[1])] if copies > 1 else [str(p) for p in wet_files]
+    # killed from outside while it works. Copies under other names (the same file listed twice
+    # is read once), in one place for every test: the `source` column, compared between a
+    # resumed run and an uninterrupted one, holds their paths.
+    paths = [str(p) for p in wet_files]
+    if copies > 1:
+        folder = Path(tempfile.gettempdir()) / "gristmill-test-wet-copies"
+        folder.mkdir(exist_ok=True)
+        for i in range(copies - 1):
+            copy = folder / f"copy{i}-{wet_files[0].name}"
+            if not copy.is_file() or copy.stat().st_size != wet_files[0].stat().st_size:
+                shutil.copyfile(wet_files[0], copy.with_suffix(".tmp"))
+                os.replace(copy.with_suffix(".tmp"), copy)
+            paths.insert(i + 1, str(copy))
     return {
         "run_dir": str(run_dir),
         "executor": {"type": "local", "tasks": 2, "workers": workers},
