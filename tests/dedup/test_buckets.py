@@ -79,7 +79,7 @@ def _today(sig: Path, bands: int, shards: int) -> list[np.ndarray]:
         for f in sorted((sig / "bands" / f"band_{b:03d}").glob("task_*.npy")):
             r = np.load(f)
             keys.append(r["key"])
-            ords.append(order_key(task_ranks[int(f.stem.split("_")[1])][r["src"]], r["offset"]))
+            ords.append(order_key(task_ranks[int(f.name.split(".")[0].split("_")[1])][r["src"]], r["offset"]))
         e = band_edges(np.concatenate(keys), np.concatenate(ords))
         for s in range(shards):
             out[s].append(e[shard_of(e[:, 0], shards) == s])

@@ -5,8 +5,9 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
 1. `near_dedup_signature` (T): shingles (normalised word n-grams, `text.shingle_hashes`: each
    word hashed once, n-grams combined in numpy), MinHash signatures (`minhash.MinHasher`,
    vectorised per batch), one key per LSH band; writes per band
-   `bands/band_BBB/task_RRRRR.npy` = (key, source index, offset) records, sorted by key, and the
-   task's sources table.
+   `bands/band_BBB/task_RRRRR.partPPPPP.npy` = (key, source index, offset) records, sorted by
+   key, one part per `SPILL_DOCS` documents (so a task holds at most that many: ~20 bytes x
+   bands each, plus 8 bytes per document of order keys), and the task's sources table.
 2. `near_dedup_buckets` (b x R: one (band, key range) pair per task; R = `key_ranges`, default
    ceil(T / b); with T < b and no `key_ranges`, T tasks of whole bands): a task takes its range
    of the 64-bit key space (`lsh.key_range_bounds`) from every signature task's file of its band
@@ -68,6 +69,11 @@ from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
 BATCH_DOCS = 256
 _SCAN_RECORDS = 1 << 20  # records read at a time when a task scans a whole band file
+#: documents whose band records a signature task holds before writing them as a sorted part
+#: (20 bytes x bands each: ~18 MB at 14 bands; then the argsort of one band at a time)
+SPILL_DOCS = 1 << 16
+#: shingles a `near_dedup_shingles` task holds before writing them (8 bytes each: 32 MB)
+SPILL_SHINGLES = 1 << 22
 
 
 class NearDedupSignature(Step):
@@ -86,10 +92,14 @@ class NearDedupSignature(Step):
         bands, rows = self.p.band_rows()
         hasher = MinHasher(self.p.num_perm, self.p.seed)
         sources = SourceTable()
-        out: list[np.ndarray] = []
+        out: list[np.ndarray] = []  # band records not yet written (at most SPILL_DOCS documents)
+        held = 0
+        order_keys: list[np.ndarray] = []  # 8 bytes per document: the task's repeats are refused at the end
+        part = 0
         batch: list[Document] = []
 
         def flush():
+            nonlocal held
             x, counts = shingle_hashes([words(d.text) for d in batch], self.p.ngram)
             keep = counts > 0  # no words: never a near duplicate
             sig = hasher.signatures_flat(x, counts[keep])
@@ -102,8 +112,22 @@ class NearDedupSignature(Step):
                 raise ValueError("near_dedup needs each document's `offset` (and `source`) for its order key")
             rec["offset"] = np.array(offs, dtype=np.int64)[:, None]
             out.append(rec)
+            held += len(rec)
+            order_keys.append(order_key(rec["src"][:, 0], rec["offset"][:, 0]))
             self.stat_update("no_shingles", value=int((~keep).sum()))
             batch.clear()
+
+        def spill():
+            """Writes the held records as one sorted part per band: a task's memory is bounded by
+            SPILL_DOCS, not by its share of the corpus (a buckets task binary-searches each part)."""
+            nonlocal held, part
+            rec = np.concatenate(out) if out else np.empty((0, bands), dtype=BAND_REC)
+            for b in range(bands):
+                col = rec[:, b]
+                save_npy(self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.part{part:05d}.npy",
+                         col[np.argsort(col["key"], kind="stable")])
+            out.clear()
+            held, part = 0, part + 1
 
         for doc in data:
             batch.append(doc)
@@ -112,17 +136,15 @@ class NearDedupSignature(Step):
             if len(batch) == BATCH_DOCS:
                 with self.track_time():
                     flush()
+                    if held >= SPILL_DOCS:
+                        spill()
         with self.track_time():
             if batch:
                 flush()
-            rec = np.concatenate(out) if out else np.empty((0, bands), dtype=BAND_REC)
-            check_unique(order_key(rec["src"][:, 0], rec["offset"][:, 0]), list(sources.index), self.yaml_name)
-            for b in range(bands):
-                col = rec[:, b]
-                # sorted by key, a file is cut into key ranges by binary search: a buckets task
-                # reads the slice of its range and nothing else, for any number of ranges
-                save_npy(self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.npy",
-                         col[np.argsort(col["key"], kind="stable")])
+            if held or part == 0:  # a task with no documents still writes its (empty) part
+                spill()
+            keys = np.concatenate(order_keys) if order_keys else np.empty(0, np.uint64)
+            check_unique(keys, list(sources.index), self.yaml_name)
             sources.save(self.folder, rank)
             write_json_atomic(self.folder / "lsh.json", {"bands": bands, "rows": rows, "num_perm": self.p.num_perm,
                                                          "sorted_by_key": True})
@@ -138,7 +160,9 @@ def _lower_bound(keys, x: int) -> int:
 
 
 def _band_files(sig_folder: Path, band: int) -> list[tuple[int, Path]]:
-    return [(int(f.stem.split("_")[1]), f) for f in sorted((sig_folder / "bands" / f"band_{band:03d}").glob("task_*.npy"))]
+    """(signature task, file) of every sorted part of the band (`task_RRRRR[.partPPPPP].npy`)."""
+    files = sorted((sig_folder / "bands" / f"band_{band:03d}").glob("task_*.npy"))
+    return [(int(f.name.split(".")[0].split("_")[1]), f) for f in files]
 
 
 def _load_pair(sig_folder: Path, band: int, lo: int, hi: int, task_ranks) -> tuple[np.ndarray, np.ndarray]:
@@ -262,27 +286,47 @@ class NearDedupShingles(Step):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             ords = DocKeys(self.sig_folder, "near_dedup_signature")
-            need = [set(np.unique(_shard_edges(self.edge_folder, s)).tolist()) for s in range(self.shards)]
-            anywhere = set().union(*need)
+            # (candidate, shard that needs its shingles) sorted by candidate: 16 bytes per pair (a
+            # Python set per shard took ~60 bytes per candidate, and a lookup per shard)
+            need = [np.unique(_shard_edges(self.edge_folder, s)) for s in range(self.shards)]
+            nodes = np.concatenate(need) if need else np.empty(0, np.uint64)
+            where = np.concatenate([np.full(len(n), s, np.int32) for s, n in enumerate(need)]) if need else np.empty(0, np.int32)
+            order = np.argsort(nodes, kind="stable")
+            nodes, where = nodes[order], where[order]
+            del need, order
             out = [([], []) for _ in range(self.shards)]
-        for doc in data:
-            self.stat_update("documents")
-            with self.track_time():
-                o = ords(doc)
-                if o in anywhere:
-                    where = [s for s in range(self.shards) if o in need[s]]
-                    sh = shingles(doc.text, self.ngram)
-                    self.stat_update("candidates")
-                    for s in where:
-                        out[s][0].append(o)
-                        out[s][1].append(sh)
-        with self.track_time():
+            held, part = 0, 0
+
+        def spill():
+            """One part per shard: a task holds at most ~SPILL_SHINGLES shingles (8 bytes each)."""
+            nonlocal held, part
             for s, (keys, sets) in enumerate(out):
                 lengths = np.array([len(x) for x in sets], dtype=np.int64)
                 vals = np.concatenate(sets) if sets else np.empty(0, np.uint64)
-                save_npy(self.folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.keys.npy", np.array(keys, dtype=np.uint64))
-                save_npy(self.folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.lengths.npy", lengths)
-                save_npy(self.folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.values.npy", vals)
+                base = self.folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.part{part:05d}"
+                save_npy(Path(f"{base}.keys.npy"), np.array(keys, dtype=np.uint64))
+                save_npy(Path(f"{base}.lengths.npy"), lengths)
+                save_npy(Path(f"{base}.values.npy"), vals)
+                keys.clear(), sets.clear()
+            held, part = 0, part + 1
+
+        for doc in data:
+            self.stat_update("documents")
+            with self.track_time():
+                o = np.uint64(ords(doc))
+                lo, hi = int(np.searchsorted(nodes, o, side="left")), int(np.searchsorted(nodes, o, side="right"))
+                if hi > lo:
+                    sh = shingles(doc.text, self.ngram)
+                    self.stat_update("candidates")
+                    for s in where[lo:hi].tolist():
+                        out[s][0].append(int(o))
+                        out[s][1].append(sh)
+                        held += len(sh)
+                    if held >= SPILL_SHINGLES:
+                        spill()
+        with self.track_time():
+            if held or part == 0:
+                spill()
         return
         yield
 

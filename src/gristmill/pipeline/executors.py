@@ -42,6 +42,7 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
 from gristmill.pipeline.planner import Stage
+from gristmill.pipeline.usage import RecordsTaskUsage
 
 # Fault injection for tests: "RANK:SIGNAL:DOCS" makes task RANK send itself SIGNAL (a name,
 # e.g. SIGKILL, SIGSEGV, SIGSTOP) once DOCS documents have been read.
@@ -202,7 +203,7 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-class LocalExecutor(QuietTaskLogs, LocalPipelineExecutor):
+class LocalExecutor(RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
     def task_log(self, rank: int) -> str:
         return self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
 
@@ -277,7 +278,7 @@ def make_executor(stage: Stage) -> LocalPipelineExecutor:
     )
 
 
-class SlurmExecutor(QuietTaskLogs, SlurmPipelineExecutor):
+class SlurmExecutor(RecordsTaskUsage, QuietTaskLogs, SlurmPipelineExecutor):
     def launch_merge_stats(self):
         pass  # merged from the per-task stats files by gristmill instead
 

@@ -1,0 +1,75 @@
+"""What each task cost: CPU seconds, peak memory, wall time; written per task, summed per stage.
+
+A task appends nothing to the documents' path: when it completes, its process writes
+`<stage>/usage/task_NNNNN.json` = {"cpu_s", "wall_s", "max_rss_mb"} from `getrusage` (its own
+process: the local executor runs each task in a fresh child, a Slurm array task is its own
+job). `max_rss_mb` is the process's peak resident set, imports and models included: the figure
+a memory limit (`executor.memory_gb_per_task`, Slurm's `--mem-per-cpu`) is compared with.
+
+`stage_usage` sums them for `pipeline stats`, `benchmarks/scale_run.py` and the calibration of
+`pipeline plan`.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gristmill.core.files import write_text_atomic
+
+USAGE_FOLDER = "usage"
+
+
+def _rss_mb(ru) -> float:
+    # Linux reports ru_maxrss in KiB, macOS in bytes
+    return ru.ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)
+
+
+class RecordsTaskUsage:
+    """Mixin for a datatrove executor: each completed task writes its usage file."""
+
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
+        if self.is_rank_completed(rank):  # skipped: its usage was written when it ran
+            return super()._run_for_rank(rank, local_rank, node_rank)
+        start_wall = time.monotonic()
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        stats = super()._run_for_rank(rank, local_rank, node_rank)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        usage = {
+            "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 3),
+            "wall_s": round(time.monotonic() - start_wall, 3),
+            "max_rss_mb": round(_rss_mb(after), 1),
+        }
+        folder = Path(self.logging_dir.resolve_paths(USAGE_FOLDER))
+        try:
+            write_text_atomic(folder / f"task_{rank:05d}.json", json.dumps(usage))
+        except OSError:
+            pass  # usage is a report: a full disk must not fail a task that completed
+        return stats
+
+
+@dataclass
+class StageUsage:
+    tasks: int
+    cpu_s: float
+    #: the longest task's wall time (a lower bound of the stage's, with enough workers)
+    max_task_wall_s: float
+    max_rss_mb: float
+
+
+def stage_usage(stage_folder: Path) -> StageUsage | None:
+    """The stage's tasks' usage summed (CPU) and maximised (memory, task time); None if none ran."""
+    rows = []
+    for f in sorted((Path(stage_folder) / USAGE_FOLDER).glob("task_*.json")):
+        try:
+            rows.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not rows:
+        return None
+    return StageUsage(len(rows), sum(r["cpu_s"] for r in rows), max(r["wall_s"] for r in rows),
+                      max(r["max_rss_mb"] for r in rows))
