@@ -179,8 +179,9 @@ def _add(acc: dict[str, int], lang: str, n: int) -> None:
         acc[lang] = acc.get(lang, 0) + n
 
 
-def _cells(row: FunnelRow, d_in: dict, d_out: dict, b_in: dict, b_out: dict, drops: dict) -> dict[str, dict]:
-    """Per-language {docs_in, docs_out, bytes_in, bytes_out, drops} of one row."""
+def _cells(d_in: dict, d_out: dict, b_in: dict, b_out: dict, drops: dict) -> dict[str, dict]:
+    """Per-language {docs_in, docs_out, bytes_in, bytes_out, drops} of one row (`drops`: reason →
+    language → documents)."""
     out: dict[str, dict] = {}
     for key, counts in (("docs_in", d_in), ("docs_out", d_out), ("bytes_in", b_in), ("bytes_out", b_out)):
         for lang, n in counts.items():
@@ -192,30 +193,29 @@ def _cells(row: FunnelRow, d_in: dict, d_out: dict, b_in: dict, b_out: dict, dro
 
 
 def _unlabelled(row: FunnelRow) -> dict[str, dict]:
-    return _cells(row, {UNKNOWN: row.docs_in} if row.docs_in else {}, {UNKNOWN: row.docs_out} if row.docs_out else {},
-                  {UNKNOWN: row.bytes_in} if row.bytes_in else {}, {UNKNOWN: row.bytes_out} if row.bytes_out else {},
+    unknown = lambda n: {UNKNOWN: n} if n else {}  # noqa: E731
+    return _cells(unknown(row.docs_in), unknown(row.docs_out), unknown(row.bytes_in), unknown(row.bytes_out),
                   {r: {UNKNOWN: n} for r, n in row.drops.items() if n})
 
 
-def _from_record(row: FunnelRow, rec: dict[str, dict]) -> dict[str, dict]:
+def _from_record(rec: dict[str, dict]) -> dict[str, dict]:
     drops: dict[str, dict[str, int]] = {}
     for lang, v in rec.items():
         for reason, n in v["dropped"].items():
             drops.setdefault(reason, {})[lang] = n
     pick = lambda key: {lang: v[key] for lang, v in rec.items() if v[key]}  # noqa: E731
-    return _cells(row, pick("in"), pick("kept"), pick("bytes_in"), pick("bytes_out"), drops)
+    return _cells(pick("in"), pick("kept"), pick("bytes_in"), pick("bytes_out"), drops)
 
 
-def _passed(row: FunnelRow, docs: dict[str, int], size: dict[str, int], lose: int = 0, lose_bytes: int = 0,
-            drops: dict | None = None) -> dict[str, dict]:
+def _passed(docs: dict[str, int], size: dict[str, int], lose: int, lose_bytes: int, drops: dict) -> dict[str, dict]:
     """A row whose kept documents are `docs` (bytes `size`) and that lost `lose` unlabelled ones."""
     d_in, b_in = dict(docs), dict(size)
     _add(d_in, UNKNOWN, lose)
     _add(b_in, UNKNOWN, lose_bytes)
-    return _cells(row, d_in, dict(docs), b_in, dict(size), drops or {})
+    return _cells(d_in, dict(docs), b_in, dict(size), drops)
 
 
-def _sizes(row: FunnelRow, docs: dict[str, int], size: dict[str, int], total: int) -> dict[str, int]:
+def _sizes(size: dict[str, int], total: int) -> dict[str, int]:
     """The bytes of a pass-through row per language: the documents' own when the row counts the
     same bytes, none when it counts none (a phase reading only keys), else all unlabelled."""
     if total == sum(size.values()):
@@ -241,8 +241,8 @@ def language_cells(merged: dict, scores: dict[str, dict] | None = None) -> list[
             r = rows[i]
             if sum(docs.values()) != r.docs_out:  # a row that is not in the documents' path
                 break
-            out_size = size if sum(size.values()) == r.bytes_out else ({UNKNOWN: r.bytes_out} if r.bytes_out else {})
-            cells[i] = _passed(r, docs, out_size, r.docs_in - r.docs_out, r.bytes_in - sum(out_size.values()),
+            out_size = _sizes(size, r.bytes_out)
+            cells[i] = _passed(docs, out_size, r.docs_in - r.docs_out, r.bytes_in - sum(out_size.values()),
                                {reason: {UNKNOWN: n} for reason, n in r.drops.items() if n})
             docs = {k: v.get("docs_in", 0) for k, v in cells[i].items() if v.get("docs_in")}
             size = {k: v.get("bytes_in", 0) for k, v in cells[i].items() if v.get("bytes_in")}
@@ -250,11 +250,11 @@ def language_cells(merged: dict, scores: dict[str, dict] | None = None) -> list[
     current: tuple[dict, dict] | None = None  # languages of the documents in flight / on disk
     for i, r in enumerate(rows):
         if cells[i] is None and records[i] is not None:
-            cells[i] = _from_record(r, records[i])
-        elif cells[i] is None and r.kind != "filter" and current and r.docs_in == r.docs_out == sum(current[0].values()) > 0:
-            cells[i] = _cells(r, current[0], current[0], _sizes(r, *current, r.bytes_in),
-                              _sizes(r, *current, r.bytes_out), {})
-        elif cells[i] is None:  # no record (a run from before languages were counted), or documents we cannot follow
+            cells[i] = _from_record(records[i])
+        elif (cells[i] is None and r.kind != "filter" and current
+              and r.docs_in == r.docs_out == sum(current[0].values()) > 0):
+            cells[i] = _cells(current[0], current[0], _sizes(current[1], r.bytes_in), _sizes(current[1], r.bytes_out), {})
+        elif cells[i] is None:  # no record (a run from before languages were counted), or rows we cannot follow
             cells[i] = _unlabelled(r)
         # only readers and filters change which documents flow on; a phase of dedup or tokenize
         # reads them (or only their keys) without passing them on
