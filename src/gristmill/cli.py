@@ -3,7 +3,7 @@
     pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
     pipeline validate CONFIG [--set key=value ...]
     pipeline steps [--markdown | --json]
-    pipeline stats RUN_DIR [--json]
+    pipeline stats RUN_DIR [--language LANG] [--json]
     pipeline report RUN_DIR [-o report.html]
     pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
     pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
@@ -91,18 +91,25 @@ def cmd_run(args, console: Console) -> int:
 
 
 def cmd_stats(args, console: Console) -> int:
-    from gristmill.pipeline.stats import as_json, funnel, languages, load_scores, merge_run, top_domains
+    from gristmill.pipeline.stats import (as_json, funnel, language_funnel, language_summary, languages, load_scores,
+                                          merge_run, top_domains)
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "plan.json").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
     merged = merge_run(run_dir)
+    by_lang = language_funnel(merged)
+    if args.language is not None and args.language not in by_lang:
+        raise ConfigError(f"--language {args.language!r}: no such language in {run_dir} "
+                          f"(its languages: {', '.join(by_lang) or 'none'})")
     if args.json:
-        print(json.dumps(as_json(merged), indent=2))
+        print(json.dumps(as_json(merged, args.language), indent=2))
         return 0
     out = Console()
     out.width = max(out.width, 132)  # the funnel is wide; let it wrap in a narrow terminal
     rows = funnel(merged)
+    if args.language is not None:
+        return _print_language(out, run_dir, args.language, rows, by_lang[args.language])
     table = Table(title=f"funnel: {run_dir}")
     for col in ("stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time", "MB/s"):
         table.add_column(col, justify="left" if col in ("stage", "step") else "right")
@@ -129,6 +136,21 @@ def cmd_stats(args, console: Console) -> int:
         if len(langs) > 20:
             lt.add_row(f"... {len(langs) - 20} more", f"{sum(list(langs.values())[20:]):,}")
         out.print(lt)
+    summary = language_summary(by_lang)
+    if summary:
+        lt = Table(title="per language: read, kept at the end, dropped by step (`--language LANG` for one)")
+        for col in ("language", "read", "kept", "kept %", "bytes kept", "dropped by step (most first)"):
+            lt.add_column(col, justify="left" if col.startswith(("language", "dropped")) else "right")
+        for line in summary[:20]:
+            drops = sorted(line["drops_by_step"].items(), key=lambda kv: -kv[1])
+            lt.add_row(safe(line["language"]), f"{line['read']:,}", f"{line['kept']:,}",
+                       f"{line['kept_share']:.1%}" if line["kept_share"] is not None else "-",
+                       _human_bytes(line["bytes_kept"]), safe(", ".join(f"{k} {v:,}" for k, v in drops[:3])))
+        if len(summary) > 20:
+            rest = summary[20:]
+            lt.add_row(f"... {len(rest)} more", f"{sum(x['read'] for x in rest):,}", f"{sum(x['kept'] for x in rest):,}",
+                       "", _human_bytes(sum(x["bytes_kept"] for x in rest)), "")
+        out.print(lt)
     domains = top_domains(load_scores(run_dir))
     if domains["kept"] or domains["dropped"]:
         dt = Table(title="top domains (in the sampled documents: up to 50 kept and 50 per drop reason)")
@@ -143,6 +165,28 @@ def cmd_stats(args, console: Console) -> int:
     for stage in merged["stages"]:
         if stage["tasks_completed"] < stage["tasks"]:
             out.print(f"[yellow]{stage['label']}: {stage['tasks_completed']}/{stage['tasks']} tasks complete[/]")
+    return 0
+
+
+def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_rows: list) -> int:
+    """`pipeline stats RUN_DIR --language LANG`: the funnel and drops by reason of one language."""
+    table = Table(title=f"funnel of language {safe(lang)}: {run_dir}")
+    for col in ("stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "of all languages"):
+        table.add_column(col, justify="left" if col in ("stage", "step") else "right")
+    for total, r in zip(rows, lang_rows):
+        if not (total.docs_in or total.docs_out):  # a phase that reads no documents (dedup's find)
+            continue
+        table.add_row(safe(r.stage), safe(r.step), f"{r.docs_in:,}", f"{r.docs_out:,}",
+                      f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-", _human_bytes(r.bytes_in),
+                      _human_bytes(r.bytes_out), f"{r.docs_in / total.docs_in:.1%}" if total.docs_in else "-")
+    out.print(table)
+    reasons = Table(title=f"drops by reason, language {safe(lang)}")
+    for col in ("step", "reason", "documents", f"share of {safe(lang)} step input"):
+        reasons.add_column(col, justify="left" if col in ("step", "reason") else "right")
+    for r in lang_rows:
+        for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
+            reasons.add_row(safe(r.step), safe(reason), f"{n:,}", f"{n / r.docs_in:.1%}" if r.docs_in else "-")
+    out.print(reasons)
     return 0
 
 
@@ -211,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="the funnel of a run: documents and bytes per step, drops by reason")
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--language", metavar="LANG", help="the funnel and drops by reason of one language (e.g. zh; "
+                   "'unknown': documents no step labelled)")
     s.set_defaults(func=cmd_stats)
     rp = sub.add_parser("report", help="a self-contained HTML report of a run: funnel, score histograms, samples")
     rp.add_argument("run_dir")

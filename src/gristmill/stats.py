@@ -6,6 +6,10 @@
     s.reasons           # DataFrame: step, reason, documents, share
     s.histograms        # DataFrame: stage, step, kind (score|length), series, bin_lo, bin_hi, count
     s.samples           # DataFrame: sampled documents (score, id, url, kept, reason, text)
+    s.by_language       # DataFrame: the funnel per language (language, stage, step, docs/bytes in and out)
+    s.reasons_by_language   # DataFrame: language, stage, step, reason, documents, share
+    s.language_summary  # DataFrame: per language, documents read, kept, bytes kept
+    s.funnel_for("zh")  # the funnel of one language
     s.plot_scores("00_langid")   # SVG figures, drawn inline by Jupyter
     s.plot_length("00_langid")
     s.plot_funnel()
@@ -23,7 +27,8 @@ import pandas as pd
 
 from gristmill.core.scores import bin_edges
 from gristmill.pipeline import report
-from gristmill.pipeline.stats import funnel, languages, load_scores, merge_run, top_domains
+from gristmill.pipeline.stats import (funnel, language_funnel, language_summary, languages, load_scores, merge_run,
+                                      top_domains)
 
 
 class RunStats:
@@ -54,12 +59,35 @@ class RunStats:
              for stage, steps in self.scores.items() for step, rec in steps.items() for s in rec["samples"]],
             columns=["stage", "step", "score", "id", "url", "kept", "reason", "text"])
         self.languages = pd.Series(languages(self.merged), name="documents", dtype="int64")
+        by_lang = language_funnel(self.merged, self.scores)
+        self.by_language = pd.DataFrame(
+            [{"language": lang, **{k: v for k, v in asdict(r).items() if k != "drops"}}
+             for lang, lrows in by_lang.items() for r in lrows],
+            columns=["language", "stage", "step", "kind", "docs_in", "docs_out", "bytes_in", "bytes_out"])
+        self.reasons_by_language = pd.DataFrame(
+            [{"language": lang, "stage": r.stage, "step": r.step, "reason": k, "documents": v,
+              "share": v / r.docs_in if r.docs_in else None}
+             for lang, lrows in by_lang.items() for r in lrows for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])],
+            columns=["language", "stage", "step", "reason", "documents", "share"])
+        self.language_summary = pd.DataFrame(
+            [{k: v for k, v in line.items() if k != "drops_by_step"} for line in language_summary(by_lang)],
+            columns=["language", "read", "kept", "kept_share", "bytes_kept"])
 
     def _record(self, step: str) -> dict:
         for steps in self.scores.values():
             if step in steps:
                 return steps[step]
         raise KeyError(f"no scores for step {step!r}; steps: {[s for st in self.scores.values() for s in st]}")
+
+    def funnel_for(self, language: str) -> pd.DataFrame:
+        """The funnel of one language (rows aligned with `funnel`)."""
+        if language not in set(self.by_language["language"]):
+            raise KeyError(f"no language {language!r} in {self.run_dir}; languages: {list(self.language_summary['language'])}")
+        return self.by_language[self.by_language["language"] == language].reset_index(drop=True)
+
+    def plot_language_kept(self, n: int = 20) -> report.Figure:
+        top = self.language_summary.head(n)
+        return report.bar_chart(list(zip(top["language"], top["kept"])), "documents kept per language")
 
     def top_domains(self, n: int = 15) -> dict[str, list[tuple[str, int]]]:
         return top_domains(self.scores, n)

@@ -23,7 +23,7 @@ from gristmill.pipeline.stats import funnel, load_scores, merge_run
 from .test_run import config
 
 CHROMIUM = Path("/usr/bin/chromium")
-SECTIONS = ("funnel", "reasons", "histograms", "languages", "domains", "samples")
+SECTIONS = ("funnel", "reasons", "histograms", "languages", "by-language", "domains", "samples")
 PLANTED = '<script>window.pwned=1</script><img src=x onerror="window.pwned=1">'
 
 

@@ -66,10 +66,12 @@ class Filter(Step):
                     self.stat_update("total")
                     self.stat_update("bytes_in", value=size)
                     keep, reason = (result, None) if isinstance(result, bool) else result
-                    scores.add(doc, length, keep, reason)
+                    size_out = len(doc.text.encode("utf-8")) if keep else 0
+                    # after filtering: langid's own label counts for the documents it saw
+                    scores.add(doc, length, keep, reason, size, size_out)
                     if keep:
                         self.stat_update("forwarded")
-                        self.stat_update("bytes_out", value=len(doc.text.encode("utf-8")))
+                        self.stat_update("bytes_out", value=size_out)
                         yield doc
                     else:
                         self.stat_update("dropped")

@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from gristmill.core.scores import bin_edges
-from gristmill.pipeline.stats import funnel, languages, load_scores, merge_run, top_domains
+from gristmill.pipeline.stats import (funnel, language_funnel, language_summary, languages, load_scores, merge_run,
+                                      top_domains)
 
 KEPT, DROPPED, BEFORE, AFTER, LINE = "#3b7dd8", "#e0703a", "#9aa5b1", "#3b7dd8", "#c0392b"
 
@@ -279,6 +280,48 @@ def _sample_html(s: dict) -> str:
             f'<span class="muted">{esc(s.get("url"))}</span><pre>{esc(lines)}</pre></div>')
 
 
+def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
+    """The per-language section: one line per language (read, kept, dropped per filter), a bar
+    chart of kept documents, and for the largest languages their funnel and drops by reason."""
+    out = ['<section id="by-language"><h2>Per language: kept and dropped</h2>'
+           '<p class="muted">Languages as langid labelled them; documents dropped before langid, or in a run '
+           'without it, are under "unknown". Per step, the languages add up to the funnel above.</p>']
+    summary = language_summary(by_lang)
+    if not summary:
+        out.append('<p class="muted">No filter recorded languages in this run directory.</p></section>')
+        return "\n".join(out)
+    filters = [r.step for r in rows if r.kind == "filter"]
+    filters = list(dict.fromkeys(filters))  # a dedup filter's step id may repeat over its stages
+    table = [[x["language"], f"{x['read']:,}", f"{x['kept']:,}",
+              f"{x['kept_share']:.1%}" if x["kept_share"] is not None else "-", f"{x['bytes_kept']:,}",
+              *(f"{x['drops_by_step'].get(f, 0):,}" for f in filters)] for x in summary]
+    out.append(_table(["language", "read", "kept", "kept %", "bytes kept", *(f"dropped by {f}" for f in filters)],
+                      table))
+    top = [(x["language"], x["kept"]) for x in summary[:20]]
+    read = [(x["language"], x["read"]) for x in summary[:20]]
+    out.append(f'<div class="grid">{bar_chart(read, "documents read per language", BEFORE)}'
+               f'{bar_chart(top, "documents kept per language", KEPT)}</div>')
+    for x in summary[:detailed]:
+        lang = x["language"]
+        lrows = [(t, r) for t, r in zip(rows, by_lang[lang]) if t.docs_in or t.docs_out]
+        drops = [[r.step, k, f"{v:,}", f"{v / r.docs_in:.1%}" if r.docs_in else "-"]
+                 for _, r in lrows for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])]
+        out.append(f'<details data-language="{esc(lang)}"><summary>{esc(lang)}: {x["read"]:,} read, '
+                   f'{x["kept"]:,} kept</summary>')
+        out.append(_table(["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out"],
+                          [[r.stage, r.step, f"{r.docs_in:,}", f"{r.docs_out:,}",
+                            f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-", f"{r.bytes_in:,}",
+                            f"{r.bytes_out:,}"] for _, r in lrows], left=2))
+        if drops:
+            out.append(_table(["step", "reason", "documents", f"share of {lang} step input"], drops, left=2))
+        out.append("</details>")
+    if len(summary) > detailed:
+        out.append(f'<p class="muted">{len(summary) - detailed} more languages: '
+                   f"<code>pipeline stats RUN_DIR --language LANG</code>.</p>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
 def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
     """The report's HTML for a run directory (stats merged afresh)."""
     run_dir = Path(run_dir)
@@ -336,6 +379,8 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
     else:
         out.append('<p class="muted">No langid step in this run.</p>')
     out.append("</section>")
+
+    out.append(by_language_html(language_funnel(merged, scores), rows))
 
     # domains
     dom = top_domains(scores)

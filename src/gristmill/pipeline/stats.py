@@ -150,10 +150,163 @@ def languages(merged: dict) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def as_json(merged: dict) -> dict:
+# --- the funnel per language -----------------------------------------------------------------
+#
+# Every filter records, per language, documents and bytes in and out and drops by reason
+# (`core.scores`, merged per stage into scores.json). The other rows of the funnel pass their
+# documents through unchanged, so they take the languages of the documents on disk at that point.
+# Documents read before langid have no label yet: the rows before the first labelled filter of
+# its stage take langid's own labels for the documents that reached it, and count the ones they
+# dropped before it (and the reader's bad records) as "unknown".
+
+UNKNOWN = "unknown"
+
+
+@dataclass
+class LanguageRow:
+    stage: str
+    step: str
+    kind: str
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+
+
+def _add(acc: dict[str, int], lang: str, n: int) -> None:
+    if n:
+        acc[lang] = acc.get(lang, 0) + n
+
+
+def _cells(d_in: dict, d_out: dict, b_in: dict, b_out: dict, drops: dict) -> dict[str, dict]:
+    """Per-language {docs_in, docs_out, bytes_in, bytes_out, drops} of one row (`drops`: reason →
+    language → documents)."""
+    out: dict[str, dict] = {}
+    for key, counts in (("docs_in", d_in), ("docs_out", d_out), ("bytes_in", b_in), ("bytes_out", b_out)):
+        for lang, n in counts.items():
+            out.setdefault(lang, {"drops": {}})[key] = n
+    for reason, by_lang in drops.items():
+        for lang, n in by_lang.items():
+            out.setdefault(lang, {"drops": {}})["drops"][reason] = n
+    return out
+
+
+def _unlabelled(row: FunnelRow) -> dict[str, dict]:
+    unknown = lambda n: {UNKNOWN: n} if n else {}  # noqa: E731
+    return _cells(unknown(row.docs_in), unknown(row.docs_out), unknown(row.bytes_in), unknown(row.bytes_out),
+                  {r: {UNKNOWN: n} for r, n in row.drops.items() if n})
+
+
+def _from_record(rec: dict[str, dict]) -> dict[str, dict]:
+    drops: dict[str, dict[str, int]] = {}
+    for lang, v in rec.items():
+        for reason, n in v["dropped"].items():
+            drops.setdefault(reason, {})[lang] = n
+    pick = lambda key: {lang: v[key] for lang, v in rec.items() if v[key]}  # noqa: E731
+    return _cells(pick("in"), pick("kept"), pick("bytes_in"), pick("bytes_out"), drops)
+
+
+def _passed(docs: dict[str, int], size: dict[str, int], lose: int, lose_bytes: int, drops: dict) -> dict[str, dict]:
+    """A row whose kept documents are `docs` (bytes `size`) and that lost `lose` unlabelled ones."""
+    d_in, b_in = dict(docs), dict(size)
+    _add(d_in, UNKNOWN, lose)
+    _add(b_in, UNKNOWN, lose_bytes)
+    return _cells(d_in, dict(docs), b_in, dict(size), drops)
+
+
+def _sizes(size: dict[str, int], total: int) -> dict[str, int]:
+    """The bytes of a pass-through row per language: the documents' own when the row counts the
+    same bytes, none when it counts none (a phase reading only keys), else all unlabelled."""
+    if total == sum(size.values()):
+        return dict(size)
+    return {UNKNOWN: total} if total else {}
+
+
+def language_cells(merged: dict, scores: dict[str, dict] | None = None) -> list[dict[str, dict]]:
+    """For each row of `funnel(merged)`: language → {docs_in, docs_out, bytes_in, bytes_out, drops}.
+    Per row, the languages' counts sum to the row's own."""
+    scores = load_scores(Path(merged["run_dir"])) if scores is None else scores
+    rows = funnel(merged)
+    cells: list[dict[str, dict] | None] = [None] * len(rows)
+    records = [scores.get(r.stage, {}).get(r.step, {}).get("languages") if r.kind == "filter" else None
+               for r in rows]
+    # the first filter that saw labelled documents (langid, or a stage reading labelled Parquet)
+    first = next((i for i, rec in enumerate(records) if rec and set(rec) - {UNKNOWN}), None)
+    if first is not None:
+        docs = {k: v["in"] for k, v in records[first].items() if v["in"]}
+        size = {k: v["bytes_in"] for k, v in records[first].items() if v["bytes_in"]}
+        i = first - 1
+        while i >= 0 and rows[i].stage == rows[first].stage:
+            r = rows[i]
+            if sum(docs.values()) != r.docs_out:  # a row that is not in the documents' path
+                break
+            out_size = _sizes(size, r.bytes_out)
+            cells[i] = _passed(docs, out_size, r.docs_in - r.docs_out, r.bytes_in - sum(out_size.values()),
+                               {reason: {UNKNOWN: n} for reason, n in r.drops.items() if n})
+            docs = {k: v.get("docs_in", 0) for k, v in cells[i].items() if v.get("docs_in")}
+            size = {k: v.get("bytes_in", 0) for k, v in cells[i].items() if v.get("bytes_in")}
+            i -= 1
+    current: tuple[dict, dict] | None = None  # languages of the documents in flight / on disk
+    for i, r in enumerate(rows):
+        if cells[i] is None and records[i] is not None:
+            cells[i] = _from_record(records[i])
+        elif (cells[i] is None and r.kind != "filter" and current
+              and r.docs_in == r.docs_out == sum(current[0].values()) > 0):
+            cells[i] = _cells(current[0], current[0], _sizes(current[1], r.bytes_in), _sizes(current[1], r.bytes_out), {})
+        elif cells[i] is None:  # no record (a run from before languages were counted), or rows we cannot follow
+            cells[i] = _unlabelled(r)
+        # only readers and filters change which documents flow on; a phase of dedup or tokenize
+        # reads them (or only their keys) without passing them on
+        if r.kind in ("reader", "filter"):
+            c = cells[i]
+            current = ({k: v["docs_out"] for k, v in c.items() if v.get("docs_out")},
+                       {k: v["bytes_out"] for k, v in c.items() if v.get("bytes_out")})
+    return cells
+
+
+def language_funnel(merged: dict, scores: dict[str, dict] | None = None) -> dict[str, list[LanguageRow]]:
+    """Language → its rows of the funnel (aligned with `funnel(merged)`), most documents first."""
+    rows = funnel(merged)
+    cells = language_cells(merged, scores)
+    langs = {lang for c in cells for lang in c}
+    first_in = lambda lang: next((c[lang].get("docs_in", 0) for c in cells if lang in c), 0)  # noqa: E731
+    out = {}
+    for lang in sorted(langs, key=lambda la: (-first_in(la), la)):
+        out[lang] = [LanguageRow(r.stage, r.step, r.kind, **{k: v for k, v in c.get(lang, {}).items()})
+                     for r, c in zip(rows, cells)]
+    return out
+
+
+def language_summary(by_language: dict[str, list[LanguageRow]]) -> list[dict]:
+    """One line per language: documents read, kept at the end of the run, and drops per step."""
+    out = []
+    for lang, rows in by_language.items():
+        read = rows[0].docs_in if rows else 0
+        # the documents on disk at the end: the last filter's or writer's (token stages count
+        # the same documents but not their bytes)
+        last = next((r for r in reversed(rows) if r.kind in ("filter", "writer")), rows[-1] if rows else None)
+        drops: dict[str, int] = {}
+        for r in rows:
+            if sum(r.drops.values()):
+                drops[r.step] = drops.get(r.step, 0) + sum(r.drops.values())
+        out.append({"language": lang, "read": read, "kept": last.docs_out if last else 0,
+                    "bytes_kept": last.bytes_out if last else 0,
+                    "kept_share": (last.docs_out / read) if read and last else None,
+                    "drops_by_step": drops})
+    return out
+
+
+def as_json(merged: dict, language: str | None = None) -> dict:
+    by_lang = language_funnel(merged)
+    if language is not None:
+        return {"run_dir": merged["run_dir"], "language": language,
+                "funnel": [asdict(r) for r in by_lang[language]]}
     return {
         "run_dir": merged["run_dir"],
         "stages": [{k: s[k] for k in ("label", "tasks", "tasks_completed")} for s in merged["stages"]],
         "funnel": [{**asdict(r), "mb_per_s": r.mb_per_s} for r in funnel(merged)],
         "languages": languages(merged),
+        "by_language": {s["language"]: {**s, "funnel": [asdict(r) for r in by_lang[s["language"]]]}
+                        for s in language_summary(by_lang)},
     }
