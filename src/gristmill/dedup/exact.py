@@ -27,7 +27,9 @@ filter first, so documents already seen in that crawl are duplicates here (same 
 
 from __future__ import annotations
 
+import bisect
 import json
+from array import array
 from pathlib import Path
 from typing import Literal
 
@@ -57,6 +59,12 @@ from gristmill.text.words import split_words
 RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
 DUP = np.dtype([("key", "<u8"), ("para", "<i4"), ("hi", "<u8"), ("lo", "<u8")])
 BATCH = 1 << 16
+#: items a hashing task holds before writing them as sorted parts (32 bytes each: 32 MB)
+SPILL_RECORDS = 1 << 20
+#: what a find task holds of its slice at a time (~130 bytes per record while it sorts and
+#: tests them: the record, its task, global key, sort order and copies)
+FIND_CHUNK_BYTES = 64 << 20
+FIND_BYTES_PER_RECORD = 130
 
 
 def _paragraphs(text: str, granularity: str) -> list[tuple[int, str]]:
@@ -85,6 +93,7 @@ class ExactDedupHash(Step):
         super().__init__(step_id=step_id)
         self.granularity, self.n_blocks, self.slices = granularity, n_blocks, slices
         self.input_folder = input_folder and Path(input_folder)
+        self.spill_records = SPILL_RECORDS
 
     @property
     def folder(self) -> Path:
@@ -93,10 +102,13 @@ class ExactDedupHash(Step):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         bounds = _slice_bounds(self.n_blocks, self.slices)
         sources = SourceTable()
-        parts: list[np.ndarray] = []
-        items, meta, doc_keys = [], [], []
+        parts: list[np.ndarray] = []  # records not yet written: at most ~SPILL_RECORDS
+        items, meta = [], []
+        doc_keys = array("Q")  # 8 bytes per document: the task's repeats are refused at the end
+        held, part, total = 0, 0, 0
 
         def flush():
+            nonlocal held
             if not items:
                 return
             h = hash128(items)
@@ -105,7 +117,24 @@ class ExactDedupHash(Step):
             m = np.array(meta, dtype=np.int64).reshape(-1, 3)
             rec["src"], rec["offset"], rec["para"] = m[:, 0], m[:, 1], m[:, 2]
             parts.append(rec)
+            held += len(rec)
             items.clear(), meta.clear()
+
+        def spill():
+            """One part per slice, sorted in the global order (`_sort_in_global_order`), so a find
+            task reads its slice one key range at a time: memory set by SPILL_RECORDS and
+            FIND_CHUNK_BYTES, never by the corpus."""
+            nonlocal held, part, total
+            rec = np.concatenate(parts) if parts else np.empty(0, dtype=RECORD)
+            rec = _sort_in_global_order(rec, list(sources.index))
+            block = (rec["hi"] % np.uint64(self.n_blocks)).astype(np.int64)
+            which = np.searchsorted(bounds, block, side="right") - 1
+            for s in range(self.slices):
+                save_npy(self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.part{part:05d}.npy",
+                         rec[which == s])
+            parts.clear()
+            total += len(rec)
+            held, part = 0, part + 1
 
         for doc in data:
             with self.track_time():
@@ -117,25 +146,36 @@ class ExactDedupHash(Step):
                 for para, norm in _paragraphs(doc.text, self.granularity):
                     items.append(norm.encode("utf-8"))
                     meta.append((src, off, para))
-                if len(items) >= BATCH:
+                if len(items) >= min(BATCH, self.spill_records):
                     flush()
+                    if held >= self.spill_records:
+                        spill()
             self.stat_update("documents")
             self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
         with self.track_time():
             flush()
-            check_unique(np.array(doc_keys, dtype=np.uint64), list(sources.index), self.yaml_name)
-            rec = np.concatenate(parts) if parts else np.empty(0, dtype=RECORD)
-            self.stat_update("items", value=len(rec))
-            block = (rec["hi"] % np.uint64(self.n_blocks)).astype(np.int64)
-            which = np.searchsorted(bounds, block, side="right") - 1
-            for s in range(self.slices):
-                save_npy(self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.npy", rec[which == s])
+            if held or part == 0:
+                spill()
+            check_unique(np.frombuffer(doc_keys, dtype=np.uint64), list(sources.index), self.yaml_name)
+            self.stat_update("items", value=total)
             sources.save(self.folder, rank)
             if self.input_folder is not None:
                 inputs.save(self.folder / "inputs" / f"task_{rank:05d}.json",
                             _task_files(self.input_folder, rank, world_size), self.input_folder)
         return
         yield
+
+
+def _sort_in_global_order(rec: np.ndarray, names: list[str]) -> np.ndarray:
+    """Records sorted by (source, offset, paragraph) in the order every later stage uses: global
+    source ranks sort the names, and a task's names in their own sorted order rank the same way,
+    so a part sorted here is sorted by the global order key too."""
+    name_rank = np.argsort(np.argsort(np.array(names, dtype=object))).astype(np.int64) if names else np.zeros(0, np.int64)
+    return rec[np.lexsort((rec["para"], rec["offset"], name_rank[rec["src"].astype(np.int64)]))]
+
+
+def _part_task(path: Path) -> int:
+    return int(path.name.split(".")[0].split("_")[1])
 
 
 def _task_files(folder: Path, rank: int, world_size: int) -> list[Path]:
@@ -152,6 +192,7 @@ class ExactDedupFind(Step):
         self.hash_folder = Path(hash_folder)
         self.capacity, self.fp_rate, self.n_blocks, self.k = capacity, fp_rate, n_blocks, k
         self.slices, self.filter_from = slices, filter_from
+        self.chunk_bytes = FIND_CHUNK_BYTES
 
     @property
     def folder(self) -> Path:
@@ -160,24 +201,10 @@ class ExactDedupFind(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             ranks, _ = load_ranks(self.hash_folder)
-            files = sorted((self.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
-            recs, tasks = [], []
-            for f in files:
-                r = np.load(f)
-                recs.append(r)
-                tasks.append(np.full(len(r), int(f.stem.split("_")[1]), dtype=np.int64))
-            rec = np.concatenate(recs) if recs else np.empty(0, dtype=RECORD)
-            task = np.concatenate(tasks) if tasks else np.empty(0, dtype=np.int64)
-            src_rank = np.zeros(len(rec), dtype=np.uint64)
-            for t in np.unique(task):
-                sel = task == t
-                src_rank[sel] = ranks[int(t)][rec["src"][sel]]
-            key = order_key(src_rank, rec["offset"])
-            order = np.lexsort((rec["para"], key))
-            rec, task, key = rec[order], task[order], key[order]
-            twice = np.flatnonzero((key[1:] == key[:-1]) & (rec["para"][1:] == rec["para"][:-1]))
-            if len(twice):  # two documents of different tasks with one key (each task checked its own)
-                raise shared_key_error(int(key[twice[0]]), sorted(load_ranks(self.hash_folder)[1]), self.yaml_name)
+            parts = [_SortedPart(np.load(f, mmap_mode="r"), ranks[_part_task(f)], _part_task(f))
+                     for f in sorted((self.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))]
+            parts = [p for p in parts if len(p.rec)]
+            n = sum(len(p.rec) for p in parts)
             bounds = _slice_bounds(self.n_blocks, self.slices)
             path = self.folder / "filter" / f"slice_{rank:05d}.bloom"
             bf = BloomFilter.create(path, self.capacity, self.fp_rate, (int(bounds[rank]), int(bounds[rank + 1])),
@@ -187,26 +214,86 @@ class ExactDedupFind(Step):
                 if not earlier:
                     raise FileNotFoundError(f"exact_dedup.filter_from: no slice_*.bloom in {self.filter_from}")
                 bf.copy_from([BloomFilter.open(p) for p in earlier])
-            hashes = np.stack([rec["hi"], rec["lo"]], axis=1)
-            dup = np.zeros(len(rec), dtype=bool)
-            for s in range(0, len(rec), BATCH):
-                dup[s : s + BATCH] = bf.test_and_set(hashes[s : s + BATCH])
+            dups: dict[int, list[np.ndarray]] = {t: [] for t in ranks}
+            n_dup = 0
+            # Key ranges of the order key, each holding ~FIND_CHUNK_BYTES of records: equal keys
+            # fall in one range, and ranges are taken in order, so the first occurrence is kept
+            # exactly as if the whole slice were sorted at once.
+            cuts = _chunk_cuts(parts, -(-n * FIND_BYTES_PER_RECORD // self.chunk_bytes))
+            for lo, hi in zip([0, *cuts], [*cuts, 1 << 64]):
+                rec, task, key = _load_range(parts, lo, hi)
+                order = np.lexsort((rec["para"], key))
+                rec, task, key = rec[order], task[order], key[order]
+                twice = np.flatnonzero((key[1:] == key[:-1]) & (rec["para"][1:] == rec["para"][:-1]))
+                if len(twice):  # two documents of different tasks with one key (each task checked its own)
+                    raise shared_key_error(int(key[twice[0]]), sorted(load_ranks(self.hash_folder)[1]), self.yaml_name)
+                hashes = np.stack([rec["hi"], rec["lo"]], axis=1)
+                dup = np.zeros(len(rec), dtype=bool)
+                for s in range(0, len(rec), BATCH):
+                    dup[s : s + BATCH] = bf.test_and_set(hashes[s : s + BATCH])
+                n_dup += int(dup.sum())
+                for t in np.unique(task[dup]).tolist():
+                    sel = dup & (task == t)
+                    out = np.empty(int(sel.sum()), dtype=DUP)
+                    out["key"], out["para"], out["hi"], out["lo"] = key[sel], rec["para"][sel], rec["hi"][sel], rec["lo"][sel]
+                    dups[t].append(out)
+                del rec, task, key, hashes, dup
             bf.save()
             for t in sorted(ranks):  # every hashing task gets a file, maybe empty
-                sel = dup & (task == t)
-                out = np.empty(int(sel.sum()), dtype=DUP)
-                out["key"], out["para"], out["hi"], out["lo"] = key[sel], rec["para"][sel], rec["hi"][sel], rec["lo"][sel]
-                save_npy(self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy", out)
+                save_npy(self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy",
+                         np.concatenate(dups[t]) if dups[t] else np.empty(0, dtype=DUP))
             fill, est = bf.fill_ratio(), bf.estimated_fp_rate()
-        self.stat_update("items", value=len(rec))
-        self.stat_update("duplicates", value=int(dup.sum()))
+        self.stat_update("items", value=n)
+        self.stat_update("duplicates", value=n_dup)
+        self.stat_update("key_ranges", value=len(cuts) + 1)
         # ppm integers: datatrove's stats sum numbers over tasks; the JSON keeps the exact values
         (self.folder / "filter").mkdir(parents=True, exist_ok=True)
         (self.folder / "filter" / f"slice_{rank:05d}.stats.json").write_text(json.dumps(
-            {"items": len(rec), "duplicates": int(dup.sum()), "fill_ratio": fill, "estimated_fp_rate": est}))
+            {"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est}))
         self.stat_update("fill_ppm_sum", value=int(fill * 1e6))
         return
         yield
+
+
+class _SortedPart:
+    """A hashing task's part of one slice, memory-mapped, sorted by the global order key."""
+
+    def __init__(self, rec: np.ndarray, ranks: np.ndarray, task: int):
+        self.rec, self.ranks, self.task = rec, ranks, task
+
+    def keys(self, rec: np.ndarray) -> np.ndarray:
+        return order_key(self.ranks[rec["src"]], rec["offset"])
+
+    def lower_bound(self, x: int) -> int:
+        """First record with key >= x: ~log2(n) records read."""
+        if x >= 1 << 64:
+            return len(self.rec)
+        return bisect.bisect_left(range(len(self.rec)), x, key=lambda i: int(self.keys(self.rec[i : i + 1])[0]))
+
+
+def _chunk_cuts(parts: list[_SortedPart], chunks: int) -> list[int]:
+    """chunks - 1 increasing order keys cutting the slice's records into ~equal ranges
+    (quantiles of every 256th record's key: 1/256 of the keys are read)."""
+    if chunks <= 1:
+        return []
+    sample = np.sort(np.concatenate([p.keys(np.asarray(p.rec[::256])) for p in parts]))
+    cuts = sample[(np.arange(1, chunks) * len(sample)) // chunks] if len(sample) else []
+    return sorted({int(c) for c in cuts})
+
+
+def _load_range(parts: list[_SortedPart], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(records, hashing task, global key) of every part's records with lo <= key < hi."""
+    recs, tasks, keys = [], [], []
+    for p in parts:
+        a, b = p.lower_bound(lo), p.lower_bound(hi)
+        if b > a:
+            r = np.array(p.rec[a:b])
+            recs.append(r)
+            tasks.append(np.full(len(r), p.task, dtype=np.int64))
+            keys.append(p.keys(r))
+    if not recs:
+        return np.empty(0, dtype=RECORD), np.empty(0, np.int64), np.empty(0, np.uint64)
+    return np.concatenate(recs), np.concatenate(tasks), np.concatenate(keys)
 
 
 class ExactDedupFilter(Filter):
@@ -224,15 +311,21 @@ class ExactDedupFilter(Filter):
             inputs.check(self.hash_folder / "inputs" / f"task_{rank:05d}.json",
                          _task_files(self.input_folder, rank, world_size), self.input_folder, "exact_dedup_hash")
         self._keys = DocKeys(self.hash_folder, "exact_dedup_hash")
-        self._dups: dict[int, dict[int, tuple[int, int]]] = {}
-        for p in sorted((self.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy")):
-            d = np.load(p)
-            for key, para, hi, lo in zip(*(d[c].tolist() for c in ("key", "para", "hi", "lo"))):
-                self._dups.setdefault(key, {})[para] = (hi, lo)
+        # the task's duplicates as one array sorted by key: 28 bytes each (dicts of Python ints
+        # took ~250), looked up by binary search
+        parts = [np.load(p) for p in sorted((self.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
+        d = np.concatenate(parts) if parts else np.empty(0, dtype=DUP)
+        self._dups = d[np.argsort(d["key"], kind="stable")]
         yield from super().run(data, rank, world_size)
 
+    def _paras(self, key: int) -> dict[int, tuple[int, int]]:
+        k = self._dups["key"]
+        a, b = int(np.searchsorted(k, np.uint64(key), "left")), int(np.searchsorted(k, np.uint64(key), "right"))
+        d = self._dups[a:b]
+        return {int(p): (int(h), int(lo)) for p, h, lo in zip(d["para"], d["hi"], d["lo"])}
+
     def filter(self, doc: Document):
-        paras = self._dups.get(self._keys(doc)) if self._dups else None
+        paras = self._paras(self._keys(doc)) if len(self._dups) else None
         if not paras:
             return True
         self._check_hashes(doc, paras)

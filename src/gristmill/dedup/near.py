@@ -83,6 +83,7 @@ class NearDedupSignature(Step):
     def __init__(self, p: NearDedup.Config, *, step_id: str | None = None):
         super().__init__(step_id=step_id)
         self.p = p
+        self.spill_docs = SPILL_DOCS
 
     @property
     def folder(self) -> Path:
@@ -136,7 +137,7 @@ class NearDedupSignature(Step):
             if len(batch) == BATCH_DOCS:
                 with self.track_time():
                     flush()
-                    if held >= SPILL_DOCS:
+                    if held >= self.spill_docs:
                         spill()
         with self.track_time():
             if batch:
@@ -278,6 +279,7 @@ class NearDedupShingles(Step):
         super().__init__(step_id=step_id)
         self.sig_folder, self.edge_folder = Path(sig_folder), Path(edge_folder)
         self.ngram, self.shards = ngram, shards
+        self.spill_shingles = SPILL_SHINGLES
 
     @property
     def folder(self) -> Path:
@@ -322,7 +324,7 @@ class NearDedupShingles(Step):
                         out[s][0].append(int(o))
                         out[s][1].append(sh)
                         held += len(sh)
-                    if held >= SPILL_SHINGLES:
+                    if held >= self.spill_shingles:
                         spill()
         with self.track_time():
             if held or part == 0:
