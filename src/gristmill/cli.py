@@ -2,6 +2,7 @@
 
     pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
     pipeline validate CONFIG [--set key=value ...]
+    pipeline plan CONFIG [--gb X | --files N] [--cores C] [--calibration FILE] [--json]
     pipeline steps [--markdown | --json]
     pipeline stats RUN_DIR [--language LANG] [--json]
     pipeline report RUN_DIR [-o report.html]
@@ -226,6 +227,33 @@ def cmd_status(args, console: Console) -> int:
     return 0
 
 
+def cmd_plan(args, console: Console) -> int:
+    from gristmill.pipeline.projection import load_calibration, plan_for_size, project, render
+
+    if args.gb is not None and args.files is not None:
+        raise ValueError("give --gb or --files, not both")
+    cfg = load(args.config, args.set, args.run_dir)
+    stages, size = plan_for_size(cfg, args.gb, args.files)
+    calibration = load_calibration(args.calibration)
+    projections = project(cfg, stages, size / 1e9, calibration, args.cores)
+    header, rows, footer = render(projections, size / 1e9, args.cores, cfg.executor.type == "slurm")
+    if args.json:
+        print(json.dumps({"input_gb": size / 1e9, "calibration": calibration.get("measured"),
+                          "stages": [dict(zip(header, r)) for r in rows], "notes": footer}, indent=2))
+        return 0
+    table = Table(title=f"{args.config}: projected from measurements of {calibration.get('measured', '?')} "
+                        f"({calibration.get('machine', '?')})")
+    for h in header:
+        table.add_column(h, justify="left" if h in ("stage", "calibrated on") else "right")
+    for r in rows:
+        table.add_row(*r)
+    out = Console()
+    out.print(table)
+    for line in footer:
+        out.print(safe(line))
+    return 1 if any(not p.fits for p in projections) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description="Common Crawl → curated pretraining data")
     p.add_argument("--version", action="version", version=f"gristmill {__version__}")
@@ -242,6 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="discard the run directory's earlier results and redo")
     r.add_argument("--wait", action="store_true", help="slurm: follow the submitted jobs until they end")
     r.set_defaults(func=cmd_run)
+    pl = sub.add_parser("plan", help="before running: per stage CPU-hours, memory per task, disk and wall time")
+    config_args(pl)
+    pl.add_argument("--gb", type=float, help="input size: GB of compressed WET (default: the config's input)")
+    pl.add_argument("--files", type=int, help="input size: this many Common Crawl WET files (~150 MB each)")
+    pl.add_argument("--cores", type=int, help="cores the tasks share (default: 1 locally; every task at once on Slurm)")
+    pl.add_argument("--calibration", help="measurements to project from (benchmarks/scale_run.py --write-calibration;"
+                    " default: the shipped ones)")
+    pl.add_argument("--json", action="store_true", help="machine-readable")
+    pl.set_defaults(func=cmd_plan)
     v = sub.add_parser("validate", help="check a config and print the resolved steps")
     config_args(v)
     v.set_defaults(func=cmd_validate)

@@ -54,6 +54,9 @@ class ExecutorConfig(Strict):
     type: Literal["local", "slurm"] = "local"
     tasks: int = Field(4, ge=1, description="parallel tasks per stage (input files are split among them)")
     workers: int = Field(2, ge=1, description="tasks run at once on this machine (local)")
+    memory_gb_per_task: float | None = Field(
+        None, gt=0, description="local: memory one task may use; the planner refuses stages estimated above it "
+        "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
 

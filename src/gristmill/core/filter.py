@@ -14,7 +14,7 @@ from datatrove.data import Document, DocumentsPipeline
 
 from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
 from gristmill.core.sinks import DroppedSampler
-from gristmill.core.step import Step
+from gristmill.core.step import Step, Workload
 
 FilterResult = bool | tuple[bool, str]
 
@@ -101,6 +101,13 @@ class ModelFilter(Filter):
 
     def load_model(self):
         raise NotImplementedError
+
+    def memory_bytes(self, work: Workload) -> int:
+        """The model files (`self.checked`: one or a dict of them) twice over: loaded, then the
+        buffers of scoring a batch; KenLM binaries are memory-mapped, so this is an upper bound."""
+        checked = getattr(self, "checked", None)
+        files = checked.values() if isinstance(checked, dict) else [checked] if checked is not None else []
+        return sum(2 * c.size for c in files) + (8 << 20)
 
     @property
     def model(self):

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 
 from gristmill.core.documents import documents_to_table, schema_for, table_to_documents
-from gristmill.core.step import Step
+from gristmill.core.step import Step, Workload
 
 ROW_GROUP_DOCS = 2000
 # Fault injection for tests of resumption: the process dies (as if killed) after writing this
@@ -79,6 +79,10 @@ class ParquetReader(Step):
     def files(self) -> list[Path]:
         return sorted(self.folder.rglob("*.parquet"), key=lambda p: (p.name, str(p)))
 
+    def memory_bytes(self, work: Workload) -> int:
+        """One row group decoded (ROW_GROUP_DOCS documents) and its documents: ~3x their text."""
+        return int(3 * ROW_GROUP_DOCS * work.text_bytes / max(work.documents, 1))
+
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         for path in self.files()[rank::world_size]:
             self.stat_update("files")
@@ -106,6 +110,10 @@ class ParquetWriter(Step):
         self.schema = schema_for(extra_fields) if extra_fields is not None else None
         self.compression = compression
         self.per_language = per_language
+
+    def memory_bytes(self, work: Workload) -> int:
+        """One row group buffered (ROW_GROUP_DOCS documents), then its Arrow table: ~3x the text."""
+        return int(3 * ROW_GROUP_DOCS * work.text_bytes / max(work.documents, 1))
 
     def bind(self, folder: Path, extra_fields: dict[str, pa.DataType], compression: str | None) -> None:
         self.folder, self.schema, self.compression = Path(folder), schema_for(extra_fields), compression

@@ -47,6 +47,28 @@ STEP_MODULES = (
 _REGISTRY: dict[str, type[Step]] = {}
 
 
+#: resident memory of a task process before its steps hold anything: Python, datatrove, numpy,
+#: pyarrow imported (measured: 114-147 MB of peak RSS for tasks that read nothing)
+BASE_TASK_BYTES = 150 << 20
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a stage's tasks are given, as the planner estimates it before anything runs: the
+    input of a memory model (`Step.memory_bytes`)."""
+
+    #: documents entering the stage, whole run (an upper bound: as if every earlier filter kept all)
+    documents: float
+    #: their text, bytes
+    text_bytes: float
+    #: tasks of the stage
+    tasks: int
+
+    @property
+    def documents_per_task(self) -> float:
+        return self.documents / max(self.tasks, 1)
+
+
 class Step(PipelineStep):
     #: key of the step in the YAML `steps:` list (registers the class); also its stats name
     yaml_name: ClassVar[str] = ""
@@ -94,6 +116,14 @@ class Step(PipelineStep):
     def __repr__(self) -> str:
         return f"{self.type}: {self.name}"
 
+    #: the setting that bounds this step's memory per task (named when an estimate is too large)
+    memory_setting: ClassVar[str] = "executor.tasks"
+
+    def memory_bytes(self, work: Workload) -> int:
+        """Bytes one task of this step's stage holds for it, beyond `BASE_TASK_BYTES`. A streaming
+        step holds one document at a time: 0 (the document is counted by the reader)."""
+        return 0
+
 
 class GlobalStep(Step):
     """A step that needs all documents first: it plans stages instead of running in one."""
@@ -120,6 +150,8 @@ class Stage:
     tasks: int
     workers: int
     step_names: list[str] = field(default_factory=list)
+    #: what its tasks are given, estimated at planning (the memory models' input)
+    work: Workload | None = None
 
     @property
     def label(self) -> str:
@@ -154,6 +186,12 @@ class StageContext(BuildContext, Protocol):
 
     def writer(self) -> ParquetWriter:
         """A writer of the documents that leave this stage, bound when the stage is added."""
+
+    def workload(self, tasks: int) -> Workload:
+        """What a stage of `tasks` tasks added now would be given (an upper bound)."""
+
+    def task_memory_bytes(self, stage_name: str, tasks: int) -> int:
+        """The memory one task of such a stage may use (config or Slurm settings)."""
 
 
 def registered_steps() -> dict[str, type[Step]]:

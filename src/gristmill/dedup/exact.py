@@ -40,9 +40,9 @@ from pydantic import Field
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import GlobalStep, StageContext, Step
+from gristmill.core.step import GlobalStep, StageContext, Step, Workload
 from gristmill.dedup import inputs
-from gristmill.dedup.bloom import BloomFilter, BloomMeta, hash128, size_for
+from gristmill.dedup.bloom import BLOCK_BITS, BloomFilter, BloomMeta, hash128, size_for
 from gristmill.dedup.order import (
     OFFSET_BITS,
     DocKeys,
@@ -65,6 +65,13 @@ SPILL_RECORDS = 1 << 20
 #: tests them: the record, its task, global key, sort order and copies)
 FIND_CHUNK_BYTES = 64 << 20
 FIND_BYTES_PER_RECORD = 130
+#: bytes of text per paragraph (line) when estimating items in paragraph mode: a low figure, so
+#: more items, so an upper bound (the sample: ~160 bytes per non-empty line)
+PARAGRAPH_BYTES = 100
+
+
+def estimated_items(work: Workload, granularity: str) -> float:
+    return work.documents if granularity == "document" else max(work.documents, work.text_bytes / PARAGRAPH_BYTES)
 
 
 def _paragraphs(text: str, granularity: str) -> list[tuple[int, str]]:
@@ -98,6 +105,13 @@ class ExactDedupHash(Step):
     @property
     def folder(self) -> Path:
         return self.stage_folder
+
+    def memory_bytes(self, work: Workload) -> int:
+        """Held records up to `spill_records` (32 bytes, twice while sorted), the batch's texts,
+        8 bytes per document of order keys."""
+        items = estimated_items(work, self.granularity) / max(work.tasks, 1)
+        batch_text = min(BATCH, items) * work.text_bytes / max(estimated_items(work, self.granularity), 1)
+        return int(64 * min(items, self.spill_records) + batch_text + 8 * work.documents_per_task)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         bounds = _slice_bounds(self.n_blocks, self.slices)
@@ -193,10 +207,22 @@ class ExactDedupFind(Step):
         self.capacity, self.fp_rate, self.n_blocks, self.k = capacity, fp_rate, n_blocks, k
         self.slices, self.filter_from = slices, filter_from
         self.chunk_bytes = FIND_CHUNK_BYTES
+        self.granularity = "document"  # for the memory model; set by `ExactDedup.stages`
 
     @property
     def folder(self) -> Path:
         return self.stage_folder
+
+    #: the per-task figure grows with items per slice: more tasks (slices) divide it
+    memory_setting = "executor.tasks"
+
+    def memory_bytes(self, work: Workload) -> int:
+        """Its slice of the Bloom filter (memory-mapped, every page touched), one key range of
+        records (`chunk_bytes`), and the duplicates found (28 bytes each; bounded by the items)."""
+        # `work` is the dedup's input, as for every stage of a global step
+        items = estimated_items(work, self.granularity) / self.slices
+        bloom = self.n_blocks * BLOCK_BITS // 8 // self.slices
+        return int(bloom + min(items * FIND_BYTES_PER_RECORD, self.chunk_bytes) + 28 * items)
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -306,6 +332,10 @@ class ExactDedupFilter(Filter):
         self.min_doc_chars, self.min_doc_words = min_doc_chars, min_doc_words
         self.input_folder = input_folder and Path(input_folder)
 
+    def memory_bytes(self, work: Workload) -> int:
+        """Its documents' duplicates, 28 bytes each: bounded by the task's items (all duplicates)."""
+        return int(28 * estimated_items(work, self.granularity) / max(work.tasks, 1))
+
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if self.input_folder is not None:
             inputs.check(self.hash_folder / "inputs" / f"task_{rank:05d}.json",
@@ -388,6 +418,7 @@ class ExactDedup(GlobalStep):
         found = ctx.stage("exact_dedup_find", [
             ExactDedupFind(hashed.folder, capacity=p.capacity, fp_rate=p.fp_rate, n_blocks=n_blocks, k=k,
                            slices=slices, filter_from=p.filter_from, step_id=self.name)], tasks=slices)
+        found.pipeline[0].granularity = p.granularity
         ctx.stage("exact_dedup_filter", [
             ParquetReader(ctx.documents),
             ExactDedupFilter(hashed.folder, found.folder, granularity=p.granularity, min_doc_chars=p.min_doc_chars,

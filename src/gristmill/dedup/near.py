@@ -59,14 +59,17 @@ from pydantic import Field, model_validator
 from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import GlobalStep, StageContext, Step
+from gristmill.core.step import BASE_TASK_BYTES, GlobalStep, StageContext, Step, Workload
 from gristmill.dedup.lsh import (band_keys, components, key_range_bounds, optimal_bands, shard_of, sort_records,
                                  sorted_band_edges)
 from gristmill.dedup.minhash import MinHasher
-from gristmill.dedup.order import DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy, write_json_atomic
+from gristmill.dedup.order import (OFFSET_BITS, DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy,
+                                   write_json_atomic)
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
+#: bytes a buckets task holds per record of its pair (33.3 measured; tests/dedup/test_buckets.py bounds it by 36)
+BUCKET_BYTES_PER_RECORD = 36
 BATCH_DOCS = 256
 _SCAN_RECORDS = 1 << 20  # records read at a time when a task scans a whole band file
 #: documents whose band records a signature task holds before writing them as a sorted part
@@ -74,6 +77,12 @@ _SCAN_RECORDS = 1 << 20  # records read at a time when a task scans a whole band
 SPILL_DOCS = 1 << 16
 #: shingles a `near_dedup_shingles` task holds before writing them (8 bytes each: 32 MB)
 SPILL_SHINGLES = 1 << 22
+#: share of documents that are in some candidate pair, for the memory models of the stages that
+#: hold candidates (shingles, verify, cluster, filter). An assumption, not a bound: the generated
+#: corpora measure ~0.1 (docs/scale.md); raise it for crawls known to repeat more.
+CANDIDATE_SHARE = 0.3
+#: bytes of text per shingle (a 5-word shingle per word; ~6 bytes per word with its space)
+TEXT_BYTES_PER_SHINGLE = 6
 
 
 class NearDedupSignature(Step):
@@ -88,6 +97,12 @@ class NearDedupSignature(Step):
     @property
     def folder(self) -> Path:
         return self.stage_folder
+
+    def memory_bytes(self, work: Workload) -> int:
+        """Band records of up to `spill_docs` documents (20 bytes x bands, three copies while a
+        part is sorted and written), 8 bytes per document of order keys."""
+        bands, _ = self.p.band_rows()
+        return int(60 * bands * min(work.documents_per_task, self.spill_docs) + 8 * work.documents_per_task)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         bands, rows = self.p.band_rows()
@@ -233,9 +248,15 @@ class NearDedupBuckets(Step):
         super().__init__(step_id=step_id)
         self.sig_folder, self.bands, self.ranges, self.shards = Path(sig_folder), bands, ranges, shards
 
+    memory_setting = "near_dedup.key_ranges"
+
     @property
     def folder(self) -> Path:
         return self.stage_folder
+
+    def memory_bytes(self, work: Workload) -> int:
+        """36 bytes per record of its (band, key range): the module docstring's model."""
+        return int(BUCKET_BYTES_PER_RECORD * work.documents / self.ranges)
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -285,12 +306,27 @@ class NearDedupShingles(Step):
     def folder(self) -> Path:
         return self.stage_folder
 
+    def memory_bytes(self, work: Workload) -> int:
+        """(candidate, shard) pairs of its documents (16 bytes), one edge shard while reading
+        them, held shingles up to `spill_shingles` (8 bytes, twice while written)."""
+        candidates = CANDIDATE_SHARE * work.documents_per_task
+        return int(16 * candidates + 32 * CANDIDATE_SHARE * work.documents / max(self.shards, 1)
+                   + 16 * self.spill_shingles)
+
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             ords = DocKeys(self.sig_folder, "near_dedup_signature")
-            # (candidate, shard that needs its shingles) sorted by candidate: 16 bytes per pair (a
-            # Python set per shard took ~60 bytes per candidate, and a lookup per shard)
-            need = [np.unique(_shard_edges(self.edge_folder, s)) for s in range(self.shards)]
+            # (candidate, shard that needs its shingles) sorted by candidate, for this task's own
+            # documents only (it reads the signature task's files again, so the same sources):
+            # 16 bytes per pair of its share, where a Python set per shard of every candidate of
+            # the run took ~60 bytes per candidate of the run
+            task_ranks, _ = load_ranks(self.sig_folder)
+            mine = task_ranks.get(rank, np.empty(0, np.uint64)).astype(np.int64)
+
+            def own(nodes: np.ndarray) -> np.ndarray:
+                return nodes[np.isin((nodes >> np.uint64(OFFSET_BITS)).astype(np.int64), mine)]
+
+            need = [own(np.unique(_shard_edges(self.edge_folder, s))) for s in range(self.shards)]
             nodes = np.concatenate(need) if need else np.empty(0, np.uint64)
             where = np.concatenate([np.full(len(n), s, np.int32) for s, n in enumerate(need)]) if need else np.empty(0, np.int32)
             order = np.argsort(nodes, kind="stable")
@@ -346,6 +382,12 @@ class NearDedupVerify(Step):
     def folder(self) -> Path:
         return self.stage_folder
 
+    def memory_bytes(self, work: Workload) -> int:
+        """The shingle sets of its shard's candidates (8 bytes per shingle) and its edges."""
+        candidates = CANDIDATE_SHARE * work.documents / max(work.tasks, 1)
+        shingles = work.text_bytes / max(work.documents, 1) / TEXT_BYTES_PER_SHINGLE
+        return int(candidates * (8 * shingles + 48))
+
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             e = _shard_edges(self.edge_folder, rank)
@@ -380,9 +422,15 @@ class NearDedupCluster(Step):
         super().__init__(step_id=step_id)
         self.sig_folder, self.edge_folder, self.shards = Path(sig_folder), Path(edge_folder), shards
 
+    memory_setting = "executor.memory_gb_per_task (it is one task)"
+
     @property
     def folder(self) -> Path:
         return self.stage_folder
+
+    def memory_bytes(self, work: Workload) -> int:
+        """41 bytes per document in some cluster (the module docstring's model)."""
+        return int(41 * CANDIDATE_SHARE * work.documents)
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -409,15 +457,23 @@ class NearDedupFilter(Filter):
         super().__init__(step_id=step_id)
         self.sig_folder, self.cluster_folder = Path(sig_folder), Path(cluster_folder)
 
+    def memory_bytes(self, work: Workload) -> int:
+        """The order keys its documents lost to dedup: 8 bytes each."""
+        return int(8 * CANDIDATE_SHARE * work.documents_per_task)
+
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         self._ords = DocKeys(self.sig_folder, "near_dedup_signature")
         path = self.cluster_folder / "removed" / f"task_{rank:05d}.npy"
-        self._removed = set(np.load(path).tolist()) if path.is_file() else set()
+        # sorted order keys, 8 bytes each (a Python set took ~60), found by binary search
+        self._removed = np.sort(np.load(path)) if path.is_file() else np.empty(0, np.uint64)
         yield from super().run(data, rank, world_size)
 
     def filter(self, doc: Document):
-        if self._removed and self._ords(doc) in self._removed:
-            return False, "near_duplicate"
+        if len(self._removed):
+            o = np.uint64(self._ords(doc))
+            i = int(np.searchsorted(self._removed, o))
+            if i < len(self._removed) and self._removed[i] == o:
+                return False, "near_duplicate"
         return True
 
 
@@ -467,13 +523,18 @@ class NearDedup(GlobalStep):
         bands, _ = p.band_rows()
         sig = ctx.stage("near_dedup_signature", [ParquetReader(documents), NearDedupSignature(p, step_id=self.name)])
         ranges = p.ranges(tasks)
+        if p.key_ranges is None:
+            # split further when a pair would not fit in a task's memory (the buckets model)
+            budget = ctx.task_memory_bytes("near_dedup_buckets", bands * ranges) - BASE_TASK_BYTES
+            need = -(-int(BUCKET_BYTES_PER_RECORD * ctx.workload(1).documents) // max(budget, 1 << 20))
+            ranges = max(ranges, need)
         # one (band, range) pair per task; with fewer tasks than bands and no key_ranges, `tasks`
         # tasks of whole bands (ceil(bands / tasks) each, one at a time), as many processes as
         # the other stages: a small local run does not start a process per band
         pairs = bands * ranges
         buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(sig.folder, bands=bands, ranges=ranges, shards=tasks,
                                                                     step_id=self.name)],
-                            tasks=pairs if p.key_ranges or tasks >= bands else tasks)
+                            tasks=pairs if p.key_ranges or tasks >= bands or ranges > p.ranges(tasks) else tasks)
         edges = buckets.folder / "edges"
         if p.verify:
             sh = ctx.stage("near_dedup_shingles", [

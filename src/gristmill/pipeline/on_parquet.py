@@ -22,7 +22,9 @@ def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int =
     cls = registered_steps()[step]
     cfg = from_dict({"run_dir": str(run_dir), "executor": {"tasks": tasks, "workers": workers},
                      "input": {"paths": [str(input_folder)]}, "output": {"dropped_sample": 0}})
-    ctx = PlanContext(cfg, make_fetcher(cfg), documents=Path(input_folder))
+    # the memory models' input: Parquet (zstd) holds text about as densely as gzipped WET
+    size = sum(f.stat().st_size for f in Path(input_folder).rglob("*.parquet"))
+    ctx = PlanContext(cfg, make_fetcher(cfg), documents=Path(input_folder), input_size=size)
     cls.build(cls.Config.model_validate(params), ctx, step_id=f"00_{step}").stages(ctx)
     return ctx.stages
 

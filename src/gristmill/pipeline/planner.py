@@ -23,12 +23,22 @@ from gristmill.config import ConfigError, RunConfig
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
-from gristmill.core.step import Stage, Step, registered_steps
+from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.tokenize.stages import Tokenize
 
-__all__ = ["PlanContext", "Stage", "make_fetcher", "plan", "resolve_sources"]
+__all__ = ["MemoryEstimate", "PlanContext", "Stage", "estimate_memory", "input_bytes", "make_fetcher", "plan",
+           "resolve_sources"]
+
+#: What a gigabyte of compressed WET holds, for estimates made before anything is read (upper
+#: figures, so memory estimates err high): Common Crawl's ~3e9 documents in ~90,000 files of
+#: ~150 MB are ~220k documents per GB; the generated corpora 300k (docs/scale.md); text is 1.7x
+#: (generated) to 2.2x (the shared sample) the compressed bytes.
+DOCUMENTS_PER_GB = 300_000
+TEXT_PER_COMPRESSED_BYTE = 2.2
+#: a Common Crawl WET file, compressed (files are 100-200 MB; listed, not yet downloaded)
+CC_WET_FILE_BYTES = 150_000_000
 
 
 def make_fetcher(cfg: RunConfig) -> Fetcher:
@@ -71,6 +81,71 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     return sources
 
 
+def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
+    """Compressed bytes of the run's input: local files' sizes; Common Crawl files not yet in
+    the cache count `CC_WET_FILE_BYTES` each."""
+    cc = cfg.input.commoncrawl
+    total = 0.0
+    for s in sources:
+        local = Path(s).expanduser() if not s.startswith(("http://", "https://")) else None
+        if local is not None and local.is_file():
+            total += local.stat().st_size
+        else:
+            total += CC_WET_FILE_BYTES if cc is not None or local is None else 0
+    return total
+
+
+@dataclass
+class MemoryEstimate:
+    stage: Stage
+    #: bytes one task of the stage is estimated to reach (peak RSS)
+    bytes: int
+    #: bytes a task may use, and the setting that says so
+    limit: int
+    limit_setting: str
+    #: the step that holds the most, and the setting that bounds it
+    largest: Step | None
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes <= self.limit
+
+    def message(self) -> str:
+        gb = 1 << 30
+        hint = (f"; {self.largest.name} holds the most: raise {self.largest.memory_setting}"
+                if self.largest is not None else "")
+        return (f"stage {self.stage.label}: a task is estimated to need {self.bytes / gb:.2f} GB "
+                f"({self.stage.work.documents:.3g} documents over {self.stage.tasks} tasks), more than the "
+                f"{self.limit / gb:.2f} GB of {self.limit_setting}{hint}")
+
+
+def _task_memory_limit(cfg: RunConfig, stage: Stage) -> tuple[int, str]:
+    ex = cfg.executor
+    if ex.type == "slurm":
+        over = ex.slurm.stages.get(stage.name)
+        mem = (over and over.mem_per_cpu_gb) or ex.slurm.mem_per_cpu_gb
+        cpus = (over and over.cpus_per_task) or ex.slurm.cpus_per_task
+        where = (f"executor.slurm.stages.{stage.name}.mem_per_cpu_gb" if over and over.mem_per_cpu_gb
+                 else "executor.slurm.mem_per_cpu_gb")
+        return int(mem * cpus * (1 << 30)), f"{where} x cpus_per_task"
+    if ex.memory_gb_per_task is not None:
+        return int(ex.memory_gb_per_task * (1 << 30)), "executor.memory_gb_per_task"
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total // max(min(ex.workers, stage.tasks), 1), f"this machine's memory / {min(ex.workers, stage.tasks)} workers"
+
+
+def estimate_memory(cfg: RunConfig, stages: list[Stage]) -> list[MemoryEstimate]:
+    """Each stage's per-task memory from its steps' models (`Step.memory_bytes`) and what it is
+    given (`Stage.work`), against the memory a task has."""
+    out = []
+    for stage in stages:
+        held = [(s.memory_bytes(stage.work), s) for s in stage.pipeline if isinstance(s, Step)]
+        largest = max(held, key=lambda x: x[0])[1] if held else None
+        limit, where = _task_memory_limit(cfg, stage)
+        out.append(MemoryEstimate(stage, BASE_TASK_BYTES + sum(b for b, _ in held), limit, where, largest))
+    return out
+
+
 @dataclass
 class PlanContext:
     """The stage context of one run (see `gristmill.core.step.StageContext`)."""
@@ -84,6 +159,28 @@ class PlanContext:
     stages: list[Stage] = field(default_factory=list)
     #: the writer of the documents on disk now (the run's final documents, once planned)
     final_writer: ParquetWriter | None = None
+    #: compressed input bytes the memory models are evaluated for (None: measured from the
+    #: input files, or estimated from the Common Crawl file count, when first asked)
+    input_size: float | None = None
+    #: WET sources, when already resolved (`pipeline plan` estimates without listing a crawl)
+    sources: list[str] | None = None
+
+    def workload(self, tasks: int) -> Workload:
+        """The documents a stage is given, estimated before anything runs: every document read,
+        as if no filter dropped any (memory estimates are upper bounds)."""
+        if self.input_size is None:
+            self.input_size = input_bytes(self.cfg, self._sources())
+        gb = self.input_size / 1e9
+        return Workload(gb * DOCUMENTS_PER_GB, self.input_size * TEXT_PER_COMPRESSED_BYTE, tasks)
+
+    def task_memory_bytes(self, stage_name: str, tasks: int) -> int:
+        probe = Stage(0, stage_name, self.run_dir, [], tasks, self.cfg.executor.workers)
+        return _task_memory_limit(self.cfg, probe)[0]
+
+    def _sources(self) -> list[str]:
+        if self.sources is None:
+            self.sources = resolve_sources(self.cfg, self.fetcher)
+        return self.sources
 
     @property
     def run_dir(self) -> Path:
@@ -110,6 +207,7 @@ class PlanContext:
         folder = self.run_dir / f"{index:02d}_{name}"
         stage = Stage(index, name, folder, pipeline, tasks or self.tasks, self.cfg.executor.workers,
                       [s.name for s in pipeline])
+        stage.work = self.workload(stage.tasks)
         fields = dict(self.fields)
         for step in pipeline:
             step.stage_folder = folder
@@ -129,7 +227,7 @@ class PlanContext:
         """The first step of a stage: the WET reader before any stage, then the last output."""
         if self.documents is None:
             cfg = self.cfg
-            return WetReader(resolve_sources(cfg, self.fetcher), resolve=self.fetcher.local_path,
+            return WetReader(self._sources(), resolve=self.fetcher.local_path,
                              limit=cfg.input.limit, max_record_bytes=cfg.input.max_record_bytes)
         return ParquetReader(self.documents)
 
@@ -148,8 +246,11 @@ def _stream_stage(ctx: PlanContext, steps: list[Step]) -> None:
     ctx.stage("curate" if not ctx.stages else "filter", [ctx.read_documents(), *steps, ctx.writer()])
 
 
-def plan(cfg: RunConfig) -> list[Stage]:
-    ctx = PlanContext(cfg, make_fetcher(cfg))
+def plan(cfg: RunConfig, *, input_size: float | None = None, sources: list[str] | None = None,
+         check_memory: bool = True) -> list[Stage]:
+    """The run's stages. Refuses (ConfigError naming stage, estimate and setting) a stage whose
+    tasks are estimated to need more memory than a task has."""
+    ctx = PlanContext(cfg, make_fetcher(cfg), input_size=input_size, sources=sources)
     pending: list[Step] = []  # streaming steps not yet placed in a stage
     for step in _build_steps(cfg, ctx):
         if step.streamable:
@@ -163,4 +264,8 @@ def plan(cfg: RunConfig) -> list[Stage]:
         _stream_stage(ctx, pending)
     if cfg.output.per_language:  # folders per language in the run's final documents only
         ctx.final_writer.per_language = True
+    if check_memory:
+        over = [e.message() for e in estimate_memory(cfg, ctx.stages) if not e.fits]
+        if over:
+            raise ConfigError("; ".join(over) + " (`pipeline plan CONFIG` shows every stage's estimate)")
     return ctx.stages

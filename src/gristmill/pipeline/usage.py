@@ -1,7 +1,7 @@
 """What each task cost: CPU seconds, peak memory, wall time; written per task, summed per stage.
 
 A task appends nothing to the documents' path: when it completes, its process writes
-`<stage>/usage/task_NNNNN.json` = {"cpu_s", "wall_s", "max_rss_mb"} from `getrusage` (its own
+`<stage>/usage/task_NNNNN.json` = {"cpu_s", "wall_s", "max_rss_mb", "start", "end"} from `getrusage` (its own
 process: the local executor runs each task in a fresh child, a Slurm array task is its own
 job). `max_rss_mb` is the process's peak resident set, imports and models included: the figure
 a memory limit (`executor.memory_gb_per_task`, Slurm's `--mem-per-cpu`) is compared with.
@@ -35,7 +35,7 @@ class RecordsTaskUsage:
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
         if self.is_rank_completed(rank):  # skipped: its usage was written when it ran
             return super()._run_for_rank(rank, local_rank, node_rank)
-        start_wall = time.monotonic()
+        start, start_wall = time.time(), time.monotonic()
         before = resource.getrusage(resource.RUSAGE_SELF)
         stats = super()._run_for_rank(rank, local_rank, node_rank)
         after = resource.getrusage(resource.RUSAGE_SELF)
@@ -43,6 +43,8 @@ class RecordsTaskUsage:
             "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 3),
             "wall_s": round(time.monotonic() - start_wall, 3),
             "max_rss_mb": round(_rss_mb(after), 1),
+            "start": round(start, 3),
+            "end": round(time.time(), 3),
         }
         folder = Path(self.logging_dir.resolve_paths(USAGE_FOLDER))
         try:
@@ -59,6 +61,8 @@ class StageUsage:
     #: the longest task's wall time (a lower bound of the stage's, with enough workers)
     max_task_wall_s: float
     max_rss_mb: float
+    #: first task's start to last task's end (the stage's wall time, if it ran in one go)
+    wall_s: float
 
 
 def stage_usage(stage_folder: Path) -> StageUsage | None:
@@ -72,4 +76,5 @@ def stage_usage(stage_folder: Path) -> StageUsage | None:
     if not rows:
         return None
     return StageUsage(len(rows), sum(r["cpu_s"] for r in rows), max(r["wall_s"] for r in rows),
-                      max(r["max_rss_mb"] for r in rows))
+                      max(r["max_rss_mb"] for r in rows),
+                      max(r.get("end", 0) for r in rows) - min(r.get("start", 0) for r in rows))

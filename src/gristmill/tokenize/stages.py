@@ -32,7 +32,7 @@ from pydantic import Field, model_validator
 from gristmill.core.configlib import ConfigError, Fraction, Strict
 from gristmill.core.files import write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import GlobalStep, StageContext, Step
+from gristmill.core.step import GlobalStep, StageContext, Step, Workload
 
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
 
@@ -66,6 +66,12 @@ class TokenizerStep(Step):
     def __init__(self, params: dict):
         super().__init__()
         self.params = params  # TokenizerSource as a dict (picklable)
+
+    def memory_bytes(self, work: Workload) -> int:
+        """The sample (`sample_bytes` of text, ~3x as Python strings in a heap), training on it
+        (the HF trainer's word counts: ~4x the sample), the tokenizer."""
+        sample = min(self.params["sample_bytes"], work.text_bytes)
+        return int((7 if self.params.get("train") else 3) * sample + (64 << 20))
 
     @property
     def output(self) -> Path:
@@ -125,6 +131,10 @@ class EncodeStep(Step):
         self.seed, self.val_fraction, self.threads, self.batch_docs = seed, val_fraction, threads, batch_docs
         self.buckets = buckets
 
+    def memory_bytes(self, work: Workload) -> int:
+        """The tokenizer and one batch: its texts and token ids (4 bytes per ~4 bytes of text)."""
+        return int(3 * self.batch_docs * work.text_bytes / max(work.documents, 1) + (64 << 20))
+
     @property
     def output(self) -> Path:
         return self.stage_folder / "output"
@@ -170,6 +180,12 @@ class ShardPlanStep(Step):
         super().__init__()
         self.encoded, self.buckets, self.shard_tokens = Path(encoded), buckets, shard_tokens
 
+    memory_setting = "tokenize.shard_tasks"
+
+    def memory_bytes(self, work: Workload) -> int:
+        """Keys and lengths of one bucket at a time: 16 bytes per document of a bucket."""
+        return int(16 * work.documents / self.buckets)
+
     @property
     def output(self) -> Path:
         return self.stage_folder / "output"
@@ -199,6 +215,13 @@ class ShardStep(Step):
     def __init__(self, encoded: Path, plan_folder: Path, tokenizer_folder: Path):
         super().__init__()
         self.encoded, self.plan_folder, self.tokenizer_folder = Path(encoded), Path(plan_folder), Path(tokenizer_folder)
+        self.shard_tokens = 0  # for the memory model; set by `Tokenize.stages`
+
+    memory_setting = "tokenize.shard_tasks"
+
+    def memory_bytes(self, work: Workload) -> int:
+        """~55 bytes per document of its bucket (keys, lengths, order) and one shard's tokens."""
+        return int(55 * work.documents / max(work.tasks, 1) + 4 * self.shard_tokens)
 
     @property
     def output(self) -> Path:
@@ -332,6 +355,7 @@ class Tokenize(GlobalStep):
         plan = ctx.stage("shard_plan", [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens)],
                          tasks=1)
         shards = ctx.stage("shards", [ShardStep(enc.output, plan.output, prep.output)], tasks=buckets)
+        shards.pipeline[0].shard_tokens = cfg.shard_tokens
         ctx.stage("manifest", [ManifestStep(plan.output, shards.output, prep.output, ctx.run_dir / "tokens",
                                             seed=cfg.seed, val_fraction=cfg.val_fraction,
                                             shard_tokens=cfg.shard_tokens)], tasks=1)

@@ -1,0 +1,307 @@
+"""The scale run: the pipeline on generated Common Crawl of growing size, cost measured per stage.
+
+    PYTHONPATH=src python benchmarks/scale_run.py [--sizes 0.25 1 4] [--tasks 8] [--workers 2]
+        [--work /tmp/gristmill-scale] [--seed 1] [--configs crawl permissive] [--invariance]
+        [--write-docs] [--write-calibration]
+
+For each size (GB of compressed WET) it generates a corpus with `make_wet_corpus.py` (kept in
+`--work` and reused), then runs `pipeline run` (the real CLI, one process per task) with each
+config: `configs/crawl.yaml` as shipped and `configs/scale-permissive.yaml`, which keeps every
+language and has no quality filter, so that dedup and tokenization see the whole corpus. Per
+stage it reads what the tasks recorded (`<stage>/usage/`: CPU seconds, peak RSS, start and end)
+and the disk the stage wrote, and for the dedup stages the recall and precision on the pairs
+the generator planted (`truth.jsonl`).
+
+`--invariance` also runs the permissive config at the smallest size with 4 tasks and checks
+that its final documents and token shards are those of the run with `--tasks`.
+`--write-docs` replaces the table in `docs/scale.md`; `--write-calibration` writes the figures
+`pipeline plan` projects from (`src/gristmill/pipeline/scale_calibration.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from gristmill.pipeline.usage import stage_usage  # noqa: E402
+
+CONFIGS = {"crawl": ROOT / "configs" / "crawl.yaml", "permissive": ROOT / "configs" / "scale-permissive.yaml"}
+CALIBRATION = ROOT / "src" / "gristmill" / "pipeline" / "scale_calibration.json"
+DOC = ROOT / "docs" / "scale.md"
+BEGIN, END = "<!-- scale-run:begin -->", "<!-- scale-run:end -->"
+
+
+def corpus(work: Path, gb: float, seed: int) -> Path:
+    out = work / f"wet-{gb:g}"
+    if not (out / "truth.jsonl").is_file():
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_wet_corpus.py"), "--gb", str(gb),
+                        "--seed", str(seed), str(out)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    return out
+
+
+def run_pipeline(config: Path, wet: Path, run_dir: Path, tasks: int, workers: int) -> float:
+    cmd = [sys.executable, "-m", "gristmill.cli", "run", str(config), "--run-dir", str(run_dir),
+           "--set", "train=null", "--set", f"executor.tasks={tasks}", "--set", f"executor.workers={workers}",
+           "--set", f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]"]
+    start = time.monotonic()
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    return time.monotonic() - start
+
+
+def disk_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def documents_in(stage_folder: Path) -> int | None:
+    """Documents the stage's first step read (None for stages that read no documents)."""
+    try:
+        stats = json.loads((stage_folder / "stats.json").read_text())
+    except (OSError, ValueError):
+        return None
+    c = stats[0]["counters"] if stats else {}
+    return c.get("documents", c.get("total"))
+
+
+def stage_rows(run_dir: Path, input_gb: float) -> list[dict]:
+    plan = json.loads((run_dir / "plan.json").read_text())
+    rows = []
+    for st in plan["stages"]:
+        folder = run_dir / st["label"]
+        u = stage_usage(folder)
+        rows.append({
+            "stage": st["name"], "label": st["label"], "steps": st["steps"], "tasks": st["tasks"],
+            "docs_in": documents_in(folder), "cpu_s": u and round(u.cpu_s, 2), "wall_s": u and round(u.wall_s, 2),
+            "cpu_s_per_gb": u and round(u.cpu_s / input_gb, 2), "max_rss_mb": u and u.max_rss_mb,
+            "disk_mb": round(disk_bytes(folder) / 1e6, 2),
+        })
+    return rows
+
+
+def _ids(folder: Path) -> set[str]:
+    files = sorted(folder.rglob("*.parquet"))
+    return {i for f in files for i in pq.read_table(f, columns=["id"]).column("id").to_pylist()}
+
+
+def _stage_folder(run_dir: Path, name: str) -> Path | None:
+    plan = json.loads((run_dir / "plan.json").read_text())
+    for st in plan["stages"]:
+        if st["name"] == name:
+            return run_dir / st["label"]
+    return None
+
+
+def dedup_quality(run_dir: Path, truth: list[dict]) -> dict:
+    """Recall and precision of each dedup on the planted pairs among the documents it was given.
+
+    Recall: of the planted pairs with both documents in the dedup's input, the share of which
+    it removed one. Precision: of the documents it removed, the share that belong to a planted
+    pair (the generated corpus has no other duplicates at these thresholds: docs/scale.md).
+    """
+    plan = json.loads((run_dir / "plan.json").read_text())
+    labels = [st["label"] for st in plan["stages"]]
+    out = {}
+    members = {r["original"] for r in truth} | {r["copy"] for r in truth}
+    for dedup, kind, min_j in (("exact_dedup", "exact", 1.0), ("near_dedup", "near", 0.85)):
+        first = _stage_folder(run_dir, f"{dedup}_hash" if dedup == "exact_dedup" else f"{dedup}_signature")
+        last = _stage_folder(run_dir, f"{dedup}_filter")
+        if first is None or last is None:
+            continue
+        before = [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1]
+        given, kept = _ids(run_dir / before / "output"), _ids(last / "output")
+        removed = given - kept
+        pairs = [r for r in truth if r["kind"] == kind and r["jaccard"] >= min_j
+                 and r["original"] in given and r["copy"] in given]
+        found = sum(r["original"] in removed or r["copy"] in removed for r in pairs)
+        out[dedup] = {"pairs": len(pairs), "recall": round(found / len(pairs), 4) if pairs else None,
+                      "removed": len(removed),
+                      "precision": round(len(removed & members) / len(removed), 4) if removed else None}
+    return out
+
+
+def _digest(run_dir: Path) -> dict:
+    """What a run produced, independent of how many files it was written in: its final documents
+    as a sorted list of (id, text hash), and every token shard file byte for byte."""
+    final = _stage_folder(run_dir, "near_dedup_filter")
+    docs = []
+    for f in sorted((final / "output").rglob("*.parquet")):
+        t = pq.read_table(f, columns=["id", "text"]).to_pydict()
+        docs += [(i, hashlib.sha256(x.encode()).hexdigest()) for i, x in zip(t["id"], t["text"])]
+    tokens = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted((run_dir / "tokens").glob("*"))
+              if f.is_file()}
+    return {"documents": hashlib.sha256(json.dumps(sorted(docs)).encode()).hexdigest(), "n_documents": len(docs),
+            "tokens": tokens}
+
+
+def markdown(results: dict) -> str:
+    lines = []
+    for cfg, runs in results["runs"].items():
+        sizes = sorted(runs, key=float)
+        lines += [f"#### `{CONFIGS[cfg].relative_to(ROOT)}` ({results['tasks']} tasks, {results['workers']} workers)", ""]
+        head = "| stage | " + " | ".join(f"{s} GB: docs in · wall s · CPU s · CPU s/GB · peak RSS MB · disk MB" for s in sizes)
+        lines += [head + " | CPU s/GB ratio | RSS ratio |", "|---|" + "---|" * (len(sizes) + 2)]
+        by_stage = {}
+        for s in sizes:
+            for row in runs[s]["stages"]:
+                by_stage.setdefault(row["label"], {})[s] = row
+        for label, per in by_stage.items():
+            cells = []
+            for s in sizes:
+                r = per.get(s)
+                cells.append("—" if r is None else
+                             f"{r['docs_in'] if r['docs_in'] is not None else '—'} · {r['wall_s']} · {r['cpu_s']} · "
+                             f"{r['cpu_s_per_gb']} · {r['max_rss_mb']} · {r['disk_mb']}")
+            lo, hi = per.get(sizes[0]), per.get(sizes[-1])
+            cr = (f"{hi['cpu_s_per_gb'] / lo['cpu_s_per_gb']:.2f}" if lo and hi and lo["cpu_s_per_gb"] else "—")
+            rr = (f"{hi['max_rss_mb'] / lo['max_rss_mb']:.2f}" if lo and hi and lo["max_rss_mb"] else "—")
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {cr} | {rr} |")
+        lines.append("")
+        for s in sizes:
+            r = runs[s]
+            q = "; ".join(f"{k}: {v['pairs']} planted pairs, recall {v['recall']}, removed {v['removed']}, "
+                          f"precision {v['precision']}" for k, v in r["dedup"].items())
+            lines.append(f"- {s} GB ({r['input_gb']:.3f} GB read, {r['documents']:,} documents): "
+                         f"{r['wall_s']:.0f} s wall for the command. {q}")
+        lines.append("")
+    for cfg, pc in results.get("projection", {}).items():
+        worst = max(pc["stages"], key=lambda r: abs(r["cpu_error"]), default=None)
+        lines.append(f"Projection check ({cfg}): `pipeline plan` fitted on {', '.join(f'{g:g}' for g in pc['fitted_on'])} GB "
+                     f"projects {pc['total_cpu_projected']:.0f} CPU s for {pc['target_gb']} GB; measured "
+                     f"{pc['total_cpu_measured']:.0f} ({pc['total_cpu_error']:+.1%}). Largest stage error: "
+                     + (f"{worst['stage']} {worst['cpu_error']:+.1%} CPU" if worst else "—")
+                     + "; peak RSS errors: " + ", ".join(f"{r['stage']} {r['rss_error']:+.0%}" for r in pc["stages"]) + ".")
+        lines.append("")
+    if "invariance" in results:
+        inv = results["invariance"]
+        lines.append(f"Invariance ({inv['size']} GB, permissive): {inv['tasks_a']} vs {inv['tasks_b']} tasks: final "
+                     f"documents {'identical' if inv['documents_equal'] else 'DIFFERENT'} ({inv['n_documents']:,}), "
+                     f"token shards {'byte-identical' if inv['tokens_equal'] else 'DIFFERENT'} "
+                     f"({inv['token_files']} files).")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def calibration(results: dict) -> dict:
+    """Per config and stage, the measured points `pipeline plan` fits its projection to."""
+    out = {"measured": results["date"], "machine": results["machine"], "configs": {}}
+    for cfg, runs in results["runs"].items():
+        stages = {}
+        for s, r in runs.items():
+            for row in r["stages"]:
+                stages.setdefault(row["stage"], {"steps": row["steps"], "points": []})["points"].append(
+                    {"nominal_gb": float(s), "input_gb": r["input_gb"], "documents": r["documents"], "tasks": row["tasks"],
+                     "docs_in": row["docs_in"], "cpu_s": row["cpu_s"], "max_rss_mb": row["max_rss_mb"],
+                     "disk_mb": row["disk_mb"]})
+        out["configs"][cfg] = {"config": str(CONFIGS[cfg].relative_to(ROOT)), "stages": stages}
+    return out
+
+
+def projection_check(results: dict, work: Path, tasks: int, workers: int) -> dict:
+    """`pipeline plan`'s projection for the largest size, fitted to the smaller sizes only, against
+    what the largest run measured: per stage and in total (CPU seconds, peak RSS)."""
+    from gristmill.config import load
+    from gristmill.pipeline.projection import plan_for_size, project
+
+    out = {}
+    cal = calibration(results)
+    for cfg_name, runs in results["runs"].items():
+        sizes = sorted(runs, key=float)
+        if len(sizes) < 3:
+            continue
+        target, fit_on = sizes[-1], {float(s) for s in sizes[:-1]}
+        wet = work / f"wet-{float(target):g}"
+        cfg = load(str(CONFIGS[cfg_name]), ["train=null", f"executor.tasks={tasks}", f"executor.workers={workers}",
+                                            f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]"], None)
+        stages, size = plan_for_size(cfg, None, None)
+        proj = {p.stage.label: p for p in project(cfg, stages, size / 1e9, cal, workers, prefer=cfg_name, sizes=fit_on)}
+        rows = []
+        for m in runs[target]["stages"]:
+            p = proj.get(m["label"])
+            if p is None or p.cpu_s is None or not m["cpu_s"]:
+                continue
+            rows.append({"stage": m["label"], "cpu_projected": round(p.cpu_s, 1), "cpu_measured": m["cpu_s"],
+                         "cpu_error": round(p.cpu_s / m["cpu_s"] - 1, 3), "rss_projected": round(p.rss_mb, 1),
+                         "rss_measured": m["max_rss_mb"], "rss_error": round(p.rss_mb / m["max_rss_mb"] - 1, 3)})
+        tp, tm = sum(r["cpu_projected"] for r in rows), sum(r["cpu_measured"] for r in rows)
+        out[cfg_name] = {"target_gb": target, "fitted_on": sorted(fit_on), "stages": rows,
+                         "total_cpu_projected": round(tp, 1), "total_cpu_measured": round(tm, 1),
+                         "total_cpu_error": round(tp / tm - 1, 3) if tm else None}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=float, nargs="+", default=[0.25, 1, 4])
+    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/gristmill-scale"))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["crawl", "permissive"])
+    ap.add_argument("--invariance", action="store_true")
+    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--write-calibration", action="store_true")
+    ap.add_argument("--results", type=Path, help="JSON results file (default: WORK/results.json); merged into")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    results_path = args.results or args.work / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {"runs": {}}
+    results.update(tasks=args.tasks, workers=args.workers, date=time.strftime("%Y-%m-%d"),
+                   machine=f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    for gb in args.sizes:
+        wet = corpus(args.work, gb, args.seed)
+        input_gb = sum(f.stat().st_size for f in wet.glob("*.warc.wet.gz")) / 1e9
+        truth = [json.loads(x) for x in (wet / "truth.jsonl").read_text().splitlines()]
+        for cfg in args.configs:
+            run_dir = args.work / f"run-{cfg}-{gb:g}-t{args.tasks}"
+            print(f"== {cfg} on {gb:g} GB ({input_gb:.3f} GB) with {args.tasks} tasks -> {run_dir}", flush=True)
+            wall = run_pipeline(CONFIGS[cfg], wet, run_dir, args.tasks, args.workers)
+            stages = stage_rows(run_dir, input_gb)
+            documents = stages[0]["docs_in"] or 0
+            results["runs"].setdefault(cfg, {})[f"{gb:g}"] = {
+                "input_gb": input_gb, "documents": documents, "wall_s": wall, "stages": stages,
+                "dedup": dedup_quality(run_dir, truth)}
+            results_path.write_text(json.dumps(results, indent=1))
+    if args.invariance:
+        gb = min(args.sizes)
+        wet = corpus(args.work, gb, args.seed)
+        digests = []
+        for tasks in (4, args.tasks):
+            run_dir = args.work / f"run-permissive-{gb:g}-t{tasks}"
+            if not (run_dir / "tokens" / "manifest.json").is_file():
+                run_pipeline(CONFIGS["permissive"], wet, run_dir, tasks, args.workers)
+            digests.append(_digest(run_dir))
+        results["invariance"] = {"size": gb, "tasks_a": 4, "tasks_b": args.tasks,
+                                 "documents_equal": digests[0]["documents"] == digests[1]["documents"],
+                                 "n_documents": digests[0]["n_documents"],
+                                 "tokens_equal": digests[0]["tokens"] == digests[1]["tokens"],
+                                 "token_files": len(digests[0]["tokens"])}
+        results_path.write_text(json.dumps(results, indent=1))
+    if len(args.sizes) >= 3 or any(len(r) >= 3 for r in results["runs"].values()):
+        results["projection"] = projection_check(results, args.work, args.tasks, args.workers)
+        results_path.write_text(json.dumps(results, indent=1))
+    text = markdown(results)
+    print(text)
+    if args.write_docs:
+        doc = DOC.read_text()
+        if BEGIN in doc:
+            doc = doc[: doc.index(BEGIN) + len(BEGIN)] + "\n" + text + "\n" + doc[doc.index(END):]
+        else:
+            doc += f"\n{BEGIN}\n{text}\n{END}\n"
+        DOC.write_text(doc)
+    if args.write_calibration:
+        CALIBRATION.write_text(json.dumps(calibration(results), indent=1) + "\n")
+        print(f"calibration written to {CALIBRATION}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""`pipeline plan`: what a run will cost, per stage, before anything runs.
+
+Two sources, kept apart in the output:
+- memory per task from the steps' memory models (`Step.memory_bytes`, evaluated on the input
+  size as `pipeline run` does before it starts), and the limit each task has;
+- CPU-hours, measured peak memory, disk and wall time from the scale benchmark's measurements
+  (`scale_calibration.json`, written by `benchmarks/scale_run.py --write-calibration`; a default
+  measured on generated Common Crawl ships in this package): for each stage, a line through its
+  measured points, CPU seconds = a + b x input GB, peak RSS per task = r0 + r1 x input GB per
+  task, disk = d x input GB. A stage is matched to the calibrated config with the same stage
+  name and steps; one that matches none is shown without a projection (not calibrated).
+Wall time: each stage's CPU over the tasks that run at once (`--cores`, or every task of the
+stage on Slurm), stages one after another.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from gristmill.config import RunConfig
+from gristmill.core.step import Stage
+from gristmill.pipeline.planner import CC_WET_FILE_BYTES, estimate_memory, input_bytes, make_fetcher, plan, resolve_sources
+
+CALIBRATION_FILE = "scale_calibration.json"
+
+
+def load_calibration(path: str | Path | None = None) -> dict:
+    if path is not None:
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"calibration file {path}: {e}") from None
+    return json.loads(resources.files("gristmill.pipeline").joinpath(CALIBRATION_FILE).read_text())
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line y = a + b x through the points; a is clamped at 0 (no negative fixed
+    cost) and one point gives a line through the origin."""
+    n = len(xs)
+    if n == 1 or len(set(xs)) == 1:
+        return 0.0, (sum(ys) / sum(xs)) if sum(xs) else 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    a = my - b * mx
+    if a < 0:  # refit through the origin
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return a, b
+
+
+def _steps_key(steps: list[str]) -> tuple[str, ...]:
+    """Step names without their position prefix (`03_c4_lines` -> `c4_lines`)."""
+    return tuple(re.sub(r"^\d+_", "", s) for s in steps)
+
+
+@dataclass
+class StageModel:
+    config: str
+    cpu: tuple[float, float]  # CPU s = a + b * GB
+    rss: tuple[float, float]  # MB = r0 + r1 * GB per task
+    disk: tuple[float, float]  # MB = d0 + d1 * GB
+    points: int
+
+    @classmethod
+    def fit(cls, config: str, points: list[dict]) -> StageModel:
+        gb = [p["input_gb"] for p in points]
+        per_task = [p["input_gb"] / max(p["tasks"], 1) for p in points]
+        return cls(config, _fit(gb, [p["cpu_s"] or 0 for p in points]),
+                   _fit(per_task, [p["max_rss_mb"] or 0 for p in points]),
+                   _fit(gb, [p["disk_mb"] for p in points]), len(points))
+
+
+def stage_models(calibration: dict, sizes: set[float] | None = None) -> dict[tuple, list[StageModel]]:
+    """(stage name, steps) -> the models of every calibrated config that has that stage; `sizes`
+    keeps only the points measured at those input sizes (GB, as the benchmark named them)."""
+    out: dict[tuple, list[StageModel]] = {}
+    for name, cfg in calibration["configs"].items():
+        for stage, entry in cfg["stages"].items():
+            pts = [p for p in entry["points"] if p["cpu_s"] is not None
+                   and (sizes is None or any(abs(p["nominal_gb"] - s) < 1e-9 for s in sizes))]
+            if pts:
+                out.setdefault((stage, _steps_key(entry["steps"])), []).append(StageModel.fit(name, pts))
+    return out
+
+
+@dataclass
+class StageProjection:
+    stage: Stage
+    model: StageModel | None
+    cpu_s: float | None
+    rss_mb: float | None
+    disk_mb: float | None
+    wall_s: float | None
+    estimate_bytes: int
+    limit_bytes: int
+    limit_setting: str
+
+    @property
+    def fits(self) -> bool:
+        peak = max(self.estimate_bytes, (self.rss_mb or 0) * 1e6)
+        return peak <= self.limit_bytes
+
+
+def project(cfg: RunConfig, stages: list[Stage], gb: float, calibration: dict, cores: int | None,
+            prefer: str | None = None, sizes: set[float] | None = None) -> list[StageProjection]:
+    models = stage_models(calibration, sizes)
+    estimates = {e.stage.label: e for e in estimate_memory(cfg, stages)}
+    preferred = prefer or _best_config(stages, models)
+    out = []
+    for stage in stages:
+        cands = models.get((stage.name, _steps_key(stage.step_names)), [])
+        m = next((c for c in cands if c.config == preferred), cands[0] if cands else None)
+        e = estimates[stage.label]
+        if m is None:
+            out.append(StageProjection(stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting))
+            continue
+        cpu = m.cpu[0] + m.cpu[1] * gb
+        rss = m.rss[0] + m.rss[1] * gb / max(stage.tasks, 1)
+        disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
+        at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
+        out.append(StageProjection(stage, m, cpu, rss, disk, cpu / max(at_once, 1), e.bytes, e.limit, e.limit_setting))
+    return out
+
+
+def _best_config(stages: list[Stage], models: dict) -> str | None:
+    """The calibrated config sharing the most stages (name and steps) with this plan."""
+    score: dict[str, int] = {}
+    for stage in stages:
+        for m in models.get((stage.name, _steps_key(stage.step_names)), []):
+            score[m.config] = score.get(m.config, 0) + 1
+    return max(score, key=score.get) if score else None
+
+
+def plan_for_size(cfg: RunConfig, gb: float | None, files: int | None) -> tuple[list[Stage], float]:
+    """The stages of `cfg` for an input of `gb` GB or `files` WET files (or its own input), without
+    downloading anything and without refusing stages that do not fit (they are flagged)."""
+    if gb is None and files is None:
+        sources = resolve_sources(cfg, make_fetcher(cfg))
+        size = input_bytes(cfg, sources)
+    else:
+        size = gb * 1e9 if gb is not None else files * CC_WET_FILE_BYTES
+        sources = []
+    return plan(cfg, input_size=size, sources=sources, check_memory=False), size
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "—"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _fmt_mb(mb: float | None) -> str:
+    if mb is None:
+        return "—"
+    return f"{mb / 1e3:.2f} GB" if mb >= 1000 else f"{mb:.0f} MB"
+
+
+def render(projections: list[StageProjection], gb: float, cores: int | None, slurm: bool) -> tuple[list[str], list[list[str]], list[str]]:
+    """(header, rows, footer lines) of the projection table."""
+    header = ["stage", "tasks", "CPU-hours", "wall", "memory/task (model)", "memory/task (measured fit)",
+              "limit", "disk", "calibrated on"]
+    rows = []
+    for p in projections:
+        flag = "" if p.fits else " ✗"
+        rows.append([p.stage.label, str(p.stage.tasks), "—" if p.cpu_s is None else f"{p.cpu_s / 3600:.3g}",
+                     _fmt_s(p.wall_s), _fmt_mb(p.estimate_bytes / 1e6) + flag, _fmt_mb(p.rss_mb),
+                     _fmt_mb(p.limit_bytes / 1e6), _fmt_mb(p.disk_mb),
+                     "not calibrated" if p.model is None else f"{p.model.config} ({p.model.points} sizes)"])
+    known = [p for p in projections if p.cpu_s is not None]
+    cpu = sum(p.cpu_s for p in known)
+    wall = sum(p.wall_s for p in known)
+    disk = sum(p.disk_mb for p in known)
+    where = "every task of a stage at once (Slurm)" if slurm and cores is None else f"{cores or 1} cores"
+    footer = [f"input: {gb:.4g} GB of compressed WET (~{gb * 300_000:.3g} documents at 300k per GB)",
+              f"total: {cpu / 3600:.3g} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
+              f"(stage folders, token shards included)"]
+    missing = [p.stage.label for p in projections if p.cpu_s is None]
+    if missing:
+        footer.append(f"not calibrated (no projection; run benchmarks/scale_run.py with this config): {', '.join(missing)}")
+    over = [p for p in projections if not p.fits]
+    for p in over:
+        footer.append(f"✗ {p.stage.label}: needs ~{_fmt_mb(max(p.estimate_bytes / 1e6, p.rss_mb or 0))} per task, "
+                      f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}")
+    return header, rows, footer
+
+
+def total_cpu_s(projections: list[StageProjection]) -> float:
+    return sum(p.cpu_s for p in projections if p.cpu_s is not None)

@@ -1,0 +1,109 @@
+"""Memory bounded by configuration: each stage's per-task estimate against the memory a task has,
+refused before anything runs; near dedup splits its buckets further instead; tasks record what
+they used; `pipeline plan` projects a run before it starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gristmill.config import from_dict
+from gristmill.core.step import BASE_TASK_BYTES
+from gristmill.dedup.near import BUCKET_BYTES_PER_RECORD
+from gristmill.pipeline.planner import DOCUMENTS_PER_GB, estimate_memory, plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gristmill.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+
+
+def _config(tmp_path, wet_files, lid_model, **executor) -> Path:
+    cfg = {"run_dir": str(tmp_path / "run"), "executor": {"type": "local", "tasks": 2, "workers": 1, **executor},
+           "input": {"paths": [str(p) for p in wet_files]},
+           "steps": [{"langid": {"model": str(lid_model)}}, {"gopher_quality": {}},
+                     {"near_dedup": {"threshold": 0.8}}]}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_stage_over_the_memory_a_task_has_is_refused_before_anything_runs(tmp_path, wet_files, lid_model):
+    # the curate stage alone is ~300 MB (imports, models, a WET record's buffers): 0.1 GB cannot hold it
+    r = _cli("run", str(_config(tmp_path, wet_files, lid_model, memory_gb_per_task=0.1)))
+    assert r.returncode == 2, r.stderr
+    err = r.stderr.strip().splitlines()[-1]
+    assert "stage 01_curate" in err and "executor.memory_gb_per_task" in err and "GB" in err
+    assert not (tmp_path / "run").exists()  # nothing created
+    ok = _cli("run", str(_config(tmp_path, wet_files, lid_model, memory_gb_per_task=2)))
+    assert ok.returncode == 0, ok.stderr
+    # every task recorded what it used: the figures the estimates are checked against
+    for stage in sorted((tmp_path / "run").glob("0*_*")):
+        usage = [json.loads(f.read_text()) for f in sorted((stage / "usage").glob("task_*.json"))]
+        assert usage, stage
+        assert all(u["cpu_s"] > 0 and 50 < u["max_rss_mb"] < 2048 and u["end"] >= u["start"] for u in usage)
+
+
+def _slurm_cfg(buckets_mem_gb: float, **near) -> dict:
+    return {"run_dir": "/tmp/unused", "executor": {"type": "slurm", "tasks": 100, "slurm": {
+        "mem_per_cpu_gb": 16, "stages": {"near_dedup_buckets": {"mem_per_cpu_gb": buckets_mem_gb}}}},
+        "input": {"paths": ["/nonexistent/*.wet.gz"]}, "steps": [{"near_dedup": {"threshold": 0.8, **near}}]}
+
+
+def test_near_dedup_buckets_split_further_to_fit_and_explicit_ranges_are_refused():
+    gb = 1000.0  # ~3e8 documents: a whole band would need ~10 GB
+    stages = plan(from_dict(_slurm_cfg(0.5)), input_size=gb * 1e9, sources=[], check_memory=False)
+    buckets = next(s for s in stages if s.name == "near_dedup_buckets")
+    step = buckets.pipeline[0]
+    need = BUCKET_BYTES_PER_RECORD * gb * DOCUMENTS_PER_GB / (0.5 * (1 << 30) - BASE_TASK_BYTES)
+    assert step.ranges >= need > 8  # more ranges than the default ceil(100 / 9 bands)
+    assert buckets.tasks == step.bands * step.ranges
+    assert all(e.fits for e in estimate_memory(from_dict(_slurm_cfg(0.5)), [buckets]))
+    # the user fixed key_ranges: not split behind their back, refused with the setting to change
+    cfg = from_dict(_slurm_cfg(0.5, key_ranges=2))
+    with pytest.raises(ValueError, match=r"near_dedup_buckets.*raise near_dedup.key_ranges"):
+        plan(cfg, input_size=gb * 1e9, sources=[])
+
+
+def test_memory_estimates_grow_only_where_the_model_says(tmp_path):
+    """Streaming and spilling stages do not grow with the corpus at fixed tasks; the one-task
+    cluster does, and is flagged when over its limit."""
+    cfg = from_dict(_slurm_cfg(4))
+    small = {e.stage.name: e.bytes for e in estimate_memory(cfg, plan(cfg, input_size=1e9, sources=[], check_memory=False))}
+    big = {e.stage.name: e.bytes for e in estimate_memory(cfg, plan(cfg, input_size=1e13, sources=[], check_memory=False))}
+    # spills: what grows is 8 bytes per document of order keys, not the band records
+    per_task = 1e13 / 1e9 * DOCUMENTS_PER_GB / 100
+    assert big["near_dedup_signature"] - 8 * per_task < 1.5 * small["near_dedup_signature"]
+    assert big["near_dedup_cluster"] - BASE_TASK_BYTES > 1000 * (small["near_dedup_cluster"] - BASE_TASK_BYTES)
+    with pytest.raises(ValueError, match="near_dedup_cluster"):
+        plan(cfg, input_size=1e13, sources=[])  # the clusters of ~3e9 documents do not fit 16 GB
+
+
+def test_pipeline_plan_projects_a_snapshot_without_downloading():
+    r = _cli("plan", "configs/slurm-crawl.yaml", "--files", "90000", "--json")
+    assert r.returncode in (0, 1), r.stderr
+    out = json.loads(r.stdout)
+    assert out["input_gb"] == pytest.approx(90000 * 0.15)
+    names = [s["stage"] for s in out["stages"]]
+    assert names[0] == "01_curate" and any("near_dedup_cluster" in n for n in names)
+    curate = out["stages"][0]
+    assert curate["calibrated on"].startswith("crawl")  # matched to the calibrated config with its steps
+    assert float(curate["CPU-hours"]) > 100  # 13.5 TB of WET is thousands of CPU-hours, not seconds
+    assert any(line.startswith("total:") for line in out["notes"])
+
+
+def test_pipeline_plan_flags_what_does_not_fit(tmp_path):
+    cfg = yaml.safe_load((REPO / "configs" / "slurm-crawl.yaml").read_text())
+    cfg["executor"]["slurm"]["stages"]["near_dedup_cluster"] = {"mem_per_cpu_gb": 1}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = _cli("plan", str(path), "--files", "90000")
+    assert r.returncode == 1
+    assert "✗ 09_near_dedup_cluster" in r.stdout or "near_dedup_cluster: needs" in r.stdout, r.stdout
