@@ -49,12 +49,12 @@ def test_plan_has_the_parallel_stages(tmp_path, wet_files, tokenizer_files):
     cfg = config(tmp_path / "p", wet_files, {"path": str(tokenizer_files / "gpt2")}, tasks=4)
     cfg["tokenize"] |= {"tasks": 2, "shard_tasks": 5}
     stages = plan(from_dict(cfg))
-    assert [s.label for s in stages] == ["01_curate", "02_tokenizer", "03_tokenize", "04_shard_plan", "05_shards",
-                                         "06_manifest"]
-    assert [s.tasks for s in stages] == [4, 1, 2, 1, 5, 1]
-    assert stages[2].pipeline[1].buckets == 5  # encode tasks write one bucket per shard task
+    assert [s.label for s in stages] == ["01_curate", "02_tokenizer_sample", "03_tokenizer", "04_tokenize",
+                                         "05_shard_plan", "06_shards", "07_manifest"]
+    assert [s.tasks for s in stages] == [4, 2, 1, 2, 1, 5, 1]
+    assert stages[3].pipeline[1].buckets == 5  # encode tasks write one bucket per shard task
     del cfg["tokenize"]["shard_tasks"]
-    assert [s.tasks for s in plan(from_dict(cfg))] == [4, 1, 2, 1, 2, 1]  # default: the encode tasks
+    assert [s.tasks for s in plan(from_dict(cfg))] == [4, 2, 1, 2, 1, 2, 1]  # default: the encode tasks
 
 
 def test_buckets_are_ordered_key_ranges():
@@ -77,15 +77,15 @@ def test_shards_are_byte_identical_for_any_encode_and_shard_tasks(runs):
             assert got[name] == ref[name], (n, p, name)
         # the work really was divided: P bucket folders, written by the encode tasks that had documents
         # (the curation writes 2 Parquet files, so at most 2 encode tasks get any)
-        buckets = sorted((run_dir / "03_tokenize" / "output").iterdir())
+        buckets = sorted((run_dir / "04_tokenize" / "output").iterdir())
         assert [b.name for b in buckets] == [f"{i:05d}" for i in range(p)]
         ranks = {f.stem for b in buckets for f in b.glob("*.arrow")}
         assert ranks == {f"{r:05d}" for r in range(min(n, 2))}, (n, p)
-        assert len(list((run_dir / "05_shards" / "output").glob("*.json"))) == p
+        assert len(list((run_dir / "06_shards" / "output").glob("*.json"))) == p
 
 
 def test_a_shard_spans_buckets_and_a_bucket_holds_several_shards(runs):
-    pieces = [s["pieces"] for s in json.loads((runs[(1, 7)] / "04_shard_plan" / "output" / "plan.json").read_text())["shards"]]
+    pieces = [s["pieces"] for s in json.loads((runs[(1, 7)] / "05_shard_plan" / "output" / "plan.json").read_text())["shards"]]
     assert max(len(p) for p in pieces) >= 3  # one shard read from three shard tasks' buckets
     owners = [p[0][0] for p in pieces]
     assert any(owners.count(o) >= 2 for o in owners)
@@ -138,7 +138,7 @@ def test_plan_cuts_where_the_sequential_rule_does(runs, reference, shard_tokens)
     """From one document a shard to one shard a split spanning all 7 buckets."""
     texts, lengths, _ = reference
     want = reference_cuts(texts, lengths, shard_tokens)
-    got = plan_shards(runs[(1, 7)] / "03_tokenize" / "output", 7, shard_tokens)
+    got = plan_shards(runs[(1, 7)] / "04_tokenize" / "output", 7, shard_tokens)
     for split in ("train", "val"):
         mine = [s for s in got["shards"] if s["split"] == split]
         assert [s["path"] for s in mine] == [f"{split}-{i:05d}.arrow" for i in range(len(want[split]))]
@@ -164,9 +164,9 @@ def test_reader_and_inspect_accept_the_output(runs):
 
 def test_shard_task_refuses_a_plan_for_another_task_count(runs):
     run_dir = runs[(2, 3)]
-    step = ShardStep(run_dir / "03_tokenize" / "output", run_dir / "04_shard_plan" / "output",
-                     run_dir / "02_tokenizer" / "output")
-    step.stage_folder = run_dir / "05_shards"
+    step = ShardStep(run_dir / "04_tokenize" / "output", run_dir / "05_shard_plan" / "output",
+                     run_dir / "03_tokenizer" / "output")
+    step.stage_folder = run_dir / "06_shards"
     with pytest.raises(ValueError, match=r"plan\.json: planned for 3 shard tasks, this stage runs 2"):
         list(step.run(rank=0, world_size=2))
 
@@ -176,8 +176,8 @@ def test_manifest_names_a_missing_shard_task(tmp_path, runs):
     shards = tmp_path / "shards"
     shards.mkdir()
     for f in ("00000.json", "00002.json"):  # task 1 never finished
-        (shards / f).write_bytes((run_dir / "05_shards" / "output" / f).read_bytes())
-    step = ManifestStep(run_dir / "04_shard_plan" / "output", shards, run_dir / "02_tokenizer" / "output",
+        (shards / f).write_bytes((run_dir / "06_shards" / "output" / f).read_bytes())
+    step = ManifestStep(run_dir / "05_shard_plan" / "output", shards, run_dir / "03_tokenizer" / "output",
                         tmp_path / "tokens", seed=SEED, val_fraction=VAL, shard_tokens=SHARD_TOKENS)
     step.stage_folder = tmp_path
     with pytest.raises(FileNotFoundError, match=r"00001\.json: shard task 1 left no list of its shards"):
@@ -189,7 +189,7 @@ def test_plan_refuses_encode_output_of_the_one_file_per_task_layout(tmp_path, ru
     """A run directory made before the encode tasks bucketed their output: named, not planned as empty."""
     encoded = tmp_path / "encoded"
     encoded.mkdir()
-    (encoded / "00000.arrow").write_bytes(next((runs[(1, 1)] / "03_tokenize" / "output" / "00000").glob("*.arrow")).read_bytes())
+    (encoded / "00000.arrow").write_bytes(next((runs[(1, 1)] / "04_tokenize" / "output" / "00000").glob("*.arrow")).read_bytes())
     step = ShardPlanStep(encoded, buckets=1, shard_tokens=SHARD_TOKENS)
     step.stage_folder = tmp_path / "plan"
     with pytest.raises(ValueError, match=r"encoded/00000\.arrow: encode output of an older layout; rerun with --force"):

@@ -78,10 +78,10 @@ def curated(run_dir: Path) -> dict[str, str]:
 
 def test_plan_puts_token_stages_last(tmp_path, gpt2_cfg):
     stages = plan(from_dict(gpt2_cfg(tmp_path / "p")))
-    assert [s.label for s in stages] == ["01_curate", "02_tokenizer", "03_tokenize", "04_shard_plan", "05_shards",
-                                         "06_manifest"]
-    assert [s.tasks for s in stages] == [4, 1, 4, 1, 4, 1]
-    assert stages[1].pipeline[0].folder == stages[2].pipeline[0].folder == stages[0].output
+    assert [s.label for s in stages] == ["01_curate", "02_tokenizer_sample", "03_tokenizer", "04_tokenize",
+                                         "05_shard_plan", "06_shards", "07_manifest"]
+    assert [s.tasks for s in stages] == [4, 4, 1, 4, 1, 4, 1]
+    assert stages[1].pipeline[0].folder == stages[3].pipeline[0].folder == stages[0].output
 
 
 @pytest.mark.parametrize("which", RUNS)
@@ -196,7 +196,7 @@ def test_output_is_byte_identical_for_1_and_4_tasks(tmp_path, gpt2_cfg, gpt2_run
         assert a[name] == b[name], name
     # 4 shard tasks' buckets, written by the encode tasks that got documents (curate wrote 2 files);
     # a bucket file is made on its first document, so tasks without documents leave none
-    encoded = gpt2_run / "03_tokenize" / "output"
+    encoded = gpt2_run / "04_tokenize" / "output"
     assert sorted(p.name for p in encoded.iterdir()) == [f"{b:05d}" for b in range(4)]
     assert sorted({p.name for p in encoded.glob("*/*.arrow")}) == ["00000.arrow", "00001.arrow"]
 
@@ -313,3 +313,20 @@ def test_tokenize_config_errors_name_the_key(tmp_path, wet_files):
     with pytest.raises(ConfigError, match=r"tokenize.tokenizer.path: .*missing.json: tokenizer file not found"):
         run(from_dict(cfg))
     assert not (tmp_path / "e").exists()  # refused before the run directory is touched
+
+
+def test_sample_of_the_tasks_samples_is_the_sample_of_all(wet_files):
+    """The tokenizer's sample is taken per task, then over the union: the same documents as one
+    pass over everything, for any split, including budgets met inside one task's share."""
+    from gristmill.core.wet_reader import WetReader
+    from gristmill.tokenize.stages import hash_sample, hash_sample_entries
+    from datatrove.data import Document
+
+    docs = list(WetReader([str(p) for p in wet_files]).run())
+    for budget in (50_000, 400_000, 10**9):
+        whole = hash_sample(docs, budget)
+        for parts in (2, 5, 13):
+            union = [Document(text=t, id=i) for r in range(parts) for i, t in hash_sample_entries(docs[r::parts], budget)]
+            assert hash_sample(union, budget) == whole
+        assert 0 < len(whole) <= len(docs)
+    assert len(hash_sample(docs, 50_000)) < len(hash_sample(docs, 400_000)) < len(docs)

@@ -1,8 +1,10 @@
 """`tokenize:`: three stages after the run's last document stage (a global step, `Tokenize`).
 
-    NN_tokenizer  (1 task)  train the BPE on a sample of the final documents, or load the given
-                            one; convert to tokenizer.json; choose the engine (tiktoken when it
-                            gives HF's ids on the sample, else HF). Output: tokenizer.json, engine.json
+    NN_tokenizer_sample (N tasks) each task's id-hash sample of its documents (output/sample_RRRRR.parquet)
+    NN_tokenizer  (1 task)  the run's sample from the tasks' samples; train the BPE on it, or load
+                            the given one; convert to tokenizer.json; choose the engine (tiktoken
+                            when it gives HF's ids on the sample, else HF). Output: tokenizer.json,
+                            engine.json
     NN_tokenize   (N tasks) encode each task's share of the documents → output/<bucket>/<rank>.arrow,
                             P buckets by shuffle-key range
     NN_shard_plan (1 task)  where the shards are cut: reads only keys and lengths, bucket by bucket
@@ -15,18 +17,25 @@ is the global order and the shards are byte-identical for any N and P (see shard
 Training runs in a stage, not at plan time, because the documents it learns from do not exist
 until the stages before it ran. Its sample is chosen by id hash (the documents with the smallest
 `xxh3_64(id)` up to `sample_bytes`), fed in that order: the same documents give the same
-tokenizer, whatever the number of tasks that wrote them.
+tokenizer, whatever the number of tasks that wrote them. The sample is taken in two steps so
+that no task reads every document: each sample task keeps the smallest-hash documents of its
+share up to `sample_bytes`, and the tokenizer task takes the same selection over their union.
+Every document of the run's sample is in its task's sample (the documents before it in hash
+order are fewer within its task than in the run), so the result is the one-pass selection.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import xxhash
-from datatrove.data import DocumentsPipeline
+from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import ConfigError, Fraction, Strict
@@ -46,6 +55,11 @@ def hash_sample(docs, budget_bytes: int) -> list[str]:
 
     Independent of the order documents arrive in; holds only the sample in memory.
     """
+    return [text for _, text in hash_sample_entries(docs, budget_bytes)]
+
+
+def hash_sample_entries(docs, budget_bytes: int) -> list[tuple[str, str]]:
+    """(id, text) of `hash_sample`'s documents, in hash order."""
     heap: list[tuple[int, str, str, int]] = []  # (-key, id, text, bytes): a max-heap on key
     total = 0
     for doc in docs:
@@ -54,7 +68,46 @@ def hash_sample(docs, budget_bytes: int) -> list[str]:
         total += size
         while len(heap) > 1 and total - heap[0][3] >= budget_bytes:
             total -= heapq.heappop(heap)[3]
-    return [text for _, _, text, _ in sorted(heap, key=lambda e: (-e[0], e[1]))]
+    return [(i, text) for _, i, text, _ in sorted(heap, key=lambda e: (-e[0], e[1]))]
+
+
+SAMPLE_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
+
+
+class TokenizerSampleStep(Step):
+    """Task r: the id-hash sample of its documents, up to `sample_bytes` (output/sample_RRRRR.parquet)."""
+
+    type = "🔤 TOKENIZER"
+    step_name = "tokenizer_sample"
+
+    def __init__(self, sample_bytes: int):
+        super().__init__()
+        self.sample_bytes = sample_bytes
+
+    def memory_bytes(self, work: Workload) -> int:
+        """The sample, as Python strings in a heap: ~3x `sample_bytes` (or its share of the text)."""
+        return int(3 * min(self.sample_bytes, work.text_bytes / max(work.tasks, 1)))
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        with self.track_time():
+            entries = hash_sample_entries(data or [], self.sample_bytes)
+            out = self.stage_folder / "output" / f"sample_{rank:05d}.parquet"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")
+            pq.write_table(pa.table({"id": [e[0] for e in entries], "text": [e[1] for e in entries]},
+                                    schema=SAMPLE_SCHEMA), tmp, compression="zstd")
+            os.replace(tmp, out)
+        self.stat_update("documents", value=len(entries))
+        return
+        yield
+
+
+def read_samples(folder: Path):
+    """The sample tasks' documents (id and text), file by file."""
+    for f in sorted(Path(folder).glob("sample_*.parquet")):
+        t = pq.read_table(f).to_pydict()
+        for i, text in zip(t["id"], t["text"]):
+            yield Document(text=text, id=i)
 
 
 class TokenizerStep(Step):
@@ -63,9 +116,11 @@ class TokenizerStep(Step):
     type = "🔤 TOKENIZER"
     step_name = "tokenizer"
 
-    def __init__(self, params: dict):
+    def __init__(self, params: dict, sample_folder: Path | None = None):
         super().__init__()
         self.params = params  # TokenizerSource as a dict (picklable)
+        #: the sample tasks' output; None: the documents piped in are sampled here
+        self.sample_folder = sample_folder and Path(sample_folder)
 
     def memory_bytes(self, work: Workload) -> int:
         """The sample (`sample_bytes` of text, ~3x as Python strings in a heap), training on it
@@ -83,7 +138,8 @@ class TokenizerStep(Step):
         p = self.params
         train = p.get("train")
         with self.track_time():
-            sample = hash_sample(data or [], p["sample_bytes"])
+            docs = read_samples(self.sample_folder) if self.sample_folder is not None else (data or [])
+            sample = hash_sample(docs, p["sample_bytes"])
             self.stat_update("documents", value=len(sample))
             self.stat_update("bytes", value=sum(len(t.encode("utf-8")) for t in sample))
             if train:
@@ -345,8 +401,9 @@ class Tokenize(GlobalStep):
     def stages(self, ctx: StageContext) -> None:
         cfg = self.config
         self.check_source()
-        prep = ctx.stage("tokenizer", [ParquetReader(ctx.documents), TokenizerStep(cfg.tokenizer.model_dump())],
-                         tasks=1)
+        sample = ctx.stage("tokenizer_sample", [ParquetReader(ctx.documents),
+                                                TokenizerSampleStep(cfg.tokenizer.sample_bytes)], tasks=cfg.tasks)
+        prep = ctx.stage("tokenizer", [TokenizerStep(cfg.tokenizer.model_dump(), sample.folder / "output")], tasks=1)
         buckets = cfg.shard_tasks or cfg.tasks or ctx.tasks  # one bucket per shard task
         enc = ctx.stage("tokenize", [ParquetReader(ctx.documents),
                                      EncodeStep(prep.output, seed=cfg.seed, val_fraction=cfg.val_fraction,
