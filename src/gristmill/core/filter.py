@@ -3,6 +3,11 @@
 Like datatrove's BaseFilter, plus what our stats need: bytes in and out (a filter such as
 `c4_lines` rewrites text), every drop counted under its reason, and an optional sample of
 dropped documents written for inspection.
+
+Every filter's parameters may differ by language: a filter's `Config` gets a `per_language`
+key (`per_language: {zh: {min_avg_word_length: 1}, default: {...}}`, see
+`configlib.with_per_language`), and `config_for(language)` is the Config of a page's
+language, resolved once per language when the step is built.
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ from __future__ import annotations
 from abc import abstractmethod
 from pathlib import Path
 
+from typing import ClassVar
+
 from datatrove.data import Document, DocumentsPipeline
 
+from gristmill.core.configlib import Strict, language_configs, with_per_language
 from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import Step
@@ -44,6 +52,25 @@ class Filter(Step):
     dropped: DroppedSampler | None = None
     #: set by the stage context to `<stage>/scores/<step>`; None: scores are kept but not written
     scores_folder: str | None = None
+    #: parameters that `per_language` may not set (a model file: one is loaded per step)
+    language_fixed: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # every filter that declares parameters accepts `per_language` overrides of them,
+        # without each filter declaring it (a plugin's filter included)
+        own = cls.__dict__.get("Config")
+        if own is not None and "per_language" not in own.model_fields:
+            cls.Config = with_per_language(own, cls.language_fixed)
+
+    def __init__(self, config: Strict | None = None, /, *, step_id: str | None = None, **params):
+        super().__init__(config, step_id=step_id, **params)
+        self._language_configs, self._other_config = language_configs(self.config)
+
+    def config_for(self, language: str | None) -> Strict:
+        """The parameters for a page labelled `language` (`per_language` applied): the
+        language's own, else `default`'s, else the top-level ones."""
+        return self._language_configs.get(language, self._other_config)
 
     @abstractmethod
     def filter(self, doc: Document) -> FilterResult:

@@ -46,12 +46,12 @@ class C4Lines(Filter):
         filter_policy: bool = Field(True, description="drop lines about cookie, privacy or terms-of-use policies")
 
     def filter(self, doc: Document) -> FilterResult:
-        c = self.config
+        language = doc.metadata.get("language")
+        c = self.config_for(language)
         lines = doc.text.splitlines() if c.split_paragraph else split_sentences(doc.text)
         # Words of a line are whitespace-separated, as in C4, except on pages whose lid label is a
         # language written without spaces (zh, ja, th, ...): there a whitespace split sees a
         # whole line as one word, so ICU's words are counted (punctuation tokens are not words).
-        language = doc.metadata.get("language")
         if language in UNSPACED_LANGUAGES:
             def line_words(line: str) -> list[str]:
                 return [w for w in split_words(line, language) if w.strip(PUNCTUATION_CHARS)]

@@ -52,10 +52,11 @@ class GopherQuality(Filter):
         self.stop_words = frozenset(STOP_WORDS if self.config.stop_words is None else self.config.stop_words)
 
     def filter(self, doc: Document) -> FilterResult:
-        c = self.config
+        language = doc.metadata.get("language")
+        c = self.config_for(language)
         text = doc.text
         # the lid label picks ICU words for Chinese, Japanese, Thai, Lao, Khmer and Burmese pages
-        words = split_words(text, doc.metadata.get("language"))
+        words = split_words(text, language)
         n_words = len(words)
 
         # One pass over distinct words: "symbol words" consist only of punctuation and count
