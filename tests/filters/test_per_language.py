@@ -46,7 +46,7 @@ def test_bad_per_language_entries_are_one_line_each_naming_step_language_and_key
         "steps[0].langid.per_language.zh.min_score: expected a number between 0 and 1, got 2",
         "steps[1].gopher_quality.per_language.zh.min_avg_word_lenght: unknown key (allowed: min_doc_words, "
         "max_doc_words, min_avg_word_length, max_avg_word_length, max_symbol_word_ratio, max_bullet_lines_ratio, "
-        "max_ellipsis_lines_ratio, max_non_alpha_words_ratio, min_stop_words, stop_words)",
+        "max_ellipsis_lines_ratio, max_non_alpha_words_ratio, alpha_words, min_stop_words, stop_words)",
         "steps[1].gopher_quality.per_language.zh.max_doc_words: input should be a valid integer, unable to parse "
         "string as an integer, got 'lots'",
         "steps[1].gopher_quality.per_language.chinese: not a lid.176 language label (e.g. en, zh, fa) nor `default`",
