@@ -103,3 +103,38 @@ def test_alpha_words_whitespace_counts_whitespace_separated_words(labelled):
         # a punctuation token is no word to the paper: whitespace words have letters more often
     assert changed > 50
     assert GopherQuality().config.alpha_words == "tokens"  # datatrove's definition stays the default
+
+
+# --- C4: sentence-final punctuation of other scripts ---
+
+
+def test_japanese_lines_ending_in_kuten_are_sentences_to_c4(labelled):
+    from datatrove.pipeline.filters.c4_filters import END_PUNCTUATION
+
+    from gristmill.filters.c4_lines import SCRIPT_END_PUNCTUATION, C4Lines
+
+    ja = pages(labelled, "ja")
+    ascii_only = C4Lines(end_punctuation=list(END_PUNCTUATION))  # datatrove's set: what every page got before
+    before = [ascii_only.filter(d) for d in copies(ja)]
+    after_docs = copies(ja)
+    after = [C4Lines().filter(d) for d in after_docs]
+    newly_kept = [i for i, (a, b) in enumerate(zip(before, after)) if a == (False, "too_few_sentences") and b is True]
+    assert len(newly_kept) >= 3
+    for i in newly_kept:
+        lines = after_docs[i].text.splitlines()
+        assert any(not line.endswith(END_PUNCTUATION) for line in lines)  # kept for a Japanese mark
+        assert all(line.endswith(END_PUNCTUATION + SCRIPT_END_PUNCTUATION) for line in lines)
+
+
+def test_c4_english_decisions_and_text_are_datatroves(labelled):
+    from datatrove.pipeline.filters.c4_filters import END_PUNCTUATION
+
+    from gristmill.filters.c4_lines import C4Lines
+
+    en = pages(labelled, "en", min_score=0.0)
+    a, b = copies(en), copies(en)
+    assert [C4Lines().filter(d) for d in a] == [C4Lines(end_punctuation=list(END_PUNCTUATION)).filter(d) for d in b]
+    assert [d.text for d in a] == [d.text for d in b]
+    # an ellipsis ends no sentence, in any script
+    assert C4Lines(min_num_sentences=1).filter(Document(text="これは文です…", id="x", metadata={"language": "ja"})) \
+        == (False, "too_few_sentences")

@@ -8,6 +8,12 @@ Differences from datatrove, both for speed:
   abbreviations); with split_paragraph=False the same splitter cuts the document;
 * line stats are added once per document (`stat_update(label, value=lines)`) instead of once
   per line: the totals are the same, but a stat's n/mean are per document, not per line.
+
+And one for other scripts: a line may end with the sentence-final marks of other scripts
+(`SCRIPT_END_PUNCTUATION`: Chinese/Japanese 。！？, Arabic ؟, Urdu ۔, Devanagari । ॥,
+Ethiopic ።, ...), which no English line C4 keeps ends with, so English decisions are
+datatrove's. Thai and Lao mark no sentence end at all: give them
+`per_language: {th: {filter_no_terminal_punct: false}}`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,22 @@ from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_se
 
 _POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))
 
+#: sentence-final marks of scripts other than Latin, added to datatrove's END_PUNCTUATION.
+#: Not "…": C4 drops lines ending with an ellipsis, and an English line ending with "…" stays
+#: dropped.
+SCRIPT_END_PUNCTUATION = (
+    "。", "！", "？", "．", "｡", "」", "』",  # CJK full stop, full-width ! ? ., half-width 。, closing quotes
+    "؟", "۔",                               # Arabic question mark, Urdu full stop
+    "।", "॥",                               # Devanagari (and Bengali, ...) danda, double danda
+    "።", "፧",                               # Ethiopic full stop, question mark
+    "։",                                    # Armenian full stop
+    "။",                                    # Myanmar section mark (full stop)
+    "។", "៕",                               # Khmer khan, bariyoosan
+    "།", "༎",                               # Tibetan shad, nyis shad
+    "\u037e",                               # Greek question mark (";" look-alike)
+)
+_DEFAULT_END = END_PUNCTUATION + SCRIPT_END_PUNCTUATION
+
 
 class C4Lines(Filter):
     yaml_name = "c4_lines"
@@ -37,6 +59,9 @@ class C4Lines(Filter):
                                       "then joined with spaces")
         remove_citations: bool = Field(True, description="remove Wikipedia-style citations such as [1]")
         filter_no_terminal_punct: bool = Field(True, description="drop lines without terminal punctuation")
+        end_punctuation: list[str] | None = Field(
+            None, description="what a line may end with (default: datatrove's . ? ! \" ' and other scripts' "
+            "sentence-final marks: 。！？ ؟ ۔ । ॥ ። ...)")
         min_num_sentences: int = Field(5, description="drop documents with fewer sentences")
         min_words_per_line: int = Field(3, description="drop lines with fewer words")
         max_word_length: int = Field(1000, description="drop lines with a longer word")
@@ -58,6 +83,7 @@ class C4Lines(Filter):
         else:
             line_words = str.split
         max_len = c.max_word_length
+        end_punctuation = _DEFAULT_END if c.end_punctuation is None else tuple(c.end_punctuation)
         kept: list[str] = []
         line_drops = Counter()  # lines dropped, by rule, for the stats
         num_sentences = 0
@@ -73,7 +99,7 @@ class C4Lines(Filter):
             if c.remove_citations and "[" in line:  # every citation starts with "["
                 line = CITATION_REGEX.sub("", line)
             if c.filter_no_terminal_punct and (
-                not line.endswith(END_PUNCTUATION) or line.endswith(ELLIPSIS)
+                not line.endswith(end_punctuation) or line.endswith(ELLIPSIS)
             ):
                 line_drops["line-filter-no_terminal_punc"] += 1
                 continue
