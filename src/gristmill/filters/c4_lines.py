@@ -9,11 +9,11 @@ Differences from datatrove, both for speed:
 * line stats are added once per document (`stat_update(label, value=lines)`) instead of once
   per line: the totals are the same, but a stat's n/mean are per document, not per line.
 
-And one for other scripts: a line may end with the sentence-final marks of other scripts
-(`SCRIPT_END_PUNCTUATION`: Chinese/Japanese 。！？, Arabic ؟, Urdu ۔, Devanagari । ॥,
-Ethiopic ።, ...), which no English line C4 keeps ends with, so English decisions are
-datatrove's. Thai and Lao mark no sentence end at all: give them
-`per_language: {th: {filter_no_terminal_punct: false}}`.
+And one for other scripts: on a page labelled with a language other than English, a line may
+also end with the sentence-final marks of other scripts (`SCRIPT_END_PUNCTUATION`:
+Chinese/Japanese 。！？, Arabic ؟, Urdu ۔, Devanagari । ॥, Ethiopic ።, ...). English and
+unlabelled pages keep datatrove's set, so their decisions are datatrove's. Thai and Lao mark no
+sentence end at all: give them `per_language: {th: {filter_no_terminal_punct: false}}`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SCRIPT_END_PUNCTUATION = (
     "།", "༎",                               # Tibetan shad, nyis shad
     "\u037e",                               # Greek question mark (";" look-alike)
 )
-_DEFAULT_END = END_PUNCTUATION + SCRIPT_END_PUNCTUATION
+_SCRIPTS_END = END_PUNCTUATION + SCRIPT_END_PUNCTUATION
 
 
 class C4Lines(Filter):
@@ -60,8 +60,8 @@ class C4Lines(Filter):
         remove_citations: bool = Field(True, description="remove Wikipedia-style citations such as [1]")
         filter_no_terminal_punct: bool = Field(True, description="drop lines without terminal punctuation")
         end_punctuation: list[str] | None = Field(
-            None, description="what a line may end with (default: datatrove's . ? ! \" ' and other scripts' "
-            "sentence-final marks: 。！？ ؟ ۔ । ॥ ። ...)")
+            None, description="what a line may end with (default: datatrove's . ? ! \" ', and on pages of other "
+            "languages than English other scripts' sentence-final marks too: 。！？ ؟ ۔ । ॥ ። ...)")
         min_num_sentences: int = Field(5, description="drop documents with fewer sentences")
         min_words_per_line: int = Field(3, description="drop lines with fewer words")
         max_word_length: int = Field(1000, description="drop lines with a longer word")
@@ -83,7 +83,10 @@ class C4Lines(Filter):
         else:
             line_words = str.split
         max_len = c.max_word_length
-        end_punctuation = _DEFAULT_END if c.end_punctuation is None else tuple(c.end_punctuation)
+        if c.end_punctuation is not None:
+            end_punctuation = tuple(c.end_punctuation)
+        else:
+            end_punctuation = END_PUNCTUATION if language in (None, "en") else _SCRIPTS_END
         kept: list[str] = []
         line_drops = Counter()  # lines dropped, by rule, for the stats
         num_sentences = 0
