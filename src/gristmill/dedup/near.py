@@ -90,7 +90,7 @@ class NearDedupSignature(Step):
         batch: list[Document] = []
 
         def flush():
-            x, counts = shingle_hashes([words(d.text) for d in batch], self.p.ngram)
+            x, counts = shingle_hashes([words(d.text, d.metadata.get("language")) for d in batch], self.p.ngram)
             keep = counts > 0  # no words: never a near duplicate
             sig = hasher.signatures_flat(x, counts[keep])
             rec = np.empty((int(keep.sum()), bands), dtype=BAND_REC)
@@ -271,7 +271,7 @@ class NearDedupShingles(Step):
                 o = ords(doc)
                 if o in anywhere:
                     where = [s for s in range(self.shards) if o in need[s]]
-                    sh = shingles(doc.text, self.ngram)
+                    sh = shingles(doc.text, self.ngram, doc.metadata.get("language"))
                     self.stat_update("candidates")
                     for s in where:
                         out[s][0].append(o)
