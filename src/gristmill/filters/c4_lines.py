@@ -48,6 +48,14 @@ SCRIPT_END_PUNCTUATION = (
 _SCRIPTS_END = END_PUNCTUATION + SCRIPT_END_PUNCTUATION
 
 
+def end_punctuation_for(language: str | None, given: list[str] | None = None) -> tuple[str, ...]:
+    """What a line of a page labelled `language` may end with: `given` (end_punctuation), else
+    datatrove's set for English and unlabelled pages, and other scripts' marks too for others."""
+    if given is not None:
+        return tuple(given)
+    return END_PUNCTUATION if language in (None, "en") else _SCRIPTS_END
+
+
 class C4Lines(Filter):
     yaml_name = "c4_lines"
     drop_reasons = ("lorem_ipsum", "curly_bracket", "too_few_sentences")
@@ -83,10 +91,7 @@ class C4Lines(Filter):
         else:
             line_words = str.split
         max_len = c.max_word_length
-        if c.end_punctuation is not None:
-            end_punctuation = tuple(c.end_punctuation)
-        else:
-            end_punctuation = END_PUNCTUATION if language in (None, "en") else _SCRIPTS_END
+        end_punctuation = end_punctuation_for(language, c.end_punctuation)
         kept: list[str] = []
         line_drops = Counter()  # lines dropped, by rule, for the stats
         num_sentences = 0

@@ -65,8 +65,8 @@ class GopherQuality(Filter):
 
         min_doc_words: int | None = Field(50, description="fewest words (punctuation-only tokens not counted)")
         max_doc_words: int | None = Field(100000, description="most words")
-        min_avg_word_length: int | None = Field(3, description="smallest mean word length, characters")
-        max_avg_word_length: int | None = Field(10, description="largest mean word length, characters")
+        min_avg_word_length: float | None = Field(3, description="smallest mean word length, characters")
+        max_avg_word_length: float | None = Field(10, description="largest mean word length, characters")
         max_symbol_word_ratio: float | None = Field(0.1, description="most `#` and most ellipses per word")
         max_bullet_lines_ratio: float | None = Field(0.9, description="most share of lines starting with a bullet")
         max_ellipsis_lines_ratio: float | None = Field(0.3, description="most share of lines ending with an ellipsis")
