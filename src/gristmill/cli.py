@@ -9,7 +9,7 @@
     pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
     pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
     pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
-    pipeline calibrate --udhr UDHR.zip -o configs/calibration.yaml
+    pipeline calibrate --udhr UDHR.zip -o configs/calibration/udhr.yaml
     pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
     pipeline export-hf CHECKPOINT OUT
 """

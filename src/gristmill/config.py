@@ -16,7 +16,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from gristmill.core.configlib import ConfigError, Fraction, Strict, apply_override, interpolate, messages
+from gristmill.core.configlib import (
+    ConfigError,
+    Fraction,
+    Strict,
+    apply_override,
+    interpolate,
+    messages,
+    omitted_defaults,
+)
 from gristmill.core.step import registered_steps
 from gristmill.tokenize.stages import Tokenize
 
@@ -149,15 +157,12 @@ class RunConfig(Strict):
     def resolved(self) -> dict:
         """The configuration as run, for the run directory (defaults filled in)."""
         data = self.model_dump(mode="json")
-        data["steps"] = [{s.name: s.params.model_dump(mode="json")} for s in self._specs]
-        # unset, these say nothing about the run: left out, a run directory made before they
-        # existed resumes (its config.yaml has neither)
+        # parameters added later, at their default, say nothing about the run: left out, a run
+        # directory made before they existed resumes (its config.yaml has none of them)
+        data["steps"] = [{s.name: s.params.model_dump(mode="json", exclude=set(omitted_defaults(s.params)))}
+                         for s in self._specs]
         if data.get("calibration") is None:
             data.pop("calibration", None)
-        for entry in data["steps"]:
-            for params in entry.values():
-                if params.get("per_language", 0) is None:
-                    del params["per_language"]
         return data
 
 

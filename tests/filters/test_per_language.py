@@ -131,10 +131,17 @@ def test_calibration_file_is_merged_under_the_steps_own_per_language(tmp_path):
     assert flt.config_for("zh").min_doc_words == 30 and flt.config_for("zh").min_avg_word_length == 1
 
 
-def test_a_config_without_per_language_resolves_as_before():
-    resolved = run_config(["gopher_quality", {"langid": {}}]).resolved()
+def test_a_config_without_the_new_parameters_resolves_as_before():
+    """config.yaml of a run made before per_language, alpha_words and end_punctuation existed
+    equals this version's when they keep their defaults, so such a run directory resumes."""
+    resolved = run_config(["gopher_quality", {"langid": {}}, "c4_lines"]).resolved()
     assert "calibration" not in resolved
-    assert all("per_language" not in params for entry in resolved["steps"] for params in entry.values())
+    new = {"per_language", "alpha_words", "end_punctuation"}
+    assert all(not new & set(params) for entry in resolved["steps"] for params in entry.values())
+    resolved = run_config([{"gopher_quality": {"alpha_words": "whitespace"}},
+                           {"c4_lines": {"end_punctuation": ["."]}}]).resolved()
+    assert resolved["steps"][0]["gopher_quality"]["alpha_words"] == "whitespace"
+    assert resolved["steps"][1]["c4_lines"]["end_punctuation"] == ["."]
 
 
 def test_bad_calibration_files_name_the_file(tmp_path):

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-__all__ = ["ConfigError", "Fraction", "LID176_LABELS", "Strict", "apply_override", "interpolate", "language_configs",
+__all__ = ["ConfigError", "Fraction", "LID176_LABELS", "OMIT_DEFAULT", "Strict", "apply_override", "interpolate", "language_configs",
            "messages", "with_per_language"]
 
 
@@ -58,6 +58,18 @@ class Strict(BaseModel):
         return value
 
 
+#: `Field(..., json_schema_extra=OMIT_DEFAULT)`: a parameter added after run directories were
+#: made is left out of the run's config.yaml while it has its default, so that a run made
+#: before it existed resumes (the run directory compares config.yaml key by key)
+OMIT_DEFAULT = {"omit_default": True}
+
+
+def omitted_defaults(params: BaseModel) -> list[str]:
+    """The parameters of `params` marked OMIT_DEFAULT that have their default value."""
+    return [name for name, f in type(params).model_fields.items()
+            if (f.json_schema_extra or {}).get("omit_default") and getattr(params, name) == f.default]
+
+
 # --- per-language overrides -------------------------------------------------------------
 
 #: the labels of fastText's lid.176 (what `langid` writes to `language`): the keys
@@ -89,7 +101,8 @@ def with_per_language(config_cls: type[Strict], fixed: tuple[str, ...] = ()) -> 
     """
 
     class Config(config_cls):
-        per_language: dict[str, Any] | None = Field(None, description=PER_LANGUAGE_HELP)
+        per_language: dict[str, Any] | None = Field(None, description=PER_LANGUAGE_HELP,
+                                                    json_schema_extra=OMIT_DEFAULT)
 
         @model_validator(mode="after")
         def _check_per_language(self):

@@ -25,7 +25,7 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, END_PUNCTUATION, POLICY_SUBSTRINGS
 from pydantic import Field
 
-from gristmill.core.configlib import Strict
+from gristmill.core.configlib import OMIT_DEFAULT, Strict
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_sentences, split_words
 
@@ -69,7 +69,8 @@ class C4Lines(Filter):
         filter_no_terminal_punct: bool = Field(True, description="drop lines without terminal punctuation")
         end_punctuation: list[str] | None = Field(
             None, description="what a line may end with (default: datatrove's . ? ! \" ', and on pages of other "
-            "languages than English other scripts' sentence-final marks too: 。！？ ؟ ۔ । ॥ ። ...)")
+            "languages than English other scripts' sentence-final marks too: 。！？ ؟ ۔ । ॥ ። ...)",
+            json_schema_extra=OMIT_DEFAULT)
         min_num_sentences: int = Field(5, description="drop documents with fewer sentences")
         min_words_per_line: int = Field(3, description="drop lines with fewer words")
         max_word_length: int = Field(1000, description="drop lines with a longer word")

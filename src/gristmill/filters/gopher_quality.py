@@ -20,7 +20,7 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.gopher_quality_filter import STOP_WORDS
 from pydantic import Field
 
-from gristmill.core.configlib import Strict
+from gristmill.core.configlib import OMIT_DEFAULT, Strict
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.text.words import PUNCTUATION_CHARS, split_words
 
@@ -73,7 +73,7 @@ class GopherQuality(Filter):
         max_non_alpha_words_ratio: float | None = Field(0.8, description="least share of words holding a letter")
         alpha_words: Literal["tokens", "whitespace"] = Field(
             "tokens", description="words of the letter-share rule: `tokens` (datatrove: words and punctuation "
-            "tokens), `whitespace` (the paper: whitespace-separated words)")
+            "tokens), `whitespace` (the paper: whitespace-separated words)", json_schema_extra=OMIT_DEFAULT)
         min_stop_words: int | None = Field(2, description="fewest stop words present")
         stop_words: list[str] | None = Field(None, description="stop-word list for every language (default: the "
                                              "page's language's: datatrove's for English, stopwords-iso's for "

@@ -427,5 +427,5 @@ def add_parser(sub) -> None:
                    help="more English reference text (e.g. WikiText), documents separated by blank lines")
     c.add_argument("--no-udhr-english", action="store_true", help="do not use UDHR's English file as reference")
     c.add_argument("--languages", help="comma-separated lid.176 labels (default: every language with reference text)")
-    c.add_argument("--output", "-o", required=True, help="calibration YAML to write, e.g. configs/calibration.yaml")
+    c.add_argument("--output", "-o", required=True, help="calibration YAML to write, e.g. configs/calibration/udhr.yaml")
     c.set_defaults(func=cmd_calibrate)
