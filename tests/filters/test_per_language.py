@@ -156,3 +156,33 @@ def test_bad_calibration_files_name_the_file(tmp_path):
     bad = write(tmp_path / "bad3.yaml", {"gopher_quality": {"per_language": {"zh": {"min_doc_word": 1}}}})
     with pytest.raises(ConfigError, match=r"steps\[0\].gopher_quality.per_language.zh.min_doc_word: unknown key"):
         run_config(["gopher_quality"], calibration=str(bad))
+
+
+def test_a_filter_reading_self_config_follows_per_language():
+    """A plugin's filter written as docs/architecture.md shows (it reads `self.config`) gets the
+    document's language's parameters without knowing of per_language."""
+    from pydantic import Field
+
+    from gristmill.core.configlib import Strict
+    from gristmill.core.filter import Filter
+
+    class FewLines(Filter):
+        step_name = "test_few_lines"
+
+        class Config(Strict):
+            min_lines: int = Field(3, ge=1)
+
+        def filter(self, doc):
+            n = sum(1 for line in doc.text.splitlines() if line.strip())
+            return True if n >= self.config.min_lines else (False, "too_few_lines")
+
+    flt = FewLines(per_language={"zh": {"min_lines": 1}, "default": {"min_lines": 2}})
+    docs = [Document(text="一行", id="a", metadata={"language": "zh"}),
+            Document(text="one\ntwo", id="b", metadata={"language": "en"}),
+            Document(text="one", id="c", metadata={"language": "de"}),
+            Document(text="one", id="d")]
+    assert flt.filter_batch(docs) == [True, True, (False, "too_few_lines"), (False, "too_few_lines")]
+    assert flt.config.min_lines == 3 and flt.config.per_language  # the step's own, between batches
+    with pytest.raises(ValueError, match=r"per_language.zh.min_lines"):
+        FewLines(per_language={"zh": {"min_lines": 0}})
+    assert list(FewLines(min_lines=1).run(iter(docs))) == docs

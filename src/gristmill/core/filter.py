@@ -7,7 +7,10 @@ dropped documents written for inspection.
 Every filter's parameters may differ by language: a filter's `Config` gets a `per_language`
 key (`per_language: {zh: {min_avg_word_length: 1}, default: {...}}`, see
 `configlib.with_per_language`), and `config_for(language)` is the Config of a page's
-language, resolved once per language when the step is built.
+language, resolved once per language when the step is built. While `filter(doc)` runs (from
+the default `filter_batch`), `self.config` is the Config of the document's language, so a
+filter that reads `self.config` follows `per_language` without knowing of it; a filter that
+overrides `filter_batch` calls `config_for` itself.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Filter(Step):
 
     def __init__(self, config: Strict | None = None, /, *, step_id: str | None = None, **params):
         super().__init__(config, step_id=step_id, **params)
+        self._step_config = self.config
         self._language_configs, self._other_config = language_configs(self.config)
 
     def config_for(self, language: str | None) -> Strict:
@@ -77,7 +81,16 @@ class Filter(Step):
         raise NotImplementedError
 
     def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
-        return [self.filter(d) for d in docs]
+        if not self._language_configs and self._other_config is self._step_config:
+            return [self.filter(d) for d in docs]  # no per_language: one config for all
+        results = []
+        try:
+            for d in docs:
+                self.config = self.config_for(d.metadata.get("language"))
+                results.append(self.filter(d))
+        finally:
+            self.config = self._step_config
+        return results
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if self.dropped:
