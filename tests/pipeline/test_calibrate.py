@@ -13,7 +13,7 @@ from gristmill.cli import main
 from gristmill.config import from_dict
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
-from gristmill.pipeline.calibrate import RULES, _values, calibrate, calibration_table, chunks, read_udhr, removed_share
+from gristmill.pipeline.calibrate import _values, calibrate, calibration_table, chunks, read_udhr, removed_share
 
 REPO = Path(__file__).resolve().parents[2]
 LANGS = ["zh", "ja", "ar", "fa", "ru", "hi", "de"]

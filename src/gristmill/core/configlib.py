@@ -17,8 +17,8 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-__all__ = ["ConfigError", "Fraction", "LID176_LABELS", "OMIT_DEFAULT", "Strict", "apply_override", "interpolate", "language_configs",
-           "messages", "with_per_language"]
+__all__ = ["ConfigError", "Fraction", "LID176_LABELS", "OMIT_DEFAULT", "Strict", "apply_override", "interpolate",
+           "language_configs", "messages", "omitted_defaults", "with_per_language"]
 
 
 class ConfigError(ValueError):

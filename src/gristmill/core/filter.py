@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-
 from typing import ClassVar
 
 from datatrove.data import Document, DocumentsPipeline

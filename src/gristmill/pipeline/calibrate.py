@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import statistics
 import zipfile
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
