@@ -42,7 +42,11 @@ def language_stop_words(language: str | None) -> frozenset[str] | None:
     """
     if language in _DATATROVE_STOP_WORDS:
         return frozenset(STOP_WORDS)
-    import stopwordsiso  # loaded by the first page of a language other than English
+    try:
+        import stopwordsiso  # loaded by the first page of a language other than English
+    except ImportError as e:
+        raise ImportError("gopher_quality: pages of languages other than English need their stop words: "
+                          f"pip install stopwordsiso==0.7.1 (pinned in pyproject.toml) ({e})") from None
 
     if not stopwordsiso.has_lang(language):
         return None
