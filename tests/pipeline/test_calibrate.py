@@ -109,10 +109,18 @@ def test_the_table_holds_what_differs_and_loads_as_calibration(results, tmp_path
     assert en.model_dump(exclude={"per_language"}) == GopherQuality.Config().model_dump(exclude={"per_language"})
 
 
+def _thresholds(table):
+    for step in table.values():
+        for params in step["per_language"].values():
+            for name, value in params.items():
+                yield from ((name, v) for _, v in value) if isinstance(value, list) else [(name, value)]
+
+
 def test_shipped_calibration_loads_and_leaves_english_alone():
     path = REPO / "configs" / "calibration" / "udhr.yaml"
     table = yaml.safe_load(path.read_text())
     assert all("en" not in step["per_language"] for step in table.values())
+    assert all(v > 0 for _, v in _thresholds(table))  # 0 would turn a rule off
     assert len(table["gopher_quality"]["per_language"]) >= 100
     cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(path),
                      "steps": ["gopher_quality", "gopher_repetition", "c4_lines"]})
@@ -175,3 +183,14 @@ def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_re
     assert by_lang["ja"] >= 3 and by_lang["zh"] >= 1  # Japanese/Chinese: ICU word lengths, 。 ends a sentence
     assert sum(n for lang, n in by_lang.items() if lang != "en") > \
         sum(1 for lang, _ in before.values() if lang != "en")
+
+
+def test_no_threshold_turns_a_rule_off_when_a_statistic_is_mostly_zero(udhr_zip, shared_data, tmp_path):
+    """WikiText as English reference: its repeated-n-gram shares are 0 on most paragraphs, as
+    are the languages'; a ratio of medians of 0 must not make a threshold of 0."""
+    out = tmp_path / "cal.yaml"
+    wiki = shared_data / "corpus" / "en" / "wikitext-2.test.txt"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--english", str(wiki), "--no-udhr-english",
+                 "--languages", "ar,de", "-o", str(out)]) == 0
+    values = list(_thresholds(yaml.safe_load(out.read_text())))
+    assert values and all(v > 0 for _, v in values)

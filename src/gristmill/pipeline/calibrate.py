@@ -274,21 +274,25 @@ def match(rule: Rule, english: list[float], other: list[float], threshold: float
     """(the language's threshold, the share p of English reference the default removes)."""
     p = removed_share(rule, english, threshold)
     s = sorted(other)
+    k = min(round(p * len(s)), len(s) - 1)  # documents of the language to remove
+    med_en, med = statistics.median(english), statistics.median(s)
+    # a ratio of medians where both are positive: a statistic that is 0 on most documents (a
+    # share of repeated lines) says nothing of the language, and a threshold of 0 turns a
+    # rule off
+    scaled = threshold * med / med_en if med_en > 0 and med > 0 else threshold
     if rule.length:
-        med_en = statistics.median(english)
-        t = threshold * statistics.median(s) / med_en if med_en > 0 else threshold
-    elif p > 0:
-        k = min(round(p * len(s)), len(s) - 1)
+        t = scaled
+    elif k > 0:
         if rule.kind == "min":  # remove the k smallest: a threshold between s[k-1] and s[k]
-            t = s[k] if k == 0 or rule.integer else (s[k - 1] + s[k]) / 2
+            t = s[k] if rule.integer else (s[k - 1] + s[k]) / 2
         else:  # remove the k largest
             j = len(s) - 1 - k
-            t = s[j] if k == 0 or rule.integer else (s[j] + s[j + 1]) / 2
-    else:
-        med_en = statistics.median(english) if english else 0.0
-        t = threshold * statistics.median(s) / med_en if med_en > 0 else threshold
-        # as for English, the rule removes none of the reference
-        t = min(t, s[0]) if rule.kind == "min" else max(t, s[-1])
+            t = s[j] if rule.integer else (s[j] + s[j + 1]) / 2
+            if t <= 0:  # fewer than k documents score above 0: remove those that do
+                positive = [v for v in s if v > 0]
+                t = positive[0] / 2 if positive else threshold
+    else:  # as for English (or nearly: under half a document), the rule removes none of it
+        t = min(scaled, s[0]) if rule.kind == "min" else max(scaled, s[-1])
     if rule.integer:
         t = max(1, math.floor(t)) if rule.kind == "min" else math.ceil(t)
     else:
@@ -403,7 +407,7 @@ def cmd_calibrate(args, console) -> int:
         first = next(iter(row.values()))
         values = sorted(r.threshold for r in row.values())
         share = "(scaled)" if first.rule.length else f"{first.english_share:.2f}"
-        t.add_row(name, str(first.default), share, str(values[0]), str(statistics.median(values)), str(values[-1]),
+        t.add_row(name, str(first.default), share, f"{values[0]:g}", f"{statistics.median(values):g}", f"{values[-1]:g}",
                   *[str(row[lang].threshold) if lang in row else "-" for lang in ("zh", "ar")])
     console.print(t)
     n_values = sum(len(v) for step in table.values() for v in step["per_language"].values())
