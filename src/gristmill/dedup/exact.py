@@ -364,7 +364,9 @@ class ExactDedupFilter(Filter):
         lines = doc.text.split("\n")
         doc.text = "\n".join(line for i, line in enumerate(lines) if i not in paras)
         self.stat_update("paragraphs_removed", value=len(paras))
-        if len(doc.text.strip()) < max(self.min_doc_chars, 1) or len(split_words(doc.text)) < self.min_doc_words:
+        # words as the Gopher filters count them: ICU's for zh/ja/th/lo/km/my pages
+        n_words = len(split_words(doc.text, doc.metadata.get("language"))) if self.min_doc_words else 0
+        if len(doc.text.strip()) < max(self.min_doc_chars, 1) or n_words < self.min_doc_words:
             return False, "exact_duplicate_paragraphs"
         return True
 
