@@ -10,6 +10,7 @@
     pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
     pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
     pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
+    pipeline calibrate --udhr UDHR.zip -o configs/calibration/udhr.yaml
     pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
     pipeline export-hf CHECKPOINT OUT
 """
@@ -307,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_kenlm_parser(sub)  # kenlm train
     add_quality_parser(sub)  # quality train
+    from gristmill.pipeline.calibrate import add_parser as add_calibrate_parser
+
+    add_calibrate_parser(sub)  # calibrate
     from gristmill.trainer.cli import add_parsers as add_train_parsers
 
     add_train_parsers(sub)  # train, export-hf

@@ -16,7 +16,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from gristmill.core.configlib import ConfigError, Fraction, Strict, apply_override, interpolate, messages
+from gristmill.core.configlib import (
+    ConfigError,
+    Fraction,
+    Strict,
+    apply_override,
+    interpolate,
+    messages,
+    omitted_defaults,
+)
 from gristmill.core.step import registered_steps
 from gristmill.tokenize.stages import Tokenize
 
@@ -133,6 +141,8 @@ class RunConfig(Strict):
     output: OutputConfig = Field(default_factory=OutputConfig)
     tokenize: Tokenize.Config | None = Field(None, description="BPE token shards of the final documents")
     train: TrainSection | None = Field(None, description="train a model on the token shards afterwards")
+    calibration: str | None = Field(None, description="YAML of per-language thresholds `{step: {per_language: "
+                                    "{...}}}` (`pipeline calibrate`), under each step's own per_language")
 
     # filled by load(): the validated steps
     _specs: list[StepSpec] = []
@@ -150,7 +160,12 @@ class RunConfig(Strict):
     def resolved(self) -> dict:
         """The configuration as run, for the run directory (defaults filled in)."""
         data = self.model_dump(mode="json")
-        data["steps"] = [{s.name: s.params.model_dump(mode="json")} for s in self._specs]
+        # parameters added later, at their default, say nothing about the run: left out, a run
+        # directory made before they existed resumes (its config.yaml has none of them)
+        data["steps"] = [{s.name: s.params.model_dump(mode="json", exclude=set(omitted_defaults(s.params)))}
+                         for s in self._specs]
+        if data.get("calibration") is None:
+            data.pop("calibration", None)
         return data
 
 
@@ -184,6 +199,64 @@ def _validate_steps(raw_steps: Any, errors: list[str]) -> list[StepSpec]:
     return specs
 
 
+def _apply_calibration(data: dict, errors: list[str]) -> None:
+    """Merge the calibration file's `per_language` of each step under the step's own: per
+    language and key, what the run config says wins. Steps of the file that the run lacks are
+    ignored (one file serves several configs); the merged values are validated with the step's
+    (so they are in the run directory's config.yaml, and a changed file is a changed run)."""
+    where = "calibration"
+    path = data["calibration"]
+    if not isinstance(path, str):
+        errors.append(f"{where}: expected a path to a YAML file, got {path!r}")
+        return
+    file = Path(path).expanduser()
+    try:
+        table = yaml.safe_load(file.read_text())
+    except OSError as e:
+        errors.append(f"{where}: {file}: {e.strerror or e}")
+        return
+    except yaml.YAMLError as e:
+        errors.append(f"{where}: {file}: not valid YAML: {e}")
+        return
+    registry = registered_steps()
+    if not isinstance(table, dict):
+        errors.append(f"{where}: {file}: expected a mapping `step: {{per_language: {{...}}}}`, got {table!r}")
+        return
+    for step, section in table.items():
+        if step not in registry:
+            errors.append(f"{where}: {file}: unknown step {step!r} (known: {', '.join(sorted(registry))})")
+            continue
+        if not isinstance(section, dict) or set(section) != {"per_language"} or not isinstance(
+                section["per_language"], dict):
+            errors.append(f"{where}: {file}: {step}: expected `per_language: {{language: {{param: value}}}}`")
+            continue
+    if any(e.startswith(f"{where}:") for e in errors):
+        return
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        return
+    for i, entry in enumerate(steps):
+        if isinstance(entry, str):
+            entry = steps[i] = {entry: {}}
+        if not isinstance(entry, dict) or len(entry) != 1:
+            continue  # reported by _validate_steps
+        (name, params), = entry.items()
+        if name not in table:
+            continue
+        if params is None:
+            params = entry[name] = {}
+        if not isinstance(params, dict):
+            continue
+        own = params.get("per_language") or {}
+        if not isinstance(own, dict):
+            continue
+        merged = {lang: dict(values) if isinstance(values, dict) else values
+                  for lang, values in table[name]["per_language"].items()}
+        for lang, values in own.items():
+            merged[lang] = {**merged.get(lang, {}), **values} if isinstance(values, dict) else values
+        params["per_language"] = merged
+
+
 def load(path: str | Path, overrides: list[str] = (), run_dir: str | None = None) -> RunConfig:
     path = Path(path)
     if not path.is_file():
@@ -205,6 +278,8 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
         data["run_dir"] = run_dir
     errors: list[str] = []
     data = interpolate(data, "", errors)
+    if data.get("calibration") is not None:
+        _apply_calibration(data, errors)
     specs = _validate_steps(data.get("steps", []), errors)
     cfg = None
     try:

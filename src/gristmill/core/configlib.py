@@ -14,9 +14,11 @@ import typing
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-__all__ = ["ConfigError", "Fraction", "Strict", "apply_override", "interpolate", "messages"]
+__all__ = ["ConfigError", "Fraction", "LID176_LABELS", "OMIT_DEFAULT", "Strict", "apply_override", "interpolate",
+           "language_configs", "messages", "omitted_defaults", "with_per_language"]
 
 
 class ConfigError(ValueError):
@@ -55,6 +57,115 @@ class Strict(BaseModel):
                 raise ValueError(f"expected a number, got {str(value).lower()}")
         return value
 
+
+#: `Field(..., json_schema_extra=OMIT_DEFAULT)`: a parameter added after run directories were
+#: made is left out of the run's config.yaml while it has its default, so that a run made
+#: before it existed resumes (the run directory compares config.yaml key by key)
+OMIT_DEFAULT = {"omit_default": True}
+
+
+def omitted_defaults(params: BaseModel) -> list[str]:
+    """The parameters of `params` marked OMIT_DEFAULT that have their default value."""
+    return [name for name, f in type(params).model_fields.items()
+            if (f.json_schema_extra or {}).get("omit_default") and getattr(params, name) == f.default]
+
+
+# --- per-language overrides -------------------------------------------------------------
+
+#: the labels of fastText's lid.176 (what `langid` writes to `language`): the keys
+#: `per_language` accepts, besides `default`. A typo ("cn", "chinese") would otherwise be a
+#: setting that silently never applies.
+LID176_LABELS = frozenset("""
+af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co
+cs cv cy da de diq dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi hif
+hr hsb ht hu hy ia id ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo
+lrc lt lv mai mg mhr min mk ml mn mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no oc or os
+pa pam pfl pl pms pnb ps pt qu rm ro ru rue sa sah sc scn sco sd sh si sk sl so sq sr su sv sw ta
+te tg th tk tl tr tt tyv ug uk ur uz vec vep vi vls vo wa war wuu xal xmf yi yo yue zh
+""".split())
+
+#: the `per_language` key whose values apply to every language not listed
+DEFAULT_LANGUAGE = "default"
+
+PER_LANGUAGE_HELP = ("overrides of these parameters by the page's `language` (lid.176 label, or `default` for "
+                     "every other language): {zh: {param: value}}")
+
+
+def with_per_language(config_cls: type[Strict], fixed: tuple[str, ...] = ()) -> type[Strict]:
+    """`config_cls` plus an optional `per_language` mapping of partial configs.
+
+    `per_language: {zh: {min_avg_word_length: 1}, default: {...}}`: each value holds some of
+    the step's own parameters, validated by the step's own Config once merged (a bad key or
+    value is an error naming the language and the key). `fixed` names the parameters that
+    cannot differ by language (a model file, langid's keep-list).
+    """
+
+    class Config(config_cls):
+        per_language: dict[str, Any] | None = Field(None, description=PER_LANGUAGE_HELP,
+                                                    json_schema_extra=OMIT_DEFAULT)
+
+        @model_validator(mode="after")
+        def _check_per_language(self):
+            if self.per_language:
+                _resolve(self)  # raises with every problem listed
+            return self
+
+    Config.__name__ = config_cls.__name__
+    Config.__qualname__ = config_cls.__qualname__
+    Config.__module__ = config_cls.__module__
+    Config.__doc__ = config_cls.__doc__
+    Config.per_language_fixed = tuple(fixed)
+    return Config
+
+
+def _resolve(config: BaseModel) -> dict[str, BaseModel]:
+    """{language: the complete Config of that language}, per key: the language's value, else
+    `default`'s, else the top-level one. Every problem is collected into one error."""
+    cls = type(config)
+    names = [n for n in cls.model_fields if n != "per_language"]
+    top = {n: getattr(config, n) for n in names}
+    fixed = getattr(cls, "per_language_fixed", ())
+    per = config.per_language or {}
+    problems: list[str] = []
+    partials: dict[str, dict] = {}
+    for lang, partial in per.items():
+        where = f"per_language.{lang}"
+        if lang != DEFAULT_LANGUAGE and lang not in LID176_LABELS:
+            problems.append(f"{where}: not a lid.176 language label (e.g. en, zh, fa) nor `{DEFAULT_LANGUAGE}`")
+            continue
+        if partial is None:
+            partial = {}
+        if not isinstance(partial, dict):
+            problems.append(f"{where}: expected a mapping of parameters, got {partial!r}")
+            continue
+        for key in partial:
+            if key == "per_language":
+                problems.append(f"{where}.per_language: cannot be nested")
+            elif key in fixed:
+                problems.append(f"{where}.{key}: the same for every language in this step; set it at the top level")
+        partials[lang] = partial
+    out: dict[str, BaseModel] = {}
+    default = partials.get(DEFAULT_LANGUAGE, {})
+    for lang, partial in partials.items():
+        merged = {**top, **(default if lang != DEFAULT_LANGUAGE else {}), **partial}
+        merged.pop("per_language", None)
+        try:
+            out[lang] = cls.model_validate(merged)
+        except ValidationError as e:
+            problems.extend(messages(e, f"per_language.{lang}", cls))
+    if problems:
+        raise PydanticCustomError("per_language", "{detail}", {"detail": "; ".join(problems), "lines": problems})
+    return out
+
+
+def language_configs(config: BaseModel) -> tuple[dict[str, BaseModel], BaseModel]:
+    """({language: its resolved Config}, the Config of every other language) of a step's
+    config: built once when the step is, so a document costs one dict lookup."""
+    if not getattr(config, "per_language", None):
+        return {}, config
+    resolved = _resolve(config)
+    fallback = resolved.pop(DEFAULT_LANGUAGE, config)
+    return resolved, fallback
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -144,10 +255,15 @@ def messages(err: ValidationError, prefix: str, model: type[BaseModel] | None = 
         if e["type"] == "extra_forbidden":
             allowed = ""
             if model is not None and len(e["loc"]) == 1:
-                allowed = f" (allowed: {', '.join(model.model_fields)})"
+                # inside per_language, per_language itself is no allowed key
+                names = [n for n in model.model_fields if n != "per_language" or "per_language." not in where]
+                allowed = f" (allowed: {', '.join(names)})"
             msgs.append(f"{where}: unknown key{allowed}")
         elif e["type"] == "missing":
             msgs.append(f"{where}: required key is missing")
+        elif e["type"] == "per_language":  # one line per problem, each under the step's key path
+            msgs.extend(f"{_loc(prefix, e['loc'])}.{line}" if _loc(prefix, e["loc"]) else line
+                        for line in e["ctx"]["lines"])
         elif e["type"] == "value_error":
             msgs.append(f"{where}: {str(e['ctx']['error'])}")
         else:

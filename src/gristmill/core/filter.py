@@ -3,15 +3,25 @@
 Like datatrove's BaseFilter, plus what our stats need: bytes in and out (a filter such as
 `c4_lines` rewrites text), every drop counted under its reason, and an optional sample of
 dropped documents written for inspection.
+
+Every filter's parameters may differ by language: a filter's `Config` gets a `per_language`
+key (`per_language: {zh: {min_avg_word_length: 1}, default: {...}}`, see
+`configlib.with_per_language`), and `config_for(language)` is the Config of a page's
+language, resolved once per language when the step is built. While `filter(doc)` runs (from
+the default `filter_batch`), `self.config` is the Config of the document's language, so a
+filter that reads `self.config` follows `per_language` without knowing of it; a filter that
+overrides `filter_batch` calls `config_for` itself.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
+from typing import ClassVar
 
 from datatrove.data import Document, DocumentsPipeline
 
+from gristmill.core.configlib import Strict, language_configs, with_per_language
 from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import Step, Workload
@@ -44,13 +54,42 @@ class Filter(Step):
     dropped: DroppedSampler | None = None
     #: set by the stage context to `<stage>/scores/<step>`; None: scores are kept but not written
     scores_folder: str | None = None
+    #: parameters that `per_language` may not set (a model file: one is loaded per step)
+    language_fixed: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # every filter that declares parameters accepts `per_language` overrides of them,
+        # without each filter declaring it (a plugin's filter included)
+        own = cls.__dict__.get("Config")
+        if own is not None and "per_language" not in own.model_fields:
+            cls.Config = with_per_language(own, cls.language_fixed)
+
+    def __init__(self, config: Strict | None = None, /, *, step_id: str | None = None, **params):
+        super().__init__(config, step_id=step_id, **params)
+        self._step_config = self.config
+        self._language_configs, self._other_config = language_configs(self.config)
+
+    def config_for(self, language: str | None) -> Strict:
+        """The parameters for a page labelled `language` (`per_language` applied): the
+        language's own, else `default`'s, else the top-level ones."""
+        return self._language_configs.get(language, self._other_config)
 
     @abstractmethod
     def filter(self, doc: Document) -> FilterResult:
         raise NotImplementedError
 
     def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
-        return [self.filter(d) for d in docs]
+        if not self._language_configs and self._other_config is self._step_config:
+            return [self.filter(d) for d in docs]  # no per_language: one config for all
+        results = []
+        try:
+            for d in docs:
+                self.config = self.config_for(d.metadata.get("language"))
+                results.append(self.filter(d))
+        finally:
+            self.config = self._step_config
+        return results
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if self.dropped:

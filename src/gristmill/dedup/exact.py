@@ -59,6 +59,8 @@ from gristmill.text.words import split_words
 RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
 DUP = np.dtype([("key", "<u8"), ("para", "<i4"), ("hi", "<u8"), ("lo", "<u8")])
 BATCH = 1 << 16
+#: text a hashing task holds before hashing it (items are whole documents in document mode)
+BATCH_BYTES = 16 << 20
 #: items a hashing task holds before writing them as sorted parts (32 bytes each: 32 MB)
 SPILL_RECORDS = 1 << 20
 #: what a find task holds of its slice at a time (~130 bytes per record while it sorts and
@@ -110,7 +112,7 @@ class ExactDedupHash(Step):
         """Held records up to `spill_records` (32 bytes, twice while sorted), the batch's texts,
         8 bytes per document of order keys."""
         items = estimated_items(work, self.granularity) / max(work.tasks, 1)
-        batch_text = min(BATCH, items) * work.text_bytes / max(estimated_items(work, self.granularity), 1)
+        batch_text = min(BATCH_BYTES, min(BATCH, items) * work.text_bytes / max(estimated_items(work, self.granularity), 1))
         return int(64 * min(items, self.spill_records) + batch_text + 8 * work.documents_per_task)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
@@ -119,7 +121,7 @@ class ExactDedupHash(Step):
         parts: list[np.ndarray] = []  # records not yet written: at most ~SPILL_RECORDS
         items, meta = [], []
         doc_keys = array("Q")  # 8 bytes per document: the task's repeats are refused at the end
-        held, part, total = 0, 0, 0
+        held, part, total, batch_bytes = 0, 0, 0, 0
 
         def flush():
             nonlocal held
@@ -158,9 +160,13 @@ class ExactDedupHash(Step):
                                      "source and offset)")
                 doc_keys.append(src << OFFSET_BITS | off)
                 for para, norm in _paragraphs(doc.text, self.granularity):
-                    items.append(norm.encode("utf-8"))
+                    item = norm.encode("utf-8")
+                    items.append(item)
+                    batch_bytes += len(item)
                     meta.append((src, off, para))
-                if len(items) >= min(BATCH, self.spill_records):
+                # a batch of whole documents is bounded by its text too (65,536 pages were ~400 MB)
+                if len(items) >= min(BATCH, self.spill_records) or batch_bytes >= BATCH_BYTES:
+                    batch_bytes = 0
                     flush()
                     if held >= self.spill_records:
                         spill()
@@ -364,7 +370,9 @@ class ExactDedupFilter(Filter):
         lines = doc.text.split("\n")
         doc.text = "\n".join(line for i, line in enumerate(lines) if i not in paras)
         self.stat_update("paragraphs_removed", value=len(paras))
-        if len(doc.text.strip()) < max(self.min_doc_chars, 1) or len(split_words(doc.text)) < self.min_doc_words:
+        # words as the Gopher filters count them: ICU's for zh/ja/th/lo/km/my pages
+        n_words = len(split_words(doc.text, doc.metadata.get("language"))) if self.min_doc_words else 0
+        if len(doc.text.strip()) < max(self.min_doc_chars, 1) or n_words < self.min_doc_words:
             return False, "exact_duplicate_paragraphs"
         return True
 

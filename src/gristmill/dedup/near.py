@@ -116,7 +116,7 @@ class NearDedupSignature(Step):
 
         def flush():
             nonlocal held
-            x, counts = shingle_hashes([words(d.text) for d in batch], self.p.ngram)
+            x, counts = shingle_hashes([words(d.text, d.metadata.get("language")) for d in batch], self.p.ngram)
             keep = counts > 0  # no words: never a near duplicate
             sig = hasher.signatures_flat(x, counts[keep])
             rec = np.empty((int(keep.sum()), bands), dtype=BAND_REC)
@@ -354,7 +354,7 @@ class NearDedupShingles(Step):
                 o = np.uint64(ords(doc))
                 lo, hi = int(np.searchsorted(nodes, o, side="left")), int(np.searchsorted(nodes, o, side="right"))
                 if hi > lo:
-                    sh = shingles(doc.text, self.ngram)
+                    sh = shingles(doc.text, self.ngram, doc.metadata.get("language"))
                     self.stat_update("candidates")
                     for s in where[lo:hi].tolist():
                         out[s][0].append(int(o))

@@ -8,6 +8,12 @@ Differences from datatrove, both for speed:
   abbreviations); with split_paragraph=False the same splitter cuts the document;
 * line stats are added once per document (`stat_update(label, value=lines)`) instead of once
   per line: the totals are the same, but a stat's n/mean are per document, not per line.
+
+And one for other scripts: on a page labelled with a language other than English, a line may
+also end with the sentence-final marks of other scripts (`SCRIPT_END_PUNCTUATION`:
+Chinese/Japanese 。！？, Arabic ؟, Urdu ۔, Devanagari । ॥, Ethiopic ።, ...). English and
+unlabelled pages keep datatrove's set, so their decisions are datatrove's. Thai and Lao mark no
+sentence end at all: give them `per_language: {th: {filter_no_terminal_punct: false}}`.
 """
 
 from __future__ import annotations
@@ -19,11 +25,35 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, END_PUNCTUATION, POLICY_SUBSTRINGS
 from pydantic import Field
 
-from gristmill.core.configlib import Strict
+from gristmill.core.configlib import OMIT_DEFAULT, Strict
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_sentences, split_words
 
 _POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))
+
+#: sentence-final marks of scripts other than Latin, added to datatrove's END_PUNCTUATION.
+#: Not "…": C4 drops lines ending with an ellipsis, and an English line ending with "…" stays
+#: dropped.
+SCRIPT_END_PUNCTUATION = (
+    "。", "！", "？", "．", "｡", "」", "』",  # CJK full stop, full-width ! ? ., half-width 。, closing quotes
+    "؟", "۔",                               # Arabic question mark, Urdu full stop
+    "।", "॥",                               # Devanagari (and Bengali, ...) danda, double danda
+    "።", "፧",                               # Ethiopic full stop, question mark
+    "։",                                    # Armenian full stop
+    "။",                                    # Myanmar section mark (full stop)
+    "។", "៕",                               # Khmer khan, bariyoosan
+    "།", "༎",                               # Tibetan shad, nyis shad
+    "\u037e",                               # Greek question mark (";" look-alike)
+)
+_SCRIPTS_END = END_PUNCTUATION + SCRIPT_END_PUNCTUATION
+
+
+def end_punctuation_for(language: str | None, given: list[str] | None = None) -> tuple[str, ...]:
+    """What a line of a page labelled `language` may end with: `given` (end_punctuation), else
+    datatrove's set for English and unlabelled pages, and other scripts' marks too for others."""
+    if given is not None:
+        return tuple(given)
+    return END_PUNCTUATION if language in (None, "en") else _SCRIPTS_END
 
 
 class C4Lines(Filter):
@@ -37,6 +67,10 @@ class C4Lines(Filter):
                                       "then joined with spaces")
         remove_citations: bool = Field(True, description="remove Wikipedia-style citations such as [1]")
         filter_no_terminal_punct: bool = Field(True, description="drop lines without terminal punctuation")
+        end_punctuation: list[str] | None = Field(
+            None, description="what a line may end with (default: datatrove's . ? ! \" ', and on pages of other "
+            "languages than English other scripts' sentence-final marks too: 。！？ ؟ ۔ । ॥ ። ...)",
+            json_schema_extra=OMIT_DEFAULT)
         min_num_sentences: int = Field(5, description="drop documents with fewer sentences")
         min_words_per_line: int = Field(3, description="drop lines with fewer words")
         max_word_length: int = Field(1000, description="drop lines with a longer word")
@@ -46,18 +80,19 @@ class C4Lines(Filter):
         filter_policy: bool = Field(True, description="drop lines about cookie, privacy or terms-of-use policies")
 
     def filter(self, doc: Document) -> FilterResult:
-        c = self.config
+        language = doc.metadata.get("language")
+        c = self.config_for(language)
         lines = doc.text.splitlines() if c.split_paragraph else split_sentences(doc.text)
         # Words of a line are whitespace-separated, as in C4, except on pages whose lid label is a
         # language written without spaces (zh, ja, th, ...): there a whitespace split sees a
         # whole line as one word, so ICU's words are counted (punctuation tokens are not words).
-        language = doc.metadata.get("language")
         if language in UNSPACED_LANGUAGES:
             def line_words(line: str) -> list[str]:
                 return [w for w in split_words(line, language) if w.strip(PUNCTUATION_CHARS)]
         else:
             line_words = str.split
         max_len = c.max_word_length
+        end_punctuation = end_punctuation_for(language, c.end_punctuation)
         kept: list[str] = []
         line_drops = Counter()  # lines dropped, by rule, for the stats
         num_sentences = 0
@@ -73,7 +108,7 @@ class C4Lines(Filter):
             if c.remove_citations and "[" in line:  # every citation starts with "["
                 line = CITATION_REGEX.sub("", line)
             if c.filter_no_terminal_punct and (
-                not line.endswith(END_PUNCTUATION) or line.endswith(ELLIPSIS)
+                not line.endswith(end_punctuation) or line.endswith(ELLIPSIS)
             ):
                 line_drops["line-filter-no_terminal_punc"] += 1
                 continue

@@ -4,23 +4,54 @@ GopherQualityFilter: same parameters, defaults, order of rules and drop reasons.
 Faster in two ways: words come from our regex tokenizer instead of spaCy (see words.py), and
 the per-word statistics are computed once per distinct word (a Counter, built in C) rather
 than once per occurrence in several list comprehensions and a numpy mean.
+
+Other languages: stop words are the page's language's (`stopwordsiso`, the stopwords-iso
+lists, MIT), English keeping datatrove's list; a language with no list skips the stop-word
+rule. Thresholds per language come from `per_language` (see `pipeline calibrate`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from operator import methodcaller
+from typing import Literal
 
 from datatrove.data import Document
 from datatrove.pipeline.filters.gopher_quality_filter import STOP_WORDS
 from pydantic import Field
 
-from gristmill.core.configlib import Strict
+from gristmill.core.configlib import OMIT_DEFAULT, Strict
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.text.words import PUNCTUATION_CHARS, split_words
 
 _starts_with_bullet = methodcaller("startswith", ("•", "-"))
 _ends_with_ellipsis = methodcaller("endswith", ("...", "…"))
+
+#: the languages whose default stop words are datatrove's English list (None: no langid label)
+_DATATROVE_STOP_WORDS = frozenset({"en", None})
+
+
+def language_stop_words(language: str | None) -> frozenset[str] | None:
+    """The default stop words of a page labelled `language`: datatrove's list for English (so
+    English decisions are datatrove's), the stopwords-iso list of the language otherwise, None
+    when it has none (the rule does not apply).
+
+    Of a stopwords-iso list only the entries that can match a word are kept: those holding a
+    letter (its Chinese list holds "、" and "。", which every Chinese page has) that `split_words`
+    leaves as one token on a page of that language (multi-word entries never match one).
+    """
+    if language in _DATATROVE_STOP_WORDS:
+        return frozenset(STOP_WORDS)
+    try:
+        import stopwordsiso  # loaded by the first page of a language other than English
+    except ImportError as e:
+        raise ImportError("gopher_quality: pages of languages other than English need their stop words: "
+                          f"pip install stopwordsiso==0.7.1 (pinned in pyproject.toml) ({e})") from None
+
+    if not stopwordsiso.has_lang(language):
+        return None
+    return frozenset(w for w in stopwordsiso.stopwords(language)
+                     if any(map(str.isalpha, w)) and split_words(w, language) == [w])
 
 
 class GopherQuality(Filter):
@@ -38,24 +69,41 @@ class GopherQuality(Filter):
 
         min_doc_words: int | None = Field(50, description="fewest words (punctuation-only tokens not counted)")
         max_doc_words: int | None = Field(100000, description="most words")
-        min_avg_word_length: int | None = Field(3, description="smallest mean word length, characters")
-        max_avg_word_length: int | None = Field(10, description="largest mean word length, characters")
+        min_avg_word_length: float | None = Field(3, description="smallest mean word length, characters")
+        max_avg_word_length: float | None = Field(10, description="largest mean word length, characters")
         max_symbol_word_ratio: float | None = Field(0.1, description="most `#` and most ellipses per word")
         max_bullet_lines_ratio: float | None = Field(0.9, description="most share of lines starting with a bullet")
         max_ellipsis_lines_ratio: float | None = Field(0.3, description="most share of lines ending with an ellipsis")
         max_non_alpha_words_ratio: float | None = Field(0.8, description="least share of words holding a letter")
+        alpha_words: Literal["tokens", "whitespace"] = Field(
+            "tokens", description="words of the letter-share rule: `tokens` (datatrove: words and punctuation "
+            "tokens), `whitespace` (the paper: whitespace-separated words)", json_schema_extra=OMIT_DEFAULT)
         min_stop_words: int | None = Field(2, description="fewest stop words present")
-        stop_words: list[str] | None = Field(None, description="stop-word list (default: datatrove's English one)")
+        stop_words: list[str] | None = Field(None, description="stop-word list for every language (default: the "
+                                             "page's language's: datatrove's for English, stopwords-iso's for "
+                                             "others; a language without a list skips the rule)")
 
     def __init__(self, config: Config | None = None, /, **kwargs):
         super().__init__(config, **kwargs)
-        self.stop_words = frozenset(STOP_WORDS if self.config.stop_words is None else self.config.stop_words)
+        # stop words by language, filled on first use of each (the lists are per config: a
+        # language's per_language may give its own)
+        self._stop_words: dict[str | None, frozenset[str] | None] = {}
+
+    def stop_words_for(self, language: str | None, c: Config) -> frozenset[str] | None:
+        try:
+            return self._stop_words[language]
+        except KeyError:
+            given = c.stop_words
+            words = frozenset(given) if given is not None else language_stop_words(language)
+            self._stop_words[language] = words
+            return words
 
     def filter(self, doc: Document) -> FilterResult:
-        c = self.config
+        language = doc.metadata.get("language")
+        c = self.config_for(language)
         text = doc.text
         # the lid label picks ICU words for Chinese, Japanese, Thai, Lao, Khmer and Burmese pages
-        words = split_words(text, doc.metadata.get("language"))
+        words = split_words(text, language)
         n_words = len(words)
 
         # One pass over distinct words: "symbol words" consist only of punctuation and count
@@ -103,10 +151,18 @@ class GopherQuality(Filter):
             if ellipses / len(lines) > c.max_ellipsis_lines_ratio:
                 return False, "gopher_too_many_end_ellipsis"
 
-        if c.max_non_alpha_words_ratio and n_alpha / n_words < c.max_non_alpha_words_ratio:
-            return False, "gopher_below_alpha_threshold"
+        if c.max_non_alpha_words_ratio:
+            if c.alpha_words == "whitespace":
+                spaced = text.split()
+                ratio = sum(any(map(str.isalpha, w)) for w in spaced) / len(spaced) if spaced else 0.0
+            else:
+                ratio = n_alpha / n_words
+            if ratio < c.max_non_alpha_words_ratio:
+                return False, "gopher_below_alpha_threshold"
 
-        if c.min_stop_words and sum(w in counts for w in self.stop_words) < c.min_stop_words:
-            return False, "gopher_enough_stop_words"
+        if c.min_stop_words:
+            stop_words = self.stop_words_for(language, c)
+            if stop_words is not None and sum(w in counts for w in stop_words) < c.min_stop_words:
+                return False, "gopher_enough_stop_words"
 
         return True

@@ -219,7 +219,8 @@ class GopherRepetition(Filter):
             return rules
 
     def filter(self, doc: Document) -> FilterResult:
-        c = self.config
+        language = doc.metadata.get("language")
+        c = self.config_for(language)
         text = doc.text
         if not text:
             return False, "empty"
@@ -239,7 +240,7 @@ class GopherRepetition(Filter):
         if c.dup_line_char_frac and dup_chars / n_chars > c.dup_line_char_frac:
             return False, "dup_line_char_frac"
 
-        words = split_words(text, doc.metadata.get("language"))  # as in gopher_quality
+        words = split_words(text, language)  # as in gopher_quality
         if len(words) < _NUMPY_MIN_WORDS:
             top_chars_of = partial(_top_chars_of_strings, words)
             repeated_chars_of = partial(_repeated_chars_of_strings, words)

@@ -87,6 +87,8 @@ class KenLM(ModelFilter):
     output_fields = {"perplexity": pa.float64(), "perplexity_bucket": pa.string()}
     score_field = "perplexity"
     score_bins = {"scale": "log", "lo": 0.0, "hi": 5.0, "n": 25}  # perplexity 1 to 100,000
+    # models and bucket cut-offs are per language already; only the threshold varies
+    language_fixed = ("models", "default_language", "cutoffs", "keep_buckets")
 
     class Config(Strict):
         models: dict[str, str] = Field({"en": "models/kenlm/en.arpa.bin"},
@@ -157,7 +159,8 @@ class KenLM(ModelFilter):
         if b:
             doc.metadata["perplexity_bucket"] = b
             self.stat_update(f"bucket_{b}")
-        if self.max_perplexity is not None and pp > self.max_perplexity:
+        max_perplexity = self.config_for(lang).max_perplexity
+        if max_perplexity is not None and pp > max_perplexity:
             return False, "perplexity_above_max"
         if self.keep_buckets is not None and b not in self.keep_buckets:
             return False, f"perplexity_bucket_{b}"

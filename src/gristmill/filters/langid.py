@@ -38,11 +38,16 @@ class LangId(ModelFilter):
     output_fields = {"language": pa.string(), "language_score": pa.float32()}
     score_field = "language_score"
     score_bins = LINEAR_01
+    # one model, one keep-list; `per_language: {zh: {min_score: 0.5}}` sets the score a page
+    # labelled zh needs (FineWeb-2 uses a threshold per language: lid confidence is lower for
+    # languages close to another, and for pages that mix scripts)
+    language_fixed = ("model", "languages")
 
     class Config(Strict):
         model: str = Field("models/lid.176.ftz", description="fastText LID model: path or http(s) URL")
         languages: list[str] | None = Field(["en"], description="languages to keep; null keeps all")
-        min_score: Fraction = Field(0.65, description="minimum probability of the top language")
+        min_score: Fraction = Field(0.65, description="minimum probability of the top language (per language: "
+                                    "`per_language: {zh: {min_score: 0.5}}`)")
 
     @classmethod
     def build(cls, config: Config, ctx: BuildContext, step_id: str | None = None) -> LangId:
@@ -76,7 +81,7 @@ class LangId(ModelFilter):
             self.stat_update(f"lang_{lang}")
             if self.languages is not None and lang not in self.languages:
                 results.append((False, "language_not_kept"))
-            elif prob < self.min_score:
+            elif prob < self.config_for(lang).min_score:
                 results.append((False, "low_language_score"))
             else:
                 results.append(True)

@@ -41,6 +41,8 @@ class Quality(ModelFilter):
     score_field = "quality_score"
     score_bins = LINEAR_01
 
+    language_fixed = ("model", "label")  # one classifier per step
+
     class Config(Strict):
         model: str = Field("models/quality/en.bin", description="fastText classifier (`pipeline quality train`)")
         label: str = Field("__label__hq", description="label whose probability is the quality score")
@@ -68,5 +70,6 @@ class Quality(ModelFilter):
         results: list[FilterResult] = []
         for doc, score in zip(docs, label_scores(self.model, [d.text for d in docs], self.label)):
             doc.metadata["quality_score"] = score
-            results.append(True if score >= self.min_score else (False, "low_quality_score"))
+            min_score = self.config_for(doc.metadata.get("language")).min_score
+            results.append(True if score >= min_score else (False, "low_quality_score"))
         return results

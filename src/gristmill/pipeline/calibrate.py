@@ -1,0 +1,434 @@
+"""`pipeline calibrate`: thresholds of the heuristic filters for other languages, FineWeb-2's way.
+
+For each threshold rule of `gopher_quality`, `gopher_repetition` and `c4_lines`, the English
+default removes some share p of English reference text; for another language, the threshold
+is the one that removes the same share p of that language's reference text (a quantile of the
+rule's statistic over its documents). Where the English default removes none of the English
+reference (clean text rarely trips a rule), there is no quantile to match: the language's
+threshold is the English one scaled by the ratio of the two medians of the statistic (Chinese
+words are shorter than English ones: so is the bound on their mean length), then loosened, if
+need be, until it removes none of the language's reference either.
+
+The reference text is the Universal Declaration of Human Rights (`udhr2.zip`: one file per
+language) cut at its blank lines into its preamble and articles: ~30 documents per language,
+the same content in every language, so only the language differs between the two sides of a
+comparison. That is thin: a share is known to 1/30 at best; rules whose statistic reflects
+the length of a document (fewest/most words) are not calibrated, because a chunk's length is
+an artefact of the cutting. Other reference text (one file per language, cut at blank lines)
+may be given with `--reference LANG=FILE`, and English text (e.g. WikiText) with `--english`.
+
+Writes the `calibration:` file of a run config: `{step: {per_language: {lang: {param: value}}}}`,
+holding only the values that differ from the English defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+import yaml
+
+from gristmill.config import ConfigError
+from gristmill.core.configlib import LID176_LABELS
+from gristmill.core.files import write_text_atomic
+from gristmill.filters.c4_lines import C4Lines, end_punctuation_for
+from gristmill.filters.gopher_quality import GopherQuality, language_stop_words
+from gristmill.filters.gopher_repetition import GopherRepetition, _repeated_chars_of_strings, _top_chars_of_strings
+from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_lines, split_paragraphs, split_sentences, split_words
+
+__all__ = ["RULES", "UDHR_FILES", "Rule", "calibrate", "chunks", "read_udhr"]
+
+#: lid.176 label -> the UDHR file (ISO 639-3 name, in udhr2.zip) of that language
+UDHR_FILES = {
+    "af": "afr", "am": "amh", "ar": "arb", "ast": "ast", "az": "azj_latn", "bcl": "bcl", "be": "bel", "bg": "bul",
+    "bn": "ben", "bo": "bod", "br": "bre", "bs": "bos_latn", "ca": "cat", "ceb": "ceb", "ckb": "ckb", "co": "cos",
+    "cs": "ces", "cy": "cym", "da": "dan", "de": "deu", "dv": "div", "el": "ell_monotonic", "eml": "eml", "en": "eng",
+    "eo": "epo", "es": "spa", "et": "est", "eu": "eus", "fa": "pes_1", "fi": "fin", "fr": "fra", "fy": "fri",
+    "ga": "gle", "gd": "gla", "gl": "glg", "gn": "gug", "gu": "guj", "he": "heb", "hi": "hin", "hr": "hrv",
+    "hsb": "hsb", "ht": "hat_kreyol", "hu": "hun", "hy": "hye", "ia": "ina", "id": "ind", "ilo": "ilo", "io": "ido",
+    "is": "isl", "it": "ita", "ja": "jpn", "jv": "jav", "ka": "kat", "kk": "kaz", "km": "khm", "kn": "kan",
+    "ko": "kor", "ky": "kir", "la": "lat", "lb": "ltz", "lo": "lao", "lt": "lit", "lv": "lav", "mai": "mai",
+    "mg": "plt", "min": "min", "mk": "mkd", "ml": "mal", "mn": "khk", "mr": "mar", "ms": "mly_latn", "mt": "mlt",
+    "my": "mya", "nds": "nds", "ne": "nep", "nl": "nld", "nn": "nno", "no": "nob", "oc": "prv", "os": "oss",
+    "pa": "pan", "pam": "pam", "pl": "pol", "pnb": "pnb", "ps": "pbu", "pt": "por_PT", "qu": "quz", "rm": "roh",
+    "ro": "ron", "ru": "rus", "sa": "san", "sah": "sah", "sco": "sco", "sk": "slk", "sl": "slv", "so": "som",
+    "sq": "als", "sr": "srp_cyrl", "su": "sun", "sv": "swe", "sw": "swh", "ta": "tam", "tg": "tgk", "th": "tha",
+    "tk": "tuk_latn", "tl": "tgl", "tr": "tur", "tt": "tat", "tyv": "tyv", "ug": "uig_arab", "uk": "ukr",
+    "ur": "urd", "uz": "uzn_latn", "vec": "vec", "vep": "vep", "vi": "vie", "wa": "wln", "war": "war", "yi": "ydd",
+    "yo": "yor", "zh": "cmn_hans",
+}
+
+
+# --- the statistic each rule thresholds, as the filter computes it ------------------------
+
+
+def _content(words: list[str]) -> list[str]:
+    return [w for w in words if w.strip(PUNCTUATION_CHARS)]
+
+
+def _avg_word_length(text: str, lang: str) -> float | None:
+    content = _content(split_words(text, lang))
+    return sum(map(len, content)) / len(content) if content else None
+
+
+def _alpha_share(text: str, lang: str) -> float | None:
+    words = split_words(text, lang)
+    return sum(1 for w in words if any(map(str.isalpha, w))) / len(words) if words else None
+
+
+def _stop_words(text: str, lang: str) -> float | None:
+    stop = language_stop_words(lang)
+    if stop is None:
+        return None  # no list: the rule does not apply to the language
+    return float(len(stop & set(split_words(text, lang))))
+
+
+def _per_word(count: Callable[[str], int]) -> Callable[[str, str], float | None]:
+    def stat(text: str, lang: str) -> float | None:
+        words = split_words(text, lang)
+        return count(text) / len(words) if words else None
+    return stat
+
+
+def _line_share(test: Callable[[str], bool]) -> Callable[[str, str], float | None]:
+    def stat(text: str, lang: str) -> float | None:
+        lines = text.splitlines()
+        return sum(map(test, lines)) / len(lines) if lines else None
+    return stat
+
+
+def _dup_frac(split: Callable[[str], list[str]], chars: bool) -> Callable[[str, str], float | None]:
+    def stat(text: str, lang: str) -> float | None:
+        parts = split(text)
+        distinct = set(parts)
+        if chars:
+            return (sum(map(len, parts)) - sum(map(len, distinct))) / len(text) if text else None
+        return (len(parts) - len(distinct)) / len(parts) if parts else None
+    return stat
+
+
+# the n-gram arithmetic is gopher_repetition's own (datatrove's, checked against it there)
+def _top_ngram(n: int) -> Callable[[str, str], float | None]:
+    def stat(text: str, lang: str) -> float | None:
+        top = _top_chars_of_strings(split_words(text, lang), n) if text else None
+        return top / len(text) if top is not None else None
+    return stat
+
+
+def _dup_ngrams(n: int) -> Callable[[str, str], float | None]:
+    def stat(text: str, lang: str) -> float | None:
+        return _repeated_chars_of_strings(split_words(text, lang), n) / len(text) if text else None
+    return stat
+
+
+def _line_words(line: str, lang: str) -> list[str]:
+    """Words of a line as c4_lines counts them."""
+    if lang in UNSPACED_LANGUAGES:
+        return _content(split_words(line, lang))
+    return line.split()
+
+
+def _words_per_line(text: str, lang: str) -> list[float]:
+    """Words of each line the rule decides on (c4_lines drops lines without terminal punctuation first)."""
+    ends = end_punctuation_for(lang)
+    lines = [line.strip() for line in text.splitlines()]
+    return [float(len(_line_words(line, lang))) for line in lines if line.endswith(ends)]
+
+
+def _sentences(text: str, lang: str, min_words: int = 3) -> float | None:
+    """c4_lines' sentence count: sentences of the lines that end a sentence and hold enough words."""
+    ends = end_punctuation_for(lang)
+    lines = [line.strip() for line in text.splitlines()]
+    return float(sum(len(split_sentences(line)) for line in lines
+                     if line.endswith(ends) and len(_line_words(line, lang)) >= min_words))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One threshold: the step's parameter, whether documents (or lines) below (`min`) or above
+    (`max`) it are removed, and the statistic it is compared with."""
+
+    step: str
+    param: str
+    kind: Literal["min", "max"]
+    stat: Callable[[str, str], float | None | list[float]]
+    integer: bool = False
+    n: int | None = None  # the n of an n-gram rule: its entry in the [n, fraction] list
+    lines: bool = False   # the statistic is per line (the rule removes lines, not documents)
+    #: a count that grows with the document (words, sentences): what share a threshold removes
+    #: depends on how the reference was cut, so the threshold is scaled by the ratio of the
+    #: medians over the same (parallel) documents instead: Chinese says in 30 ICU words what
+    #: English says in 50
+    length: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.step}.{self.param}" + (f"[{self.n}]" if self.n is not None else "")
+
+    def default(self):
+        value = getattr(_DEFAULTS[self.step], self.param)
+        if self.n is not None:
+            return dict(value)[self.n]
+        return value
+
+
+_DEFAULTS = {"gopher_quality": GopherQuality.Config(), "gopher_repetition": GopherRepetition.Config(),
+             "c4_lines": C4Lines.Config()}
+
+def _doc_words(text: str, lang: str) -> float | None:
+    return float(len(_content(split_words(text, lang))))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gopher_quality", "min_doc_words", "min", _doc_words, integer=True, length=True),
+    Rule("gopher_quality", "max_doc_words", "max", _doc_words, integer=True, length=True),
+    Rule("gopher_quality", "min_avg_word_length", "min", _avg_word_length),
+    Rule("gopher_quality", "max_avg_word_length", "max", _avg_word_length),
+    Rule("gopher_quality", "max_non_alpha_words_ratio", "min", _alpha_share),
+    Rule("gopher_quality", "min_stop_words", "min", _stop_words, integer=True),
+    Rule("gopher_quality", "max_bullet_lines_ratio", "max", _line_share(lambda s: s.lstrip().startswith(("•", "-")))),
+    Rule("gopher_quality", "max_ellipsis_lines_ratio", "max",
+         _line_share(lambda s: s.rstrip().endswith(("...", "…")))),
+    Rule("gopher_repetition", "dup_line_frac", "max", _dup_frac(split_lines, chars=False)),
+    Rule("gopher_repetition", "dup_para_frac", "max", _dup_frac(split_paragraphs, chars=False)),
+    Rule("gopher_repetition", "dup_line_char_frac", "max", _dup_frac(split_lines, chars=True)),
+    Rule("gopher_repetition", "dup_para_char_frac", "max", _dup_frac(split_paragraphs, chars=True)),
+    *(Rule("gopher_repetition", "top_n_grams", "max", _top_ngram(n), n=n) for n in (2, 3, 4)),
+    *(Rule("gopher_repetition", "dup_n_grams", "max", _dup_ngrams(n), n=n) for n in range(5, 11)),
+    Rule("c4_lines", "min_words_per_line", "min", _words_per_line, integer=True, lines=True),
+    Rule("c4_lines", "min_num_sentences", "min", _sentences, integer=True, length=True),
+)
+
+
+# --- reference text --------------------------------------------------------------------
+
+
+def chunks(text: str) -> list[str]:
+    """Documents of a reference text: its blocks between its least indented blank lines (a text
+    file: between empty lines; UDHR: the preamble and each article, whose numbered paragraphs
+    are separated by blank lines indented deeper), lines stripped of their indentation."""
+    lines = text.splitlines()
+    blanks = sorted({len(line) for line in lines if not line.strip()})
+    out: list[str] = []
+    # some UDHR files indent otherwise: deeper blank lines too, until there are enough blocks
+    for outer in blanks or [0]:
+        out, block = [], []
+        for line in lines + [""]:
+            if line.strip():
+                block.append(line.strip())
+            elif len(line) <= outer and block:
+                out.append("\n".join(block))
+                block = []
+        if len(out) >= MIN_CHUNKS:
+            break
+    return out
+
+
+#: languages with fewer reference documents than this are not calibrated
+MIN_DOCUMENTS = 10
+#: a reference cut into fewer blocks than this at its outer blank lines is cut at deeper ones
+MIN_CHUNKS = 20
+
+
+def read_udhr(path: Path, languages: list[str] | None = None) -> dict[str, str]:
+    """{lid.176 label: UDHR text} for the languages of `UDHR_FILES` (or those asked) in the zip."""
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        out = {}
+        for lang, code in UDHR_FILES.items():
+            if languages is not None and lang not in languages and lang != "en":
+                continue
+            name = f"udhr2/{code}.txt"
+            if name in names:
+                out[lang] = z.read(name).decode("utf-8")
+        return out
+
+
+# --- matching --------------------------------------------------------------------------
+
+
+def _values(rule: Rule, docs: list[str], lang: str) -> list[float]:
+    out: list[float] = []
+    for doc in docs:
+        v = rule.stat(doc, lang)
+        if isinstance(v, list):
+            out.extend(v)
+        elif v is not None:
+            out.append(v)
+    return out
+
+
+def removed_share(rule: Rule, values: list[float], threshold: float) -> float:
+    if not values:
+        return 0.0
+    if rule.kind == "min":
+        return sum(v < threshold for v in values) / len(values)
+    return sum(v > threshold for v in values) / len(values)
+
+
+def match(rule: Rule, english: list[float], other: list[float], threshold: float) -> tuple[float, float]:
+    """(the language's threshold, the share p of English reference the default removes)."""
+    p = removed_share(rule, english, threshold)
+    s = sorted(other)
+    k = min(round(p * len(s)), len(s) - 1)  # documents of the language to remove
+    med_en, med = statistics.median(english), statistics.median(s)
+    # a ratio of medians where both are positive: a statistic that is 0 on most documents (a
+    # share of repeated lines) says nothing of the language, and a threshold of 0 turns a
+    # rule off
+    scaled = threshold * med / med_en if med_en > 0 and med > 0 else threshold
+    if rule.length:
+        t = scaled
+    elif k > 0:
+        if rule.kind == "min":  # remove the k smallest: a threshold between s[k-1] and s[k]
+            t = s[k] if rule.integer else (s[k - 1] + s[k]) / 2
+        else:  # remove the k largest
+            j = len(s) - 1 - k
+            t = s[j] if rule.integer else (s[j] + s[j + 1]) / 2
+            if t <= 0:  # fewer than k documents score above 0: remove those that do
+                positive = [v for v in s if v > 0]
+                t = positive[0] / 2 if positive else threshold
+    else:  # as for English (or nearly: under half a document), the rule removes none of it
+        t = min(scaled, s[0]) if rule.kind == "min" else max(scaled, s[-1])
+    if rule.integer:
+        t = max(1, math.floor(t)) if rule.kind == "min" else math.ceil(t)
+    else:
+        t = round(t, 4)
+    return t, p
+
+
+@dataclass
+class Result:
+    rule: Rule
+    language: str
+    default: float
+    threshold: float
+    english_share: float
+    share: float  # of the language's reference the threshold removes
+    documents: int
+
+
+def calibrate(references: dict[str, list[str]], english: list[str], rules=RULES,
+              progress: Callable[[str], None] | None = None) -> list[Result]:
+    """One Result per rule and language of `references` ({lid label: documents})."""
+    results = []
+    english_values = {rule: _values(rule, english, "en") for rule in rules}
+    for lang, docs in sorted(references.items()):
+        if lang == "en" or len(docs) < MIN_DOCUMENTS:  # no share is known from a handful
+            continue
+        if progress:
+            progress(lang)
+        for rule in rules:
+            values = _values(rule, docs, lang)
+            default = rule.default()
+            if not values or not english_values[rule] or default is None:
+                continue
+            t, p = match(rule, english_values[rule], values, default)
+            results.append(Result(rule, lang, default, t, p, removed_share(rule, values, t), len(docs)))
+    return results
+
+
+def calibration_table(results: list[Result]) -> dict:
+    """The `calibration:` file: per step and language, the values that differ from the defaults."""
+    table: dict[str, dict] = {}
+    for r in results:
+        if r.threshold == r.default:
+            continue
+        per = table.setdefault(r.rule.step, {"per_language": {}})["per_language"].setdefault(r.language, {})
+        if r.rule.n is None:
+            per[r.rule.param] = r.threshold
+        else:
+            pairs = per.setdefault(r.rule.param, [list(p) for p in getattr(_DEFAULTS[r.rule.step], r.rule.param)])
+            for pair in pairs:
+                if pair[0] == r.rule.n:
+                    pair[1] = r.threshold
+    return table
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read reference text ({getattr(e, 'strerror', None) or e})") from None
+
+
+def cmd_calibrate(args, console) -> int:
+    from rich.table import Table
+
+    languages = [x for x in args.languages.split(",") if x] if args.languages else None
+    for lang in languages or []:
+        if lang not in LID176_LABELS:
+            raise ConfigError(f"--languages: {lang!r} is not a lid.176 language label")
+    texts: dict[str, str] = {}
+    if args.udhr:
+        udhr = Path(args.udhr)
+        if not udhr.is_file():
+            raise ConfigError(f"--udhr {udhr}: not found (the UDHR zip, e.g. shared/data/corpus/multi/udhr2.zip)")
+        try:
+            texts.update(read_udhr(udhr, languages))
+        except zipfile.BadZipFile as e:
+            raise ConfigError(f"--udhr {udhr}: not a zip file ({e})") from None
+    for spec in args.reference:
+        lang, sep, path = spec.partition("=")
+        if not sep or lang not in LID176_LABELS:
+            raise ConfigError(f"--reference {spec!r}: expected LANG=FILE with a lid.176 label, e.g. zh=zh.txt")
+        texts[lang] = _read_text(path)
+    references = {lang: chunks(text) for lang, text in texts.items()}
+    english = [c for path in args.english for c in chunks(_read_text(path))]
+    if "en" in references and not args.no_udhr_english:
+        english = references["en"] + english
+    if not english:
+        raise ConfigError("no English reference: give --udhr (its English file) or --english FILE")
+    if languages is not None:
+        missing = sorted(set(languages) - set(references))
+        if missing:
+            raise ConfigError(f"--languages: no reference text for {', '.join(missing)} (UDHR has none: "
+                              f"give --reference LANG=FILE)")
+    results = calibrate(references, english)
+    table = calibration_table(results)
+    header = (f"# Written by `pipeline calibrate` (gristmill.pipeline.calibrate): thresholds that remove the same share\n"
+              f"# of each language's reference text as the English defaults remove of English reference text.\n"
+              f"# Reference: {', '.join(filter(None, [args.udhr, *args.english, *args.reference]))}; "
+              f"{len(english)} English documents, about {round(statistics.mean(len(v) for v in references.values()))}"
+              f" per language (cut at blank lines).\n"
+              f"# Use it as `calibration: {args.output}` in a run config; a step's own per_language wins.\n")
+    write_text_atomic(Path(args.output), header + yaml.safe_dump(table, sort_keys=True, allow_unicode=True))
+    t = Table("rule", "English default", "share it removes", "languages: min", "median", "max", "zh", "ar")
+    by_rule: dict[str, dict[str, Result]] = {}
+    for r in results:
+        by_rule.setdefault(r.rule.name, {})[r.language] = r
+    for name, row in by_rule.items():
+        first = next(iter(row.values()))
+        values = sorted(r.threshold for r in row.values())
+        share = "(scaled)" if first.rule.length else f"{first.english_share:.2f}"
+        t.add_row(name, str(first.default), share, f"{values[0]:g}", f"{statistics.median(values):g}", f"{values[-1]:g}",
+                  *[str(row[lang].threshold) if lang in row else "-" for lang in ("zh", "ar")])
+    console.print(t)
+    n_values = sum(len(v) for step in table.values() for v in step["per_language"].values())
+    calibrated = sorted({r.language for r in results})
+    thin = sorted(set(references) - set(calibrated) - {"en"})
+    console.print(f"wrote {args.output}: {len(calibrated)} languages, {n_values} values differing from the English "
+                  f"defaults" + (f"; not calibrated (under {MIN_DOCUMENTS} documents): {', '.join(thin)}" if thin else ""))
+    return 0
+
+
+def add_parser(sub) -> None:
+    """`pipeline calibrate ...` (registered by cli.py)."""
+    c = sub.add_parser("calibrate", help="per-language thresholds of the heuristic filters from reference text "
+                                         "(the share the English defaults remove)")
+    c.add_argument("--udhr", help="the UDHR zip (udhr2.zip, one file per language), e.g. "
+                                  "../shared/data/corpus/multi/udhr2.zip")
+    c.add_argument("--reference", action="append", default=[], metavar="LANG=FILE",
+                   help="reference text of a language (UTF-8, documents separated by blank lines); repeatable")
+    c.add_argument("--english", action="append", default=[], metavar="FILE",
+                   help="more English reference text (e.g. WikiText), documents separated by blank lines")
+    c.add_argument("--no-udhr-english", action="store_true", help="do not use UDHR's English file as reference")
+    c.add_argument("--languages", help="comma-separated lid.176 labels (default: every language with reference text)")
+    c.add_argument("--output", "-o", required=True, help="calibration YAML to write, e.g. configs/calibration/udhr.yaml")
+    c.set_defaults(func=cmd_calibrate)

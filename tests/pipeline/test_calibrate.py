@@ -1,0 +1,196 @@
+"""`pipeline calibrate`: per-language thresholds that remove the same share of a language's
+reference text (UDHR) as the English defaults remove of English reference text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from datatrove.data import Document
+
+from gristmill.cli import main
+from gristmill.config import from_dict
+from gristmill.filters.gopher_quality import GopherQuality
+from gristmill.filters.gopher_repetition import GopherRepetition
+from gristmill.pipeline.calibrate import _values, calibrate, calibration_table, chunks, read_udhr, removed_share
+
+REPO = Path(__file__).resolve().parents[2]
+LANGS = ["zh", "ja", "ar", "fa", "ru", "hi", "de"]
+
+
+@pytest.fixture(scope="module")
+def udhr_zip(shared_data) -> Path:
+    return shared_data / "corpus" / "multi" / "udhr2.zip"
+
+
+@pytest.fixture(scope="module")
+def references(udhr_zip) -> dict[str, list[str]]:
+    return {lang: chunks(text) for lang, text in read_udhr(udhr_zip, LANGS).items()}
+
+
+@pytest.fixture(scope="module")
+def results(references):
+    return calibrate({k: v for k, v in references.items() if k != "en"}, references["en"])
+
+
+def test_udhr_is_cut_into_its_preamble_and_articles(references):
+    en = references["en"]
+    assert len(en) == 31  # the preamble and 30 articles: one document per language would be no distribution
+    assert en[0].startswith("Universal Declaration of Human Rights\nPreamble")
+    assert [c.split("\n")[0] for c in en[1:]] == [f"Article {i}" for i in range(1, 31)]
+    assert "Everyone charged with a penal offence" in en[11] and "No one shall be held guilty" in en[11]
+    for lang in LANGS:
+        assert 29 <= len(references[lang]) <= 34, lang
+
+
+# the filter with only the calibrated rule on, to check that the statistic is the filter's own
+_OFF = {"gopher_quality": dict(min_doc_words=None, max_doc_words=None, min_avg_word_length=None,
+                               max_avg_word_length=None, max_symbol_word_ratio=None, max_bullet_lines_ratio=None,
+                               max_ellipsis_lines_ratio=None, max_non_alpha_words_ratio=None, min_stop_words=None),
+        "gopher_repetition": dict(dup_line_frac=None, dup_para_frac=None, dup_line_char_frac=None,
+                                  dup_para_char_frac=None, top_n_grams=(), dup_n_grams=())}
+_STEPS = {"gopher_quality": GopherQuality, "gopher_repetition": GopherRepetition}
+
+
+def only(rule, threshold):
+    params = dict(_OFF[rule.step])
+    params[rule.param] = [(rule.n, threshold)] if rule.n is not None else threshold
+    return _STEPS[rule.step](**params)
+
+
+def test_each_threshold_removes_from_the_filter_what_the_calibration_says(results, references):
+    checked = 0
+    for r in results:
+        if r.rule.step not in _STEPS:
+            continue
+        flt = only(r.rule, r.threshold)
+        docs = [Document(text=t, id=str(i), metadata={"language": r.language}) for i, t in enumerate(references[r.language])]
+        dropped = sum(flt.filter(d) is not True for d in docs)
+        values = _values(r.rule, references[r.language], r.language)
+        assert dropped / len(docs) == pytest.approx(removed_share(r.rule, values, r.threshold)), (r.rule.name, r.language)
+        assert r.share == pytest.approx(dropped / len(docs))
+        if not r.rule.length:
+            # the same share as English loses, to within one document
+            assert abs(r.share - r.english_share) <= 1 / len(docs) + 1e-9, (r.rule.name, r.language)
+        checked += 1
+    assert checked >= 17 * (len(LANGS) - 1)
+
+
+def test_english_defaults_remove_what_the_calibration_reports(results, references):
+    for r in results:
+        if r.rule.step in _STEPS and not r.rule.length:
+            flt = only(r.rule, r.default)
+            en = [Document(text=t, id=str(i), metadata={"language": "en"}) for i, t in enumerate(references["en"])]
+            assert sum(flt.filter(d) is not True for d in en) / len(en) == pytest.approx(r.english_share), r.rule.name
+
+
+def test_chinese_and_japanese_words_get_their_own_length_bounds(results):
+    got = {(r.rule.name, r.language): r.threshold for r in results}
+    for lang in ("zh", "ja"):
+        assert got[("gopher_quality.min_avg_word_length", lang)] < 2  # ICU words: mostly 1-2 characters
+        assert got[("gopher_quality.max_avg_word_length", lang)] < 5
+    # German words are longer than English ones: the bound scales up (and still removes no article)
+    assert got[("gopher_quality.min_avg_word_length", "de")] > 3
+
+
+def test_the_table_holds_what_differs_and_loads_as_calibration(results, tmp_path):
+    table = calibration_table(results)
+    assert set(table) <= {"gopher_quality", "gopher_repetition", "c4_lines"}
+    for step in table.values():
+        assert "en" not in step["per_language"]  # English decisions stay the defaults'
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(table))
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(path),
+                     "steps": ["gopher_quality", "gopher_repetition", "c4_lines"]})
+    zh = GopherQuality(cfg.specs[0].params).config_for("zh")
+    assert zh.min_avg_word_length == table["gopher_quality"]["per_language"]["zh"]["min_avg_word_length"]
+    en = GopherQuality(cfg.specs[0].params).config_for("en")
+    assert en.model_dump(exclude={"per_language"}) == GopherQuality.Config().model_dump(exclude={"per_language"})
+
+
+def _thresholds(table):
+    for step in table.values():
+        for params in step["per_language"].values():
+            for name, value in params.items():
+                yield from ((name, v) for _, v in value) if isinstance(value, list) else [(name, value)]
+
+
+def test_shipped_calibration_loads_and_leaves_english_alone():
+    path = REPO / "configs" / "calibration" / "udhr.yaml"
+    table = yaml.safe_load(path.read_text())
+    assert all("en" not in step["per_language"] for step in table.values())
+    assert all(v > 0 for _, v in _thresholds(table))  # 0 would turn a rule off
+    assert len(table["gopher_quality"]["per_language"]) >= 100
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(path),
+                     "steps": ["gopher_quality", "gopher_repetition", "c4_lines"]})
+    assert cfg.specs[0].params.per_language["zh"]["min_avg_word_length"] < 2
+
+
+def test_cli_writes_the_file_and_refuses_bad_input(udhr_zip, tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "zh,ar", "-o", str(out)]) == 0
+    table = yaml.safe_load(out.read_text())
+    assert set(table["gopher_quality"]["per_language"]) == {"zh", "ar"}
+    assert out.read_text().startswith("# Written by `pipeline calibrate`")
+    assert main(["calibrate", "--udhr", str(tmp_path / "none.zip"), "-o", str(out)]) == 2
+    assert "none.zip: not found" in capsys.readouterr().err
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--reference", "chinese=x.txt", "-o", str(out)]) == 2
+    assert "--reference 'chinese=x.txt': expected LANG=FILE" in capsys.readouterr().err
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "xal", "-o", str(out)]) == 2
+    assert "no reference text for xal" in capsys.readouterr().err
+
+
+def test_user_reference_text_is_used(udhr_zip, tmp_path, references):
+    # the Chinese UDHR given as a user's file: the same thresholds as from the zip
+    ref = tmp_path / "zh.txt"
+    ref.write_text("\n\n".join(references["zh"]))
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "zh", "-o", str(tmp_path / "a.yaml")]) == 0
+    assert main(["calibrate", "--english", str(tmp_path / "en.txt"), "--reference", f"zh={ref}", "-o", str(out)]) == 2
+    (tmp_path / "en.txt").write_text("\n\n".join(references["en"]))
+    assert main(["calibrate", "--english", str(tmp_path / "en.txt"), "--reference", f"zh={ref}", "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load((tmp_path / "a.yaml").read_text())
+
+
+def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_reasons(wet_files, lid_model,
+                                                                                       monkeypatch):
+    """configs/multilingual.yaml's language ID and heuristic filters on the sample: pages of
+    other languages are kept, English pages are decided exactly as by configs/crawl.yaml."""
+    from collections import Counter
+
+    from gristmill.config import load
+    from gristmill.core.step import registered_steps
+    from gristmill.core.wet_reader import WetReader
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("GRISTMILL_DATA", str(wet_files[0].parents[2]))
+
+    def kept(config, **sets):
+        cfg = load(config, [f"{k}={v}" for k, v in sets.items()])
+        steps = [registered_steps()[s.name](s.params) for s in cfg.specs if s.name in
+                 ("langid", "gopher_quality", "gopher_repetition", "c4_lines")]
+        data = WetReader([str(p) for p in wet_files]).run()
+        for step in steps:
+            data = step.run(data)
+        return {d.id: (d.metadata["language"], d.text) for d in data}
+
+    multi = kept("configs/multilingual.yaml")
+    english = kept("configs/crawl.yaml")
+    before = kept("configs/crawl.yaml", **{"steps[0].langid.languages": "null"})
+    by_lang = Counter(lang for lang, _ in multi.values())
+    assert {k: v for k, v in multi.items() if v[0] == "en"} == english  # same pages, same text
+    assert by_lang["ja"] >= 3 and by_lang["zh"] >= 1  # Japanese/Chinese: ICU word lengths, 。 ends a sentence
+    assert sum(n for lang, n in by_lang.items() if lang != "en") > \
+        sum(1 for lang, _ in before.values() if lang != "en")
+
+
+def test_no_threshold_turns_a_rule_off_when_a_statistic_is_mostly_zero(udhr_zip, shared_data, tmp_path):
+    """WikiText as English reference: its repeated-n-gram shares are 0 on most paragraphs, as
+    are the languages'; a ratio of medians of 0 must not make a threshold of 0."""
+    out = tmp_path / "cal.yaml"
+    wiki = shared_data / "corpus" / "en" / "wikitext-2.test.txt"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--english", str(wiki), "--no-udhr-english",
+                 "--languages", "ar,de", "-o", str(out)]) == 0
+    values = list(_thresholds(yaml.safe_load(out.read_text())))
+    assert values and all(v > 0 for _, v in values)
