@@ -279,6 +279,8 @@ def main() -> None:
             run_dir = args.work / f"run-{cfg}-{gb:g}-t{args.tasks}"
             print(f"== {cfg} on {gb:g} GB ({input_gb:.3f} GB) with {args.tasks} tasks -> {run_dir}", flush=True)
             if args.report_only:
+                if f"{gb:g}" not in results["runs"].get(cfg, {}) or not (run_dir / "plan.json").is_file():
+                    continue  # not run (yet)
                 wall = results["runs"][cfg][f"{gb:g}"]["wall_s"]
             else:
                 wall = run_pipeline(CONFIGS[cfg], wet, run_dir, args.tasks, args.workers)
