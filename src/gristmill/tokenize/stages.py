@@ -84,6 +84,8 @@ class TokenizerSampleStep(Step):
         super().__init__()
         self.sample_bytes = sample_bytes
 
+    memory_setting = "tokenize.tokenizer.sample_bytes"
+
     def memory_bytes(self, work: Workload) -> int:
         """The sample, as Python strings in a heap: ~3x `sample_bytes` (or its share of the text)."""
         return int(3 * min(self.sample_bytes, work.text_bytes / max(work.tasks, 1)))
@@ -121,6 +123,8 @@ class TokenizerStep(Step):
         self.params = params  # TokenizerSource as a dict (picklable)
         #: the sample tasks' output; None: the documents piped in are sampled here
         self.sample_folder = sample_folder and Path(sample_folder)
+
+    memory_setting = "tokenize.tokenizer.sample_bytes"
 
     def memory_bytes(self, work: Workload) -> int:
         """The sample (`sample_bytes` of text, ~3x as Python strings in a heap), training on it
