@@ -73,13 +73,25 @@ def documents_in(stage_folder: Path) -> int | None:
     return c.get("documents", c.get("total"))
 
 
-def stage_rows(run_dir: Path, input_gb: float) -> list[dict]:
+def model_estimates(config: Path, wet: Path, tasks: int, workers: int) -> dict[str, float]:
+    """The planner's per-task memory estimate of each stage (MB), for this input and task count."""
+    from gristmill.config import load
+    from gristmill.pipeline.planner import estimate_memory
+    from gristmill.pipeline.projection import plan_for_size
+
+    cfg = load(str(config), ["train=null", f"executor.tasks={tasks}", f"executor.workers={workers}",
+                             f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]"], None)
+    stages, _ = plan_for_size(cfg, None, None)
+    return {e.stage.label: round(e.bytes / 1e6, 1) for e in estimate_memory(cfg, stages)}
+
+
+def stage_rows(run_dir: Path, input_gb: float, models: dict[str, float] | None = None) -> list[dict]:
     plan = json.loads((run_dir / "plan.json").read_text())
     rows = []
     for st in plan["stages"]:
         folder = run_dir / st["label"]
         u = stage_usage(folder)
-        rows.append({
+        rows.append({"model_mb": (models or {}).get(st["label"]),
             "stage": st["name"], "label": st["label"], "steps": st["steps"], "tasks": st["tasks"],
             "docs_in": documents_in(folder), "cpu_s": u and round(u.cpu_s, 2), "wall_s": u and round(u.wall_s, 2),
             "cpu_s_per_gb": u and round(u.cpu_s / input_gb, 2), "max_rss_mb": u and u.max_rss_mb,
@@ -101,7 +113,7 @@ def _stage_folder(run_dir: Path, name: str) -> Path | None:
     return None
 
 
-def dedup_quality(run_dir: Path, truth: list[dict]) -> dict:
+def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) -> dict:
     """Recall and precision of each dedup on the planted pairs among the documents it was given.
 
     Recall: of the planted pairs with both documents in the dedup's input, the share of which
@@ -126,6 +138,8 @@ def dedup_quality(run_dir: Path, truth: list[dict]) -> dict:
         out[dedup] = {"pairs": len(pairs), "recall": round(found / len(pairs), 4) if pairs else None,
                       "removed": len(removed),
                       "precision": round(len(removed & members) / len(removed), 4) if removed else None}
+        if accidental:
+            out[dedup]["outside_planted"] = _accidental(run_dir, removed - members, dedup)
     # Both dedups together: paragraph-level exact dedup (crawl.yaml) removes the lines a near copy
     # shares with its original, so near dedup alone misses pairs the first already broke up.
     first, last = _stage_folder(run_dir, "exact_dedup_hash"), _stage_folder(run_dir, "near_dedup_filter")
@@ -139,6 +153,56 @@ def dedup_quality(run_dir: Path, truth: list[dict]) -> dict:
                        "removed": len(removed),
                        "precision": round(len(removed & members) / len(removed), 4) if removed else None}
     return out
+
+
+def _accidental(run_dir: Path, removed_outside: set[str], dedup: str) -> dict:
+    """The removed documents outside the planted pairs, checked against the text they were
+    removed for: exact dedup's must be identical to an earlier kept document; near dedup's are
+    compared (shingle Jaccard) with the first document of their cluster. High values mean the
+    generator made these duplicates by accident (short pages drawing the same lines), so the
+    precision on planted pairs understates the dedup's."""
+    from gristmill.dedup.order import load_ranks
+    from gristmill.dedup.text import jaccard, shingles
+
+    if not removed_outside:
+        return {"checked": 0}
+    first = _stage_folder(run_dir, f"{dedup}_signature" if dedup == "near_dedup" else f"{dedup}_hash")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    labels = [st["label"] for st in plan["stages"]]
+    before = [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1]
+    rank = load_ranks(first)[1]
+    files = sorted((run_dir / before / "output").rglob("*.parquet"))
+    key_of, id_of = {}, {}
+    for f in files:
+        t = pq.read_table(f, columns=["id", "source", "offset"]).to_pydict()
+        for i, s, o in zip(t["id"], t["source"], t["offset"]):
+            k = (rank[s or ""] << 40) | int(o)
+            key_of[i], id_of[k] = k, i
+    if dedup == "near_dedup":
+        import numpy as np
+        cl = np.load(_stage_folder(run_dir, "near_dedup_cluster") / "clusters.npy")
+        root = dict(zip(cl[:, 0].tolist(), cl[:, 1].tolist()))
+        pairs = {i: id_of[root[key_of[i]]] for i in removed_outside if key_of.get(i) in root}
+    else:
+        pairs = {i: None for i in removed_outside}
+    need = set(pairs) | {v for v in pairs.values() if v}
+    text = {}
+    for f in files:
+        t = pq.read_table(f, columns=["id", "text"]).to_pydict()
+        text.update({i: x for i, x in zip(t["id"], t["text"]) if i in need})
+    if dedup == "near_dedup":
+        js = sorted(jaccard(shingles(text[i]), shingles(text[r])) for i, r in pairs.items() if r in text and i in text)
+        return {"checked": len(js), "jaccard_min": round(js[0], 3) if js else None,
+                "jaccard_median": round(js[len(js) // 2], 3) if js else None,
+                "at_least_0.8": sum(j >= 0.8 for j in js)}
+    # exact: some kept document has the same normalised text
+    from gristmill.dedup.text import normalize
+    kept_norm = set()
+    for f in files:
+        t = pq.read_table(f, columns=["id", "text"]).to_pydict()
+        kept_norm.update(normalize(x) for i, x in zip(t["id"], t["text"]) if i not in removed_outside)
+    same = sum(normalize(text[i]) in kept_norm for i in pairs if i in text)
+    return {"checked": len(pairs), "identical_to_a_kept_document": same}
 
 
 def _digest(run_dir: Path) -> dict:
@@ -160,7 +224,8 @@ def markdown(results: dict) -> str:
     for cfg, runs in results["runs"].items():
         sizes = sorted(runs, key=float)
         lines += [f"#### `{CONFIGS[cfg].relative_to(ROOT)}` ({results['tasks']} tasks, {results['workers']} workers)", ""]
-        head = "| stage | " + " | ".join(f"{s} GB: docs in · wall s · CPU s · CPU s/GB · peak RSS MB · disk MB" for s in sizes)
+        head = "| stage | " + " | ".join(f"{s} GB: docs in · wall s · CPU s · CPU s/GB · peak RSS MB (model) · disk MB"
+                                         for s in sizes)
         lines += [head + " | CPU s/GB ratio | RSS ratio |", "|---|" + "---|" * (len(sizes) + 2)]
         by_stage = {}
         for s in sizes:
@@ -172,7 +237,7 @@ def markdown(results: dict) -> str:
                 r = per.get(s)
                 cells.append("—" if r is None else
                              f"{r['docs_in'] if r['docs_in'] is not None else '—'} · {r['wall_s']} · {r['cpu_s']} · "
-                             f"{r['cpu_s_per_gb']} · {r['max_rss_mb']} · {r['disk_mb']}")
+                             f"{r['cpu_s_per_gb']} · {r['max_rss_mb']} ({r.get('model_mb')}) · {r['disk_mb']}")
             lo, hi = per.get(sizes[0]), per.get(sizes[-1])
             cr = (f"{hi['cpu_s_per_gb'] / lo['cpu_s_per_gb']:.2f}" if lo and hi and lo["cpu_s_per_gb"] else "—")
             rr = (f"{hi['max_rss_mb'] / lo['max_rss_mb']:.2f}" if lo and hi and lo["max_rss_mb"] else "—")
@@ -181,7 +246,9 @@ def markdown(results: dict) -> str:
         for s in sizes:
             r = runs[s]
             q = "; ".join(f"{k}: {v['pairs']} planted pairs, recall {v['recall']}, removed {v['removed']}, "
-                          f"precision {v['precision']}" for k, v in r["dedup"].items())
+                          f"precision {v['precision']}" + (f" (outside the planted pairs: {v['outside_planted']})"
+                                                           if v.get("outside_planted") else "")
+                          for k, v in r["dedup"].items())
             lines.append(f"- {s} GB ({r['input_gb']:.3f} GB read, {r['documents']:,} documents): "
                          f"{r['wall_s']:.0f} s wall for the command. {q}")
         lines.append("")
@@ -284,11 +351,11 @@ def main() -> None:
                 wall = results["runs"][cfg][f"{gb:g}"]["wall_s"]
             else:
                 wall = run_pipeline(CONFIGS[cfg], wet, run_dir, args.tasks, args.workers)
-            stages = stage_rows(run_dir, input_gb)
+            stages = stage_rows(run_dir, input_gb, model_estimates(CONFIGS[cfg], wet, args.tasks, args.workers))
             documents = stages[0]["docs_in"] or 0
             results["runs"].setdefault(cfg, {})[f"{gb:g}"] = {
                 "input_gb": input_gb, "documents": documents, "wall_s": wall, "stages": stages,
-                "dedup": dedup_quality(run_dir, truth)}
+                "dedup": dedup_quality(run_dir, truth, accidental=cfg == "permissive")}
             results_path.write_text(json.dumps(results, indent=1))
     if args.invariance:
         gb = min(args.sizes)
