@@ -258,7 +258,7 @@ def markdown(results: dict) -> str:
                      f"projects {pc['total_cpu_projected']:.0f} CPU s for {pc['target_gb']} GB; measured "
                      f"{pc['total_cpu_measured']:.0f} ({pc['total_cpu_error']:+.1%}). Largest stage error: "
                      + (f"{worst['stage']} {worst['cpu_error']:+.1%} CPU" if worst else "—")
-                     + "; peak RSS errors: " + ", ".join(f"{r['stage']} {r['rss_error']:+.0%}" for r in pc["stages"]) + ".")
+                     + "; memory model vs measured peak: " + ", ".join(f"{r['stage']} {r['rss_error']:+.0%}" for r in pc["stages"]) + ".")
         lines.append("")
     if "invariance" in results:
         inv = results["invariance"]
@@ -308,9 +308,10 @@ def projection_check(results: dict, work: Path, tasks: int, workers: int) -> dic
             p = proj.get(m["label"])
             if p is None or p.cpu_s is None or not m["cpu_s"]:
                 continue
+            model = p.estimate_bytes / 1e6
             rows.append({"stage": m["label"], "cpu_projected": round(p.cpu_s, 1), "cpu_measured": m["cpu_s"],
-                         "cpu_error": round(p.cpu_s / m["cpu_s"] - 1, 3), "rss_projected": round(p.rss_mb, 1),
-                         "rss_measured": m["max_rss_mb"], "rss_error": round(p.rss_mb / m["max_rss_mb"] - 1, 3)})
+                         "cpu_error": round(p.cpu_s / m["cpu_s"] - 1, 3), "memory_model_mb": round(model, 1),
+                         "rss_measured": m["max_rss_mb"], "rss_error": round(model / m["max_rss_mb"] - 1, 3)})
         tp, tm = sum(r["cpu_projected"] for r in rows), sum(r["cpu_measured"] for r in rows)
         out[cfg_name] = {"target_gb": target, "fitted_on": sorted(fit_on), "stages": rows,
                          "total_cpu_projected": round(tp, 1), "total_cpu_measured": round(tm, 1),

@@ -94,8 +94,10 @@ def test_pipeline_plan_projects_a_snapshot_without_downloading():
     names = [s["stage"] for s in out["stages"]]
     assert names[0] == "01_curate" and any("near_dedup_cluster" in n for n in names)
     curate = out["stages"][0]
-    assert curate["calibrated on"].startswith("crawl")  # matched to the calibrated config with its steps
-    assert float(curate["CPU-hours"]) > 100  # 13.5 TB of WET is thousands of CPU-hours, not seconds
+    assert curate["from"] == "crawl"  # matched to the calibrated config with the same stages and steps
+    assert float(curate["CPU-h"].replace(",", "")) > 100  # 13.5 TB of WET: thousands of CPU-hours, not seconds
+    cluster = next(s for s in out["stages"] if s["stage"].endswith("near_dedup_cluster"))
+    assert cluster["mem/task"].endswith("GB") and float(cluster["mem/task"].split()[0]) > 10  # one task, ~41 B/node
     assert any(line.startswith("total:") for line in out["notes"])
 
 

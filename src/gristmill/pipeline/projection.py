@@ -3,11 +3,13 @@
 Two sources, kept apart in the output:
 - memory per task from the steps' memory models (`Step.memory_bytes`, evaluated on the input
   size as `pipeline run` does before it starts), and the limit each task has;
-- CPU-hours, measured peak memory, disk and wall time from the scale benchmark's measurements
+- CPU-hours, disk and wall time from the scale benchmark's measurements
   (`scale_calibration.json`, written by `benchmarks/scale_run.py --write-calibration`; a default
   measured on generated Common Crawl ships in this package): for each stage, a line through its
-  measured points, CPU seconds = a + b x input GB, peak RSS per task = r0 + r1 x input GB per
-  task, disk = d x input GB. A stage is matched to the calibrated config with the same stage
+  measured points, CPU seconds = a x tasks / calibrated tasks + b x input GB (a, b >= 0), disk = d0 + d1 x input GB; and,
+  for reference, the peak RSS measured at the largest calibrated size. Memory is projected by
+  the models alone: a line through two small measurements of a bounded stage would extrapolate
+  its constant overheads. A stage is matched to the calibrated config with the same stage
   name and steps; one that matches none is shown without a projection (not calibrated).
 Wall time: each stage's CPU over the tasks that run at once (`--cores`, or every task of the
 stage on Slurm), stages one after another.
@@ -38,14 +40,17 @@ def load_calibration(path: str | Path | None = None) -> dict:
 
 
 def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares line y = a + b x through the points; a is clamped at 0 (no negative fixed
-    cost) and one point gives a line through the origin."""
+    """Least-squares line y = a + b x through the points, with a >= 0 (no negative fixed cost)
+    and b >= 0 (no cost falls as data grows: a falling figure is fixed cost being amortised);
+    one point gives a line through the origin."""
     n = len(xs)
     if n == 1 or len(set(xs)) == 1:
         return 0.0, (sum(ys) / sum(xs)) if sum(xs) else 0.0
     mx, my = sum(xs) / n, sum(ys) / n
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     a = my - b * mx
+    if b < 0:  # all fixed cost
+        return my, 0.0
     if a < 0:  # refit through the origin
         return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
     return a, b
@@ -60,17 +65,22 @@ def _steps_key(steps: list[str]) -> tuple[str, ...]:
 class StageModel:
     config: str
     cpu: tuple[float, float]  # CPU s = a + b * GB
-    rss: tuple[float, float]  # MB = r0 + r1 * GB per task
+    #: the largest peak RSS of a task measured (MB), at `rss_at_gb`: memory is projected by the
+    #: steps' models, which the scale run checks against these measurements
+    rss_mb: float
+    rss_at_gb: float
     disk: tuple[float, float]  # MB = d0 + d1 * GB
     points: int
+    #: tasks of the stage in the calibration runs: the fixed cost `cpu[0]` is per run of that
+    #: many tasks (each opens its inputs, loads models), so it is scaled by the tasks projected
+    tasks: int = 1
 
     @classmethod
     def fit(cls, config: str, points: list[dict]) -> StageModel:
         gb = [p["input_gb"] for p in points]
-        per_task = [p["input_gb"] / max(p["tasks"], 1) for p in points]
-        return cls(config, _fit(gb, [p["cpu_s"] or 0 for p in points]),
-                   _fit(per_task, [p["max_rss_mb"] or 0 for p in points]),
-                   _fit(gb, [p["disk_mb"] for p in points]), len(points))
+        top = max(points, key=lambda p: p["input_gb"])
+        return cls(config, _fit(gb, [p["cpu_s"] or 0 for p in points]), top["max_rss_mb"] or 0, top["input_gb"],
+                   _fit(gb, [p["disk_mb"] for p in points]), len(points), max(top["tasks"], 1))
 
 
 def stage_models(calibration: dict, sizes: set[float] | None = None) -> dict[tuple, list[StageModel]]:
@@ -91,6 +101,7 @@ class StageProjection:
     stage: Stage
     model: StageModel | None
     cpu_s: float | None
+    #: measured peak RSS of a task at the largest calibrated size (not a projection)
     rss_mb: float | None
     disk_mb: float | None
     wall_s: float | None
@@ -100,8 +111,7 @@ class StageProjection:
 
     @property
     def fits(self) -> bool:
-        peak = max(self.estimate_bytes, (self.rss_mb or 0) * 1e6)
-        return peak <= self.limit_bytes
+        return self.estimate_bytes <= self.limit_bytes
 
 
 def project(cfg: RunConfig, stages: list[Stage], gb: float, calibration: dict, cores: int | None,
@@ -117,8 +127,8 @@ def project(cfg: RunConfig, stages: list[Stage], gb: float, calibration: dict, c
         if m is None:
             out.append(StageProjection(stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting))
             continue
-        cpu = m.cpu[0] + m.cpu[1] * gb
-        rss = m.rss[0] + m.rss[1] * gb / max(stage.tasks, 1)
+        cpu = m.cpu[0] * stage.tasks / m.tasks + m.cpu[1] * gb
+        rss = m.rss_mb
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
         at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
         out.append(StageProjection(stage, m, cpu, rss, disk, cpu / max(at_once, 1), e.bytes, e.limit, e.limit_setting))
@@ -156,37 +166,45 @@ def _fmt_s(s: float | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def _fmt_h(h: float) -> str:
+    return f"{h:,.0f}" if h >= 10 else f"{h:.2g}"
+
+
 def _fmt_mb(mb: float | None) -> str:
     if mb is None:
         return "—"
-    return f"{mb / 1e3:.2f} GB" if mb >= 1000 else f"{mb:.0f} MB"
+    if mb >= 1e6:
+        return f"{mb / 1e6:.1f} TB"
+    return f"{mb / 1e3:.1f} GB" if mb >= 1000 else f"{mb:.0f} MB"
 
 
 def render(projections: list[StageProjection], gb: float, cores: int | None, slurm: bool) -> tuple[list[str], list[list[str]], list[str]]:
     """(header, rows, footer lines) of the projection table."""
-    header = ["stage", "tasks", "CPU-hours", "wall", "memory/task (model)", "memory/task (measured fit)",
-              "limit", "disk", "calibrated on"]
+    header = ["stage", "tasks", "CPU-h", "wall", "mem/task", "limit", "measured", "disk", "from"]
     rows = []
     for p in projections:
         flag = "" if p.fits else " ✗"
-        rows.append([p.stage.label, str(p.stage.tasks), "—" if p.cpu_s is None else f"{p.cpu_s / 3600:.3g}",
-                     _fmt_s(p.wall_s), _fmt_mb(p.estimate_bytes / 1e6) + flag, _fmt_mb(p.rss_mb),
-                     _fmt_mb(p.limit_bytes / 1e6), _fmt_mb(p.disk_mb),
-                     "not calibrated" if p.model is None else f"{p.model.config} ({p.model.points} sizes)"])
+        rows.append([p.stage.label, str(p.stage.tasks), "—" if p.cpu_s is None else _fmt_h(p.cpu_s / 3600),
+                     _fmt_s(p.wall_s), _fmt_mb(p.estimate_bytes / 1e6) + flag, _fmt_mb(p.limit_bytes / 1e6),
+                     "—" if p.model is None else _fmt_mb(p.rss_mb), _fmt_mb(p.disk_mb),
+                     "—" if p.model is None else p.model.config])
     known = [p for p in projections if p.cpu_s is not None]
     cpu = sum(p.cpu_s for p in known)
     wall = sum(p.wall_s for p in known)
     disk = sum(p.disk_mb for p in known)
     where = "every task of a stage at once (Slurm)" if slurm and cores is None else f"{cores or 1} cores"
-    footer = [f"input: {gb:.4g} GB of compressed WET (~{gb * 300_000:.3g} documents at 300k per GB)",
-              f"total: {cpu / 3600:.3g} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
+    footer = [f"input: {gb:,.0f} GB of compressed WET (~{gb * 300_000:.3g} documents at 300k per GB)",
+              "mem/task: the steps' memory models (upper bounds; ✗: over the limit); measured: the largest "
+              "task's peak RSS in the calibration run of the same stage (config: from); CPU-h, wall and disk: "
+              "lines through the calibration runs",
+              f"total: {_fmt_h(cpu / 3600)} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
               f"(stage folders, token shards included)"]
     missing = [p.stage.label for p in projections if p.cpu_s is None]
     if missing:
         footer.append(f"not calibrated (no projection; run benchmarks/scale_run.py with this config): {', '.join(missing)}")
     over = [p for p in projections if not p.fits]
     for p in over:
-        footer.append(f"✗ {p.stage.label}: needs ~{_fmt_mb(max(p.estimate_bytes / 1e6, p.rss_mb or 0))} per task, "
+        footer.append(f"✗ {p.stage.label}: needs ~{_fmt_mb(p.estimate_bytes / 1e6)} per task, "
                       f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}")
     return header, rows, footer
 
