@@ -330,3 +330,27 @@ def test_sample_of_the_tasks_samples_is_the_sample_of_all(wet_files):
             assert hash_sample(union, budget) == whole
         assert 0 < len(whole) <= len(docs)
     assert len(hash_sample(docs, 50_000)) < len(hash_sample(docs, 400_000)) < len(docs)
+
+
+def test_tokenizer_reads_the_samples_merged_and_stops_at_the_budget(wet_files, tmp_path):
+    """The tokenizer task merges the sample tasks' files in key order and stops once it holds
+    the budget: the selection is the one-pass one, and it reads a prefix, not every sample."""
+    from datatrove.data import Document
+
+    from gristmill.core.wet_reader import WetReader
+    from gristmill.tokenize.stages import TokenizerSampleStep, hash_sample, read_samples
+
+    docs = list(WetReader([str(p) for p in wet_files]).run())
+    for budget in (50_000, 400_000, 10**9):
+        step = TokenizerSampleStep(budget)
+        step.stage_folder = tmp_path / f"b{budget}"
+        for r in range(5):
+            list(step.run(iter(docs[r::5]), rank=r, world_size=5))
+        read = list(read_samples(step.stage_folder / "output", budget))
+        assert hash_sample(read, budget) == hash_sample(docs, budget)
+        read_bytes = sum(len(d.text.encode()) for d in read)
+        if budget < 10**9:
+            # a prefix: at most the budget and the one document that crosses it (plus key ties)
+            assert read_bytes < budget + max(len(d.text.encode()) for d in docs)
+        else:
+            assert len(read) == len(docs)

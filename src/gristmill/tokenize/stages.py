@@ -59,7 +59,7 @@ def hash_sample(docs, budget_bytes: int) -> list[str]:
 
 
 def hash_sample_entries(docs, budget_bytes: int) -> list[tuple[str, str]]:
-    """(id, text) of `hash_sample`'s documents, in hash order."""
+    """(id, text) of `hash_sample`'s documents, in hash order (ascending key, then id)."""
     heap: list[tuple[int, str, str, int]] = []  # (-key, id, text, bytes): a max-heap on key
     total = 0
     for doc in docs:
@@ -71,7 +71,9 @@ def hash_sample_entries(docs, budget_bytes: int) -> list[tuple[str, str]]:
     return [(i, text) for _, i, text, _ in sorted(heap, key=lambda e: (-e[0], e[1]))]
 
 
-SAMPLE_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
+SAMPLE_SCHEMA = pa.schema([("key", pa.uint64()), ("id", pa.string()), ("text", pa.string())])
+#: rows per row group of a task's sample: the tokenizer task holds one group of every task's file
+SAMPLE_ROW_GROUP = 16
 
 
 class TokenizerSampleStep(Step):
@@ -96,20 +98,36 @@ class TokenizerSampleStep(Step):
             out = self.stage_folder / "output" / f"sample_{rank:05d}.parquet"
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp")
-            pq.write_table(pa.table({"id": [e[0] for e in entries], "text": [e[1] for e in entries]},
-                                    schema=SAMPLE_SCHEMA), tmp, compression="zstd")
+            keys = [_sample_key(Document(text=t, id=i)) for i, t in entries]
+            pq.write_table(pa.table({"key": keys, "id": [e[0] for e in entries], "text": [e[1] for e in entries]},
+                                    schema=SAMPLE_SCHEMA), tmp, compression="zstd", row_group_size=SAMPLE_ROW_GROUP)
             os.replace(tmp, out)
         self.stat_update("documents", value=len(entries))
         return
         yield
 
 
-def read_samples(folder: Path):
-    """The sample tasks' documents (id and text), file by file."""
-    for f in sorted(Path(folder).glob("sample_*.parquet")):
-        t = pq.read_table(f).to_pydict()
-        for i, text in zip(t["id"], t["text"]):
-            yield Document(text=text, id=i)
+def _sample_rows(path: Path):
+    pf = pq.ParquetFile(path)
+    for g in range(pf.num_row_groups):  # one small row group at a time
+        t = pf.read_row_group(g).to_pydict()
+        yield from zip(t["key"], t["id"], t["text"])
+
+
+def read_samples(folder: Path, budget_bytes: int):
+    """The candidates of the run's sample from the tasks' samples: their files, each sorted by
+    (key, id), merged in that order and read lazily, up to `budget_bytes` and every document
+    sharing the last key. `hash_sample` over them is the one-pass selection over all documents;
+    the task reads ~budget_bytes plus one row group per file, not every task's whole sample."""
+    merged = heapq.merge(*(_sample_rows(f) for f in sorted(Path(folder).glob("sample_*.parquet"))),
+                         key=lambda r: (r[0], r[1]))
+    total, last = 0, None
+    for key, i, text in merged:
+        if total >= budget_bytes and key != last:
+            return
+        yield Document(text=text, id=i)
+        total += len(text.encode("utf-8"))
+        last = key
 
 
 class TokenizerStep(Step):
@@ -123,14 +141,17 @@ class TokenizerStep(Step):
         self.params = params  # TokenizerSource as a dict (picklable)
         #: the sample tasks' output; None: the documents piped in are sampled here
         self.sample_folder = sample_folder and Path(sample_folder)
+        self.sample_tasks = 1  # for the memory model; set by `Tokenize.stages`
 
     memory_setting = "tokenize.tokenizer.sample_bytes"
 
     def memory_bytes(self, work: Workload) -> int:
         """The sample (`sample_bytes` of text, ~3x as Python strings in a heap), training on it
-        (the HF trainer's word counts: ~4x the sample), the tokenizer."""
+        (the HF trainer's word counts: ~4x the sample), the tokenizer, and one row group of every
+        sample task's file while they are merged."""
         sample = min(self.params["sample_bytes"], work.text_bytes)
-        return int((7 if self.params.get("train") else 3) * sample + (64 << 20))
+        groups = self.sample_tasks * SAMPLE_ROW_GROUP * work.text_bytes / max(work.documents, 1)
+        return int((7 if self.params.get("train") else 3) * sample + groups + (64 << 20))
 
     @property
     def output(self) -> Path:
@@ -142,7 +163,8 @@ class TokenizerStep(Step):
         p = self.params
         train = p.get("train")
         with self.track_time():
-            docs = read_samples(self.sample_folder) if self.sample_folder is not None else (data or [])
+            docs = (read_samples(self.sample_folder, p["sample_bytes"]) if self.sample_folder is not None
+                    else (data or []))
             sample = hash_sample(docs, p["sample_bytes"])
             self.stat_update("documents", value=len(sample))
             self.stat_update("bytes", value=sum(len(t.encode("utf-8")) for t in sample))
@@ -408,6 +430,7 @@ class Tokenize(GlobalStep):
         sample = ctx.stage("tokenizer_sample", [ParquetReader(ctx.documents),
                                                 TokenizerSampleStep(cfg.tokenizer.sample_bytes)], tasks=cfg.tasks)
         prep = ctx.stage("tokenizer", [TokenizerStep(cfg.tokenizer.model_dump(), sample.folder / "output")], tasks=1)
+        prep.pipeline[0].sample_tasks = sample.tasks
         buckets = cfg.shard_tasks or cfg.tasks or ctx.tasks  # one bucket per shard task
         enc = ctx.stage("tokenize", [ParquetReader(ctx.documents),
                                      EncodeStep(prep.output, seed=cfg.seed, val_fraction=cfg.val_fraction,
