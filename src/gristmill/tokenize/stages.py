@@ -89,8 +89,10 @@ class TokenizerSampleStep(Step):
     memory_setting = "tokenize.tokenizer.sample_bytes"
 
     def memory_bytes(self, work: Workload) -> int:
-        """The sample, as Python strings in a heap: ~3x `sample_bytes` (or its share of the text)."""
-        return int(3 * min(self.sample_bytes, work.text_bytes / max(work.tasks, 1)))
+        """The sample, as Python strings in a heap (up to 4 bytes per character: one emoji makes a
+        Latin page's string 4x its UTF-8), then as an Arrow table written: ~9x `sample_bytes` (or
+        its share of the text; fitted to the scale runs' peak RSS)."""
+        return int(9 * min(self.sample_bytes, work.text_bytes / max(work.tasks, 1)))
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -151,7 +153,7 @@ class TokenizerStep(Step):
         sample task's file while they are merged."""
         sample = min(self.params["sample_bytes"], work.text_bytes)
         groups = self.sample_tasks * SAMPLE_ROW_GROUP * work.text_bytes / max(work.documents, 1)
-        return int((7 if self.params.get("train") else 3) * sample + groups + (64 << 20))
+        return int((7 if self.params.get("train") else 4) * sample + groups + (64 << 20))
 
     @property
     def output(self) -> Path:
@@ -214,8 +216,9 @@ class EncodeStep(Step):
         self.buckets = buckets
 
     def memory_bytes(self, work: Workload) -> int:
-        """The tokenizer and one batch: its texts and token ids (4 bytes per ~4 bytes of text)."""
-        return int(3 * self.batch_docs * work.text_bytes / max(work.documents, 1) + (64 << 20))
+        """The tokenizer, one batch (its texts, token ids, the buckets' Arrow buffers: ~10x the
+        batch's text, fitted to the scale runs' peak RSS)."""
+        return int(10 * self.batch_docs * work.text_bytes / max(work.documents, 1) + (64 << 20))
 
     @property
     def output(self) -> Path:
@@ -265,8 +268,9 @@ class ShardPlanStep(Step):
     memory_setting = "tokenize.shard_tasks"
 
     def memory_bytes(self, work: Workload) -> int:
-        """Keys and lengths of one bucket at a time: 16 bytes per document of a bucket."""
-        return int(16 * work.documents / self.buckets)
+        """Keys and lengths of one bucket at a time (16 bytes per document of a bucket) and the
+        encode files' footers (8 MB)."""
+        return int(16 * work.documents / self.buckets) + (8 << 20)
 
     @property
     def output(self) -> Path:
@@ -302,8 +306,10 @@ class ShardStep(Step):
     memory_setting = "tokenize.shard_tasks"
 
     def memory_bytes(self, work: Workload) -> int:
-        """~55 bytes per document of its bucket (keys, lengths, order) and one shard's tokens."""
-        return int(55 * work.documents / max(work.tasks, 1) + 4 * self.shard_tokens)
+        """~55 bytes per document of its bucket (keys, lengths, order), one shard's tokens, and the
+        bucket's encoded tokens, memory-mapped but resident once read (~1 byte per byte of text:
+        ~4 bytes per token of ~4 characters)."""
+        return int(55 * work.documents / max(work.tasks, 1) + 4 * self.shard_tokens + work.text_bytes / max(work.tasks, 1))
 
     @property
     def output(self) -> Path:
