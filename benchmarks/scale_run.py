@@ -59,6 +59,16 @@ def run_pipeline(config: Path, wet: Path, run_dir: Path, tasks: int, workers: in
     return time.monotonic() - start
 
 
+def run_wall(run_dir: Path) -> float:
+    """First task's start to last task's end, over every stage (the command's own start-up aside)."""
+    starts, ends = [], []
+    for f in run_dir.glob("*/usage/task_*.json"):
+        u = json.loads(f.read_text())
+        starts.append(u["start"])
+        ends.append(u["end"])
+    return max(ends) - min(starts) if starts else 0.0
+
+
 def disk_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
@@ -195,13 +205,14 @@ def _accidental(run_dir: Path, removed_outside: set[str], dedup: str) -> dict:
         return {"checked": len(js), "jaccard_min": round(js[0], 3) if js else None,
                 "jaccard_median": round(js[len(js) // 2], 3) if js else None,
                 "at_least_0.8": sum(j >= 0.8 for j in js)}
-    # exact: some kept document has the same normalised text
-    from gristmill.dedup.text import normalize
-    kept_norm = set()
+    # exact: some kept document has the same text (hashes: the kept texts do not fit in memory at scale)
+    import xxhash
+
+    kept = set()
     for f in files:
         t = pq.read_table(f, columns=["id", "text"]).to_pydict()
-        kept_norm.update(normalize(x) for i, x in zip(t["id"], t["text"]) if i not in removed_outside)
-    same = sum(normalize(text[i]) in kept_norm for i in pairs if i in text)
+        kept.update(xxhash.xxh3_128_intdigest(x.encode()) for i, x in zip(t["id"], t["text"]) if i not in removed_outside)
+    same = sum(xxhash.xxh3_128_intdigest(text[i].encode()) in kept for i in pairs if i in text)
     return {"checked": len(pairs), "identical_to_a_kept_document": same}
 
 
@@ -347,9 +358,9 @@ def main() -> None:
             run_dir = args.work / f"run-{cfg}-{gb:g}-t{args.tasks}"
             print(f"== {cfg} on {gb:g} GB ({input_gb:.3f} GB) with {args.tasks} tasks -> {run_dir}", flush=True)
             if args.report_only:
-                if f"{gb:g}" not in results["runs"].get(cfg, {}) or not (run_dir / "plan.json").is_file():
-                    continue  # not run (yet)
-                wall = results["runs"][cfg][f"{gb:g}"]["wall_s"]
+                if not (run_dir / "tokens" / "manifest.json").is_file():
+                    continue  # not run (or not finished)
+                wall = results["runs"].get(cfg, {}).get(f"{gb:g}", {}).get("wall_s") or run_wall(run_dir)
             else:
                 wall = run_pipeline(CONFIGS[cfg], wet, run_dir, args.tasks, args.workers)
             stages = stage_rows(run_dir, input_gb, model_estimates(CONFIGS[cfg], wet, args.tasks, args.workers))
