@@ -88,7 +88,7 @@ def test_memory_estimates_grow_only_where_the_model_says(tmp_path):
 
 def test_pipeline_plan_projects_a_snapshot_without_downloading():
     r = _cli("plan", "configs/slurm-crawl.yaml", "--files", "90000", "--json")
-    assert r.returncode in (0, 1), r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr  # the shipped settings fit every stage
     out = json.loads(r.stdout)
     assert out["input_gb"] == pytest.approx(90000 * 0.15)
     names = [s["stage"] for s in out["stages"]]
@@ -99,6 +99,10 @@ def test_pipeline_plan_projects_a_snapshot_without_downloading():
     cluster = next(s for s in out["stages"] if s["stage"].endswith("near_dedup_cluster"))
     assert cluster["mem/task"].endswith("GB") and float(cluster["mem/task"].split()[0]) > 10  # one task, ~41 B/node
     assert any(line.startswith("total:") for line in out["notes"])
+    # the tokenizer reads at most sample_bytes: its cost is what the calibration measured with a
+    # full sample, not a line through the filtering config's runs extended to 13.5 TB (~6 h)
+    tok = next(s for s in out["stages"] if s["stage"].endswith("_tokenizer"))
+    assert float(tok["CPU-h"]) < 0.1, tok
 
 
 def test_pipeline_plan_flags_what_does_not_fit(tmp_path):

@@ -124,6 +124,11 @@ class Step(PipelineStep):
         step holds one document at a time: 0 (the document is counted by the reader)."""
         return 0
 
+    #: True for a step that reads at most a configured amount however large the input (the
+    #: tokenizer: `sample_bytes`): `pipeline plan` caps its cost at the largest measured, not a
+    #: line through the calibration extended to the input
+    bounded_work: ClassVar[bool] = False
+
 
 class GlobalStep(Step):
     """A step that needs all documents first: it plans stages instead of running in one."""

@@ -74,13 +74,15 @@ class StageModel:
     #: tasks of the stage in the calibration runs: the fixed cost `cpu[0]` is per run of that
     #: many tasks (each opens its inputs, loads models), so it is scaled by the tasks projected
     tasks: int = 1
+    #: CPU s measured at the largest calibrated size
+    cpu_top: float = 0.0
 
     @classmethod
     def fit(cls, config: str, points: list[dict]) -> StageModel:
         gb = [p["input_gb"] for p in points]
         top = max(points, key=lambda p: p["input_gb"])
         return cls(config, _fit(gb, [p["cpu_s"] or 0 for p in points]), top["max_rss_mb"] or 0, top["input_gb"],
-                   _fit(gb, [p["disk_mb"] for p in points]), len(points), max(top["tasks"], 1))
+                   _fit(gb, [p["disk_mb"] for p in points]), len(points), max(top["tasks"], 1), top["cpu_s"] or 0.0)
 
 
 def stage_models(calibration: dict, sizes: set[float] | None = None) -> dict[tuple, list[StageModel]]:
@@ -128,6 +130,11 @@ def project(cfg: RunConfig, stages: list[Stage], gb: float, calibration: dict, c
             out.append(StageProjection(stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting))
             continue
         cpu = m.cpu[0] * stage.tasks / m.tasks + m.cpu[1] * gb
+        if any(getattr(s, "bounded_work", False) for s in stage.pipeline):
+            # its work stops growing once its input reaches the configured bound: no more than the
+            # most it cost in any calibrated run (the permissive runs fill the tokenizer's sample
+            # from 0.25 GB on; a filtering config's line would grow without bound)
+            cpu = min(cpu, max(c.cpu_top for c in cands))
         rss = m.rss_mb
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
         at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
