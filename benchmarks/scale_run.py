@@ -198,12 +198,14 @@ def _accidental(run_dir: Path, removed_outside: set[str], dedup: str) -> dict:
     else:
         pairs = {i: None for i in removed_outside}
     need = set(pairs) | {v for v in pairs.values() if v}
-    text = {}
+    text, lang = {}, {}
     for f in files:
-        t = pq.read_table(f, columns=["id", "text"]).to_pydict()
+        t = pq.read_table(f, columns=["id", "text", "language"]).to_pydict()
         text.update({i: x for i, x in zip(t["id"], t["text"]) if i in need})
+        lang.update({i: x for i, x in zip(t["id"], t["language"]) if i in need})
     if dedup == "near_dedup":
-        js = sorted(jaccard(shingles(text[i]), shingles(text[r])) for i, r in pairs.items() if r in text and i in text)
+        sh = lambda i: shingles(text[i], language=lang[i])  # noqa: E731
+        js = sorted(jaccard(sh(i), sh(r)) for i, r in pairs.items() if r in text and i in text)
         return {"checked": len(js), "jaccard_min": round(js[0], 3) if js else None,
                 "jaccard_median": round(js[len(js) // 2], 3) if js else None,
                 "at_least_0.8": sum(j >= 0.8 for j in js)}
@@ -249,12 +251,12 @@ def near_precision(run_dir: Path, sample: int = 20000, seed: int = 0) -> dict | 
     need = chosen | {root[k] for k in chosen}
     text = {}
     for f in files:
-        t = pq.read_table(f, columns=["source", "offset", "text"]).to_pydict()
-        for s, o, x in zip(t["source"], t["offset"], t["text"]):
+        t = pq.read_table(f, columns=["source", "offset", "text", "language"]).to_pydict()
+        for s, o, x, lang in zip(t["source"], t["offset"], t["text"], t["language"]):
             k = (rank[s or ""] << 40) | int(o)
             if k in need:
-                text[k] = x
-    js = np.array([jaccard(shingles(text[k]), shingles(text[root[k]])) for k in chosen if k in text and root[k] in text])
+                text[k] = shingles(x, language=lang)  # the stage's shingles: words by the document's language
+    js = np.array([jaccard(text[k], text[root[k]]) for k in chosen if k in text and root[k] in text])
     return {"removed": len(removed), "checked": len(js),
             **{f"at_least_{t}": round(float((js >= t).mean()), 4) for t in (0.8, 0.7, 0.5)},
             "jaccard_min": round(float(js.min()), 3)}

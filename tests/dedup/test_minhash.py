@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import pyarrow.parquet as pq
 from datasketch import MinHash
 
-from gristmill.dedup.lsh import band_edges, components, optimal_bands
+from gristmill.dedup.lsh import band_edges, components, kept_neighbour, optimal_bands
 from gristmill.dedup.minhash import MinHasher, estimate_jaccard, universal_hash
 from gristmill.dedup.text import jaccard, normalize, shingle_hashes, shingles
 from gristmill.text.words import split_words
@@ -101,6 +102,43 @@ def test_components_keep_smallest_key_and_stream_shards():
     assert [find(n) for n in nodes.tolist()] == roots.tolist()
     keys = np.array([4, 4, 9, 4], dtype=np.uint64)
     assert band_edges(keys, np.array([7, 3, 1, 5], dtype=np.uint64)).tolist() == [[3, 5], [3, 7]]
+
+
+def _kept_neighbour_reference(edges):
+    """In order key, one node at a time: removed for its smallest kept earlier neighbour."""
+    earlier = {}
+    for a, b in edges.tolist():
+        a, b = min(a, b), max(a, b)
+        if a != b:
+            earlier.setdefault(b, set()).add(a)
+    kept_for = {}
+    for x in sorted({n for e in edges.tolist() for n in e}):
+        kept = sorted(u for u in earlier.get(x, ()) if kept_for[u] == u)
+        kept_for[x] = kept[0] if kept else x
+    return kept_for
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 64])
+def test_kept_neighbour_removes_only_for_a_kept_neighbour(rounds):
+    """Against a one-node-at-a-time reference, whether rounds decide everything or the sequential
+    finish does (rounds=1); a chain A~B~C keeps A and C, where components keep A alone."""
+    rng = random.Random(5)
+    edges = np.array([(rng.randrange(200), rng.randrange(200)) for _ in range(300)], dtype=np.uint64)
+    # a long chain: one round per link, more than `rounds` allows
+    edges = np.concatenate([edges, np.array([(1000 + i, 1001 + i) for i in range(100)], dtype=np.uint64)])
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    ref = _kept_neighbour_reference(edges)
+    nodes, kept_for = kept_neighbour([lambda s=s: edges[s::3] for s in range(3)], rounds=rounds)
+    assert sorted(nodes.tolist()) == sorted(ref) and nodes.tolist() == sorted(ref)
+    # the same documents removed; each for one of its kept earlier neighbours
+    assert [n for n, k in zip(nodes.tolist(), kept_for.tolist()) if n != k] == sorted(n for n, k in ref.items() if n != k)
+    pairs = {tuple(sorted(e)) for e in edges.tolist()}
+    for n, k in zip(nodes.tolist(), kept_for.tolist()):
+        assert n == k or (k < n and (k, n) in pairs and ref[k] == k)
+    assert [ref[1000 + i] for i in range(5)] == [1000, 1000, 1002, 1002, 1004]
+    chain = np.array([[1, 2], [2, 3]], dtype=np.uint64)
+    assert kept_neighbour([lambda: chain])[1].tolist() == [1, 1, 3]
+    assert components([lambda: chain])[1].tolist() == [1, 1, 1]
 
 
 def test_optimal_bands_equal_datasketch():

@@ -169,3 +169,93 @@ def components(edge_shards: Iterable[callable]) -> tuple[np.ndarray, np.ndarray]
             np.minimum.at(parent, hi, lo)  # hook larger roots under smaller: no cycles
     _find_all(parent)
     return nodes, nodes[parent]
+
+
+def _nodes_of(shards: list) -> np.ndarray:
+    nodes = np.empty(0, dtype=np.uint64)
+    for load in shards:
+        e = load()
+        if len(e):
+            nodes = np.union1d(nodes, e.reshape(-1))
+    return nodes
+
+
+def kept_neighbour(edge_shards: Iterable[callable], rounds: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Removal for a kept neighbour: in order key, a document is removed when it has an edge to an
+    earlier document that is kept, and kept otherwise.
+
+    Unlike `components`, every removed document is joined by an edge (a verified pair: Jaccard >=
+    threshold) to the document it is removed for, so no document goes for one it is not close to
+    (with A~B and B~C but not A~C, components keep A alone; this keeps A and C). Which documents
+    are removed is fixed by the rule; the one each is removed for is a kept earlier neighbour (the
+    smallest of those decided in the round it is). Returns (nodes, kept_for): sorted node keys and,
+    for each, that neighbour's key, or its own key when it is kept.
+
+    Rounds over the edge shards, each deciding every undecided node whose earlier neighbours are
+    all decided (at least the smallest undecided one): removed if one is kept, kept if all are
+    removed; read-once per round, vectorised. Chains of near duplicates of near duplicates need
+    one round per link, so after `rounds` the undecided rest is finished in order key one node at
+    a time. Memory: node keys, state, choice and per-round flags and minima (~27 bytes per node) and
+    one edge shard (the node merge of the first pass as in `components`).
+    """
+    shards = list(edge_shards)
+    nodes = _nodes_of(shards)
+    n = len(nodes)
+    state = np.zeros(n, dtype=np.int8)  # 0 undecided, 1 kept, 2 removed
+    kept_for = np.arange(n, dtype=np.int64)
+
+    def edges(load):
+        e = load()
+        if not len(e):
+            return None, None
+        e = np.sort(e, axis=1)  # (earlier, later) in order key
+        return np.searchsorted(nodes, e[:, 0]), np.searchsorted(nodes, e[:, 1])
+
+    for _ in range(rounds):
+        if not (state == 0).any():
+            break
+        kept_in = np.zeros(n, dtype=bool)
+        undecided_in = np.zeros(n, dtype=bool)
+        best = np.full(n, n, dtype=np.int64)
+        for load in shards:
+            u, v = edges(load)
+            if u is None:
+                continue
+            open_ = state[v] == 0
+            u, v = u[open_], v[open_]
+            k = state[u] == 1
+            kept_in[v[k]] = True
+            np.minimum.at(best, v[k], u[k])
+            undecided_in[v[state[u] == 0]] = True
+        todo = state == 0
+        gone = todo & kept_in
+        state[gone], kept_for[gone] = 2, best[gone]
+        state[todo & ~kept_in & ~undecided_in] = 1
+    left = np.flatnonzero(state == 0)
+    if len(left):  # long chains: finish in order key; every earlier neighbour is decided by then
+        us, vs = [], []
+        for load in shards:
+            u, v = edges(load)
+            if u is None:
+                continue
+            m = state[v] == 0
+            us.append(u[m])
+            vs.append(v[m])
+        u, v = np.concatenate(us), np.concatenate(vs)
+        order = np.lexsort((u, v))
+        u, v = u[order].tolist(), v[order].tolist()
+        starts = dict(zip(*np.unique(np.array(v, dtype=np.int64), return_index=True)))
+        for x in left.tolist():
+            i = starts.get(x)
+            kept_by = None
+            while i is not None and i < len(v) and v[i] == x:
+                if state[u[i]] == 1:
+                    kept_by = u[i]  # u ascending: the smallest kept one
+                    break
+                i += 1
+            if kept_by is None:
+                state[x] = 1
+            else:
+                state[x], kept_for[x] = 2, kept_by
+    return nodes, nodes[kept_for]
+
