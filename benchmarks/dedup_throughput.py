@@ -116,8 +116,6 @@ def measure(name, fn, *args) -> dict:
 
 
 def bloom_rate(gb: float, n: int = 4_000_000) -> dict:
-    import numpy as np
-
     from gristmill.dedup.bloom import BloomFilter, hash128
 
     d = Path(tempfile.mkdtemp())

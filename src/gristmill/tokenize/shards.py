@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
