@@ -490,8 +490,9 @@ class NearDedupFilter(Filter):
 
 
 class NearDedup(GlobalStep):
-    """MinHash-LSH near-duplicate removal: documents whose word n-gram Jaccard similarity reaches
-    `threshold` form clusters, of which only the first in (source, offset) order is kept.
+    """MinHash-LSH near-duplicate removal: a document goes when its word n-gram Jaccard similarity
+    with an earlier kept document (in (source, offset) order) reaches `threshold`
+    (`removal: components`: only the first of each connected cluster is kept).
 
     Its stages are described in the module docstring.
     """
