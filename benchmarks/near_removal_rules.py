@@ -1,6 +1,6 @@
 """Near dedup's two removal rules on the same verified edges of a finished run.
 
-    PYTHONPATH=src python benchmarks/near_removal_rules.py RUN_DIR [--truth WET_DIR/truth.jsonl]
+    python benchmarks/near_removal_rules.py RUN_DIR [--truth WET_DIR/truth.jsonl]
 
 RUN_DIR: a run with `near_dedup` (verify on). Reads the verify stage's edges, applies
 `lsh.components` (every document of a connected component but its first goes) and
@@ -20,19 +20,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+from scale_run import _stage_folder, jaccard_to_kept, keys_by_id, shingles_by_key
 
 from gristmill.dedup.lsh import components, kept_neighbour
 from gristmill.dedup.near import _shard_edges
-from gristmill.dedup.order import load_ranks
-from gristmill.dedup.text import jaccard, shingles
-
-
-def _stage(run: Path, name: str) -> Path:
-    plan = json.loads((run / "plan.json").read_text())
-    labels = [st["label"] for st in plan["stages"]]
-    label = next(lb for lb in labels if lb.endswith(name))
-    return run / label, labels
 
 
 def main() -> None:
@@ -42,41 +33,29 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=20000)
     ap.add_argument("--threshold", type=float, default=0.8)
     args = ap.parse_args()
-    verify, labels = _stage(args.run, "near_dedup_verify")
-    signature, _ = _stage(args.run, "near_dedup_signature")
-    shards = len(list((verify / "verified").glob("shard_*"))) or 1
-    loaders = [(lambda s=s: _shard_edges(verify / "verified", s)) for s in range(shards)]
+    verified = _stage_folder(args.run, "near_dedup_verify") / "verified"
+    shards = len(list(verified.glob("shard_*"))) or 1
+    loaders = [(lambda s=s: _shard_edges(verified, s)) for s in range(shards)]
     rules = {}
     for name, rule in (("components", components), ("kept_neighbour", kept_neighbour)):
         t = time.process_time()
         nodes, kept_for = rule(loaders)
         rules[name] = (dict(zip(nodes.tolist(), kept_for.tolist())), time.process_time() - t)
-    # the documents near dedup was given: the last stage before it that wrote documents
-    before = [lb for lb in labels[: labels.index(signature.name)] if (args.run / lb / "output").is_dir()][-1]
-    rank = load_ranks(signature)[1]
     rng = random.Random(0)
     samples = {}
     for name, (root, _) in rules.items():
         removed = sorted(k for k, r in root.items() if k != r)
         samples[name] = rng.sample(removed, min(args.sample, len(removed)))
-    need = {k for name, s in samples.items() for k in s} | {rules[n][0][k] for n, s in samples.items() for k in s}
-    key_of, doc = {}, {}
-    for f in sorted((args.run / before / "output").rglob("*.parquet")):
-        t = pq.read_table(f, columns=["id", "source", "offset", "text", "language"]).to_pydict()
-        for i, s, o, x, lang in zip(t["id"], t["source"], t["offset"], t["text"], t["language"]):
-            k = (rank[s or ""] << 40) | int(o)
-            key_of[i] = k
-            if k in need:
-                doc[k] = (x, lang)
-    sh = lambda k: shingles(doc[k][0], language=doc[k][1])  # noqa: E731
-    pairs = []
+    # both rules' samples and the documents kept in their place, read in one pass
+    sh = shingles_by_key(args.run, {x for name, s in samples.items() for k in s for x in (k, rules[name][0][k])})
+    key_of, pairs = keys_by_id(args.run), []
     if args.truth:
         truth = [json.loads(x) for x in args.truth.read_text().splitlines()]
         pairs = [r for r in truth if r["kind"] == "near" and r["jaccard"] >= 0.85
                  and r["original"] in key_of and r["copy"] in key_of]
     for name, (root, cpu) in rules.items():
         removed = {k for k, r in root.items() if k != r}
-        js = np.array([jaccard(sh(k), sh(root[k])) for k in samples[name]])
+        js = np.array(jaccard_to_kept(sh, root, samples[name]))
         line = (f"{name}: {len(root):,} documents in some pair, {len(removed):,} removed, {cpu:.2f} CPU s; "
                 f"{len(js):,} removals checked: Jaccard >= {args.threshold} with the document kept in their place "
                 f"{np.mean(js >= args.threshold):.2%} (min {js.min():.3f})")

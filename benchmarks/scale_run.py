@@ -123,6 +123,61 @@ def _stage_folder(run_dir: Path, name: str) -> Path | None:
     return None
 
 
+def _input_of(run_dir: Path, first: Path) -> Path:
+    """The documents a stage was given: the output of the last stage before it that wrote some."""
+    labels = [st["label"] for st in json.loads((run_dir / "plan.json").read_text())["stages"]]
+    return run_dir / [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1] / "output"
+
+
+def keys_by_id(run_dir: Path) -> dict[str, int]:
+    """Document id -> order key ((source rank << 40) | offset, as near dedup keys documents)."""
+    from gristmill.dedup.order import load_ranks
+
+    sig = _stage_folder(run_dir, "near_dedup_signature")
+    rank = load_ranks(sig)[1]
+    out = {}
+    for f in sorted(_input_of(run_dir, sig).rglob("*.parquet")):
+        t = pq.read_table(f, columns=["id", "source", "offset"]).to_pydict()
+        out.update({i: (rank[s or ""] << 40) | int(o) for i, s, o in zip(t["id"], t["source"], t["offset"])})
+    return out
+
+
+def shingles_by_key(run_dir: Path, keys: set[int]) -> dict:
+    """Order key -> shingle set of the documents near dedup was given, as the stage makes them
+    (words by the document's language)."""
+    from gristmill.dedup.order import load_ranks
+    from gristmill.dedup.text import shingles
+
+    sig = _stage_folder(run_dir, "near_dedup_signature")
+    rank = load_ranks(sig)[1]
+    out = {}
+    for f in sorted(_input_of(run_dir, sig).rglob("*.parquet")):
+        t = pq.read_table(f, columns=["source", "offset", "text", "language"]).to_pydict()
+        for s, o, x, lang in zip(t["source"], t["offset"], t["text"], t["language"]):
+            k = (rank[s or ""] << 40) | int(o)
+            if k in keys:
+                out[k] = shingles(x, language=lang)
+    return out
+
+
+def jaccard_to_kept(sh: dict, root: dict[int, int], keys) -> list[float]:
+    """Shingle Jaccard of each document (order key) with root[key], the one kept in its place."""
+    from gristmill.dedup.text import jaccard
+
+    return [jaccard(sh[k], sh[root[k]]) for k in keys if k in sh and root[k] in sh]
+
+
+def cluster_roots(run_dir: Path) -> dict[int, int] | None:
+    """Order key -> the kept document it was removed for (itself when kept), from the cluster stage."""
+    import numpy as np
+
+    stage = _stage_folder(run_dir, "near_dedup_cluster")
+    if stage is None:
+        return None
+    cl = np.load(stage / "clusters.npy")
+    return dict(zip(cl[:, 0].tolist(), cl[:, 1].tolist()))
+
+
 def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) -> dict:
     """Recall and precision of each dedup on the planted pairs among the documents it was given.
 
@@ -130,8 +185,6 @@ def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) ->
     it removed one. Precision: of the documents it removed, the share that belong to a planted
     pair (the generated corpus has no other duplicates at these thresholds: docs/scale.md).
     """
-    plan = json.loads((run_dir / "plan.json").read_text())
-    labels = [st["label"] for st in plan["stages"]]
     out = {}
     members = {r["original"] for r in truth} | {r["copy"] for r in truth}
     for dedup, kind, min_j in (("exact_dedup", "exact", 1.0), ("near_dedup", "near", 0.85)):
@@ -139,8 +192,7 @@ def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) ->
         last = _stage_folder(run_dir, f"{dedup}_filter")
         if first is None or last is None:
             continue
-        before = [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1]
-        given, kept = _ids(run_dir / before / "output"), _ids(last / "output")
+        given, kept = _ids(_input_of(run_dir, first)), _ids(last / "output")
         removed = given - kept
         pairs = [r for r in truth if r["kind"] == kind and r["jaccard"] >= min_j
                  and r["original"] in given and r["copy"] in given]
@@ -156,8 +208,7 @@ def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) ->
     # shares with its original, so near dedup alone misses pairs the first already broke up.
     first, last = _stage_folder(run_dir, "exact_dedup_hash"), _stage_folder(run_dir, "near_dedup_filter")
     if first is not None and last is not None and len(out) == 2:
-        before = [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1]
-        given, kept = _ids(run_dir / before / "output"), _ids(last / "output")
+        given, kept = _ids(_input_of(run_dir, first)), _ids(last / "output")
         removed = given - kept
         pairs = [r for r in truth if r["jaccard"] >= 0.85 and r["original"] in given and r["copy"] in given]
         found = sum(r["original"] in removed or r["copy"] in removed for r in pairs)
@@ -170,42 +221,15 @@ def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) ->
 def _accidental(run_dir: Path, removed_outside: set[str], dedup: str) -> dict:
     """The removed documents outside the planted pairs, checked against the text they were
     removed for: exact dedup's must be identical to an earlier kept document; near dedup's are
-    compared (shingle Jaccard) with the first document of their cluster. High values mean the
+    compared (shingle Jaccard) with the document kept in their place. High values mean the
     generator made these duplicates by accident (short pages drawing the same lines), so the
     precision on planted pairs understates the dedup's."""
-    from gristmill.dedup.order import load_ranks
-    from gristmill.dedup.text import jaccard, shingles
-
     if not removed_outside:
         return {"checked": 0}
-    first = _stage_folder(run_dir, f"{dedup}_signature" if dedup == "near_dedup" else f"{dedup}_hash")
-    plan = json.loads((run_dir / "plan.json").read_text())
-    labels = [st["label"] for st in plan["stages"]]
-    before = [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1]
-    rank = load_ranks(first)[1]
-    files = sorted((run_dir / before / "output").rglob("*.parquet"))
-    key_of, id_of = {}, {}
-    for f in files:
-        t = pq.read_table(f, columns=["id", "source", "offset"]).to_pydict()
-        for i, s, o in zip(t["id"], t["source"], t["offset"]):
-            k = (rank[s or ""] << 40) | int(o)
-            key_of[i], id_of[k] = k, i
     if dedup == "near_dedup":
-        import numpy as np
-        cl = np.load(_stage_folder(run_dir, "near_dedup_cluster") / "clusters.npy")
-        root = dict(zip(cl[:, 0].tolist(), cl[:, 1].tolist()))
-        pairs = {i: id_of[root[key_of[i]]] for i in removed_outside if key_of.get(i) in root}
-    else:
-        pairs = {i: None for i in removed_outside}
-    need = set(pairs) | {v for v in pairs.values() if v}
-    text, lang = {}, {}
-    for f in files:
-        t = pq.read_table(f, columns=["id", "text", "language"]).to_pydict()
-        text.update({i: x for i, x in zip(t["id"], t["text"]) if i in need})
-        lang.update({i: x for i, x in zip(t["id"], t["language"]) if i in need})
-    if dedup == "near_dedup":
-        sh = lambda i: shingles(text[i], language=lang[i])  # noqa: E731
-        js = sorted(jaccard(sh(i), sh(r)) for i, r in pairs.items() if r in text and i in text)
+        root, key_of = cluster_roots(run_dir), keys_by_id(run_dir)
+        keys = [key_of[i] for i in removed_outside if key_of.get(i) in root]
+        js = sorted(jaccard_to_kept(shingles_by_key(run_dir, set(keys) | {root[k] for k in keys}), root, keys))
         return {"checked": len(js), "jaccard_min": round(js[0], 3) if js else None,
                 "jaccard_median": round(js[len(js) // 2], 3) if js else None,
                 "at_least_0.8": sum(j >= 0.8 for j in js)}
@@ -214,49 +238,29 @@ def _accidental(run_dir: Path, removed_outside: set[str], dedup: str) -> dict:
     import xxhash
     from gristmill.dedup.text import normalize
 
-    kept = set()
-    for f in files:
+    digest = lambda x: xxhash.xxh3_128_intdigest(normalize(x).encode())  # noqa: E731
+    kept, removed = set(), []
+    for f in sorted(_input_of(run_dir, _stage_folder(run_dir, f"{dedup}_hash")).rglob("*.parquet")):
         t = pq.read_table(f, columns=["id", "text"]).to_pydict()
-        kept.update(xxhash.xxh3_128_intdigest(normalize(x).encode())
-                    for i, x in zip(t["id"], t["text"]) if i not in removed_outside)
-    same = sum(xxhash.xxh3_128_intdigest(normalize(text[i]).encode()) in kept for i in pairs if i in text)
-    return {"checked": len(pairs), "identical_to_a_kept_document": same}
+        for i, x in zip(t["id"], t["text"]):
+            (removed.append(digest(x)) if i in removed_outside else kept.add(digest(x)))
+    return {"checked": len(removed_outside), "identical_to_a_kept_document": sum(d in kept for d in removed)}
 
 
 def near_precision(run_dir: Path, sample: int = 20000, seed: int = 0) -> dict | None:
     """Precision of near dedup checked on the text, not on the truth file: for a random sample of
-    the documents it removed, the shingle Jaccard with the document kept for their cluster. Every
-    edge the cluster stage joins was verified >= threshold, but clusters are connected components,
-    so a document at the end of a chain can be removed for a kept document it is not close to."""
+    the documents it removed, the shingle Jaccard with the document kept in their place (under
+    `removal: components`, a chain's end can be removed for a kept document it is not close to)."""
     import random
 
     import numpy as np
-    from gristmill.dedup.order import load_ranks
-    from gristmill.dedup.text import jaccard, shingles
 
-    first, cl_stage = _stage_folder(run_dir, "near_dedup_signature"), _stage_folder(run_dir, "near_dedup_cluster")
-    if first is None or cl_stage is None:
-        return None
-    plan = json.loads((run_dir / "plan.json").read_text())
-    labels = [st["label"] for st in plan["stages"]]
-    before = [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1]
-    rank = load_ranks(first)[1]
-    files = sorted((run_dir / before / "output").rglob("*.parquet"))
-    cl = np.load(cl_stage / "clusters.npy")
-    root = dict(zip(cl[:, 0].tolist(), cl[:, 1].tolist()))
-    removed = sorted(k for k, r in root.items() if k != r)
+    root = cluster_roots(run_dir)
+    removed = sorted(k for k, r in (root or {}).items() if k != r)
     if not removed:
         return None
-    chosen = set(random.Random(seed).sample(removed, min(sample, len(removed))))
-    need = chosen | {root[k] for k in chosen}
-    text = {}
-    for f in files:
-        t = pq.read_table(f, columns=["source", "offset", "text", "language"]).to_pydict()
-        for s, o, x, lang in zip(t["source"], t["offset"], t["text"], t["language"]):
-            k = (rank[s or ""] << 40) | int(o)
-            if k in need:
-                text[k] = shingles(x, language=lang)  # the stage's shingles: words by the document's language
-    js = np.array([jaccard(text[k], text[root[k]]) for k in chosen if k in text and root[k] in text])
+    chosen = random.Random(seed).sample(removed, min(sample, len(removed)))
+    js = np.array(jaccard_to_kept(shingles_by_key(run_dir, set(chosen) | {root[k] for k in chosen}), root, chosen))
     return {"removed": len(removed), "checked": len(js),
             **{f"at_least_{t}": round(float((js >= t).mean()), 4) for t in (0.8, 0.7, 0.5)},
             "jaccard_min": round(float(js.min()), 3)}

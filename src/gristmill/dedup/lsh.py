@@ -136,6 +136,16 @@ def _find_all(parent: np.ndarray) -> np.ndarray:
         parent[:] = gp
 
 
+def _nodes_of(shards: list) -> np.ndarray:
+    """Sorted unique node keys of every edge shard, merged one shard at a time."""
+    nodes = np.empty(0, dtype=np.uint64)
+    for load in shards:
+        e = load()
+        if len(e):
+            nodes = np.union1d(nodes, e.reshape(-1))
+    return nodes
+
+
 def components(edge_shards: Iterable[callable]) -> tuple[np.ndarray, np.ndarray]:
     """Connected components over edges read shard by shard.
 
@@ -144,11 +154,7 @@ def components(edge_shards: Iterable[callable]) -> tuple[np.ndarray, np.ndarray]
     component.
     """
     shards = list(edge_shards)
-    nodes = np.empty(0, dtype=np.uint64)
-    for load in shards:
-        e = load()
-        if len(e):
-            nodes = np.union1d(nodes, e.reshape(-1))
+    nodes = _nodes_of(shards)
     parent = np.arange(len(nodes), dtype=np.int64)
     for load in shards:
         e = load()
@@ -169,15 +175,6 @@ def components(edge_shards: Iterable[callable]) -> tuple[np.ndarray, np.ndarray]
             np.minimum.at(parent, hi, lo)  # hook larger roots under smaller: no cycles
     _find_all(parent)
     return nodes, nodes[parent]
-
-
-def _nodes_of(shards: list) -> np.ndarray:
-    nodes = np.empty(0, dtype=np.uint64)
-    for load in shards:
-        e = load()
-        if len(e):
-            nodes = np.union1d(nodes, e.reshape(-1))
-    return nodes
 
 
 def kept_neighbour(edge_shards: Iterable[callable], rounds: int = 64) -> tuple[np.ndarray, np.ndarray]:
