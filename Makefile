@@ -16,7 +16,11 @@ KENLM_DEBS := libboost-program-options-dev libboost-system-dev libboost-thread-d
 KENLM_EN   := models/kenlm/en.arpa.bin
 QUALITY_EN := models/quality/en.bin
 
-.PHONY: demo test bench setup models clean kenlm-bin
+.PHONY: demo test bench setup models clean kenlm-bin lint
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks
 
 setup: $(STAMP)
 
@@ -67,6 +71,8 @@ demo: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	@# headless Chromium opens the HTML report in tests/pipeline/test_report.py
 	test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
