@@ -16,7 +16,17 @@ import pyarrow.parquet as pq
 
 from gristmill.dedup.text import jaccard, shingles
 
-BUCKETS = [(0.0, 0.5), (0.5, 0.6), (0.6, 0.7), (0.7, 0.8), (0.8, 0.85), (0.85, 0.9), (0.9, 0.95), (0.95, 1.0), (1.0, 1.01)]
+BUCKETS = [
+    (0.0, 0.5),
+    (0.5, 0.6),
+    (0.6, 0.7),
+    (0.7, 0.8),
+    (0.8, 0.85),
+    (0.85, 0.9),
+    (0.9, 0.95),
+    (0.95, 1.0),
+    (1.0, 1.01),
+]
 
 
 def load_truth(corpus: Path) -> dict:
@@ -29,7 +39,10 @@ def score(corpus: Path, removed: set[str], floor: float = 0.7) -> dict:
     for lo, hi in BUCKETS:
         pairs = [(d, o) for d, o, j in zip(truth["id"], truth["original"], truth["jaccard"]) if lo <= j < hi]
         if pairs:
-            rec[f"{lo:.2f}-{min(hi, 1.0):.2f}"] = (sum(d in removed or o in removed for d, o in pairs) / len(pairs), len(pairs))
+            rec[f"{lo:.2f}-{min(hi, 1.0):.2f}"] = (
+                sum(d in removed or o in removed for d, o in pairs) / len(pairs),
+                len(pairs),
+            )
     hi_pairs = [(d, o) for d, o, j in zip(truth["id"], truth["original"], truth["jaccard"]) if j >= 0.85]
     recall_085 = sum(d in removed or o in removed for d, o in hi_pairs) / max(1, len(hi_pairs))
     group = {}
@@ -52,8 +65,13 @@ def score(corpus: Path, removed: set[str], floor: float = 0.7) -> dict:
         sd = shingles(texts[d])
         if any(jaccard(sd, shingles(texts[m])) >= floor for m in kept):
             good += 1
-    return {"removed": len(removed), "precision": good / max(1, len(removed)), "recall_j>=0.85": recall_085,
-            "recall_by_bucket": rec, "unrelated_removed": sum(d not in group for d in removed)}
+    return {
+        "removed": len(removed),
+        "precision": good / max(1, len(removed)),
+        "recall_j>=0.85": recall_085,
+        "recall_by_bucket": rec,
+        "unrelated_removed": sum(d not in group for d in removed),
+    }
 
 
 def kept_ids(folder: Path) -> set[str]:

@@ -49,8 +49,13 @@ def _gristmill(step, params, corpus, work):
 
 def _datatrove(corpus, work):
     from datatrove.data import Document
-    from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets, MinhashDedupCluster,
-                                                  MinhashDedupFilter, MinhashDedupSignature)
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
     from loguru import logger
 
     logger.remove()
@@ -96,8 +101,15 @@ def _datasketch(corpus, work):
 def _child(name, fn, args, q):
     c0, w0 = time.process_time(), time.perf_counter()
     removed = fn(*args)
-    q.put({"name": name, "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0,
-           "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "removed": sorted(removed)})
+    q.put(
+        {
+            "name": name,
+            "cpu_s": time.process_time() - c0,
+            "wall_s": time.perf_counter() - w0,
+            "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "removed": sorted(removed),
+        }
+    )
 
 
 def measure(name, fn, *args) -> dict:
@@ -122,8 +134,10 @@ def bloom_rate(gb: float, n: int = 4_000_000) -> dict:
     capacity = int(gb * 8e9 / 10.2)  # ~10.2 bits/item at p = 1e-2
     bf = BloomFilter.create(d / "f.bloom", capacity, 1e-2)
     # the items: real-sized paragraphs (~100 bytes)
-    items = [b"paragraph %d of the bloom benchmark, about one hundred bytes long like a short web paragraph" % i
-             for i in range(2 * n)]
+    items = [
+        b"paragraph %d of the bloom benchmark, about one hundred bytes long like a short web paragraph" % i
+        for i in range(2 * n)
+    ]
     bf._arr[:] = 0  # touch every page once: steady state of a long run, not first-touch page faults
     c0 = time.process_time()
     for s in range(0, n, 1 << 16):
@@ -137,8 +151,14 @@ def bloom_rate(gb: float, n: int = 4_000_000) -> dict:
         th += time.process_time() - t
         bf.test_and_set(h)
     total = time.process_time() - c0
-    out = {"filter_gb": bf.size_bytes / 1e9, "k": bf.meta.k, "items_per_s": n / total,
-           "hash_only_per_s": n / th, "test_and_set_only_per_s": n / (total - th), "first_pass_per_s": cold}
+    out = {
+        "filter_gb": bf.size_bytes / 1e9,
+        "k": bf.meta.k,
+        "items_per_s": n / total,
+        "hash_only_per_s": n / th,
+        "test_and_set_only_per_s": n / (total - th),
+        "first_pass_per_s": cold,
+    }
     shutil.rmtree(d)
     return out
 
@@ -160,8 +180,10 @@ def main():
     mb = sum(len(x.encode()) for x in pq.read_table(corpus / "docs", columns=["text"]).column("text").to_pylist()) / 1e6
     work = Path(tempfile.mkdtemp())
     results = {}
-    runs = [("gristmill near_dedup", _gristmill, "near_dedup", {"threshold": 0.8}, corpus, work),
-            ("gristmill exact_dedup", _gristmill, "exact_dedup", {"capacity": 10 * n_docs}, corpus, work)]
+    runs = [
+        ("gristmill near_dedup", _gristmill, "near_dedup", {"threshold": 0.8}, corpus, work),
+        ("gristmill exact_dedup", _gristmill, "exact_dedup", {"capacity": 10 * n_docs}, corpus, work),
+    ]
     if "datatrove" not in a.skip:
         runs.append(("datatrove minhash (4 stages)", _datatrove, corpus, work / "dt"))
     if "datasketch" not in a.skip:
@@ -169,38 +191,53 @@ def main():
     for name, fn, *args in runs:
         r = measure(name, fn, *args)
         s = score(corpus, set(r["removed"]))
-        results[name] = {**{k: v for k, v in r.items() if k != "removed"}, **s,
-                         "docs_per_s_per_core": n_docs / r["cpu_s"], "mb_per_s_per_core": mb / r["cpu_s"]}
-        print(f"{name}: {n_docs / r['cpu_s']:,.0f} docs/s/core, {mb / r['cpu_s']:.2f} MB/s, peak RSS "
-              f"{r['maxrss_mb']:.0f} MB, removed {s['removed']}, recall(J>=0.85) {s['recall_j>=0.85']:.4f}, "
-              f"precision {s['precision']:.4f}", flush=True)
+        results[name] = {
+            **{k: v for k, v in r.items() if k != "removed"},
+            **s,
+            "docs_per_s_per_core": n_docs / r["cpu_s"],
+            "mb_per_s_per_core": mb / r["cpu_s"],
+        }
+        print(
+            f"{name}: {n_docs / r['cpu_s']:,.0f} docs/s/core, {mb / r['cpu_s']:.2f} MB/s, peak RSS "
+            f"{r['maxrss_mb']:.0f} MB, removed {s['removed']}, recall(J>=0.85) {s['recall_j>=0.85']:.4f}, "
+            f"precision {s['precision']:.4f}",
+            flush=True,
+        )
     shutil.rmtree(work, ignore_errors=True)
     print("\nrecall by true-Jaccard bucket (pairs):")
     buckets = next(iter(results.values()))["recall_by_bucket"]
     print(f"{'bucket':>10} {'pairs':>6} " + " ".join(f"{n[:24]:>24}" for n in results))
     for b in buckets:
-        print(f"{b:>10} {buckets[b][1]:>6} " + " ".join(f"{results[n]['recall_by_bucket'][b][0]:>24.3f}" for n in results))
+        print(
+            f"{b:>10} {buckets[b][1]:>6} " + " ".join(f"{results[n]['recall_by_bucket'][b][0]:>24.3f}" for n in results)
+        )
     ours = results["gristmill near_dedup"]
     for peer in ("datatrove minhash (4 stages)", "datasketch MinHashLSH"):
         if peer in results:
-            print(f"near_dedup vs {peer}: {ours['docs_per_s_per_core'] / results[peer]['docs_per_s_per_core']:.1f}x "
-                  f"docs/s per core, recall(J>=0.85) {ours['recall_j>=0.85']:.3f} vs {results[peer]['recall_j>=0.85']:.3f}, "
-                  f"precision {ours['precision']:.3f} vs {results[peer]['precision']:.3f}")
+            print(
+                f"near_dedup vs {peer}: {ours['docs_per_s_per_core'] / results[peer]['docs_per_s_per_core']:.1f}x "
+                f"docs/s per core, recall(J>=0.85) {ours['recall_j>=0.85']:.3f} vs {results[peer]['recall_j>=0.85']:.3f}, "
+                f"precision {ours['precision']:.3f} vs {results[peer]['precision']:.3f}"
+            )
     bl = bloom_rate(a.bloom_gb)
     results["bloom"] = bl
-    print(f"\nBloom filter {bl['filter_gb']:.2f} GB, k={bl['k']}: {bl['items_per_s']:,.0f} items/s/core hash+test+set "
-          f"(hash {bl['hash_only_per_s']:,.0f}/s, test+set {bl['test_and_set_only_per_s']:,.0f}/s; "
-          f"first pass over fresh pages {bl['first_pass_per_s']:,.0f}/s)")
+    print(
+        f"\nBloom filter {bl['filter_gb']:.2f} GB, k={bl['k']}: {bl['items_per_s']:,.0f} items/s/core hash+test+set "
+        f"(hash {bl['hash_only_per_s']:,.0f}/s, test+set {bl['test_and_set_only_per_s']:,.0f}/s; "
+        f"first pass over fresh pages {bl['first_pass_per_s']:,.0f}/s)"
+    )
     # projection: one snapshot, ~3e9 documents, ~30 paragraphs each
     docs, paras = 3e9, 3e9 * 30
     near_h = docs / ours["docs_per_s_per_core"] / 3600
     ex_h = docs / results["gristmill exact_dedup"]["docs_per_s_per_core"] / 3600
     dup_share = ours["removed"] / n_docs
-    print(f"\nprojection for ~3e9 documents: near_dedup {near_h:,.0f} CPU-hours; exact_dedup (documents) "
-          f"{ex_h:,.0f} CPU-hours; Bloom at p=1e-4 for 3e9 docs {3e9 * 22.9 / 8e9:.1f} GB, for 9e10 paragraphs "
-          f"{paras * 22.9 / 8e9:,.0f} GB (sliced over tasks); near_dedup cluster task ~16 B x documents in "
-          f"clusters: {16 * docs * min(1, 2 * dup_share) / 1e9:.0f} GB at this corpus's duplicate share "
-          f"({dup_share:.1%}).")
+    print(
+        f"\nprojection for ~3e9 documents: near_dedup {near_h:,.0f} CPU-hours; exact_dedup (documents) "
+        f"{ex_h:,.0f} CPU-hours; Bloom at p=1e-4 for 3e9 docs {3e9 * 22.9 / 8e9:.1f} GB, for 9e10 paragraphs "
+        f"{paras * 22.9 / 8e9:,.0f} GB (sliced over tasks); near_dedup cluster task ~16 B x documents in "
+        f"clusters: {16 * docs * min(1, 2 * dup_share) / 1e9:.0f} GB at this corpus's duplicate share "
+        f"({dup_share:.1%})."
+    )
     results["projection"] = {"near_cpu_hours": near_h, "exact_doc_cpu_hours": ex_h}
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))

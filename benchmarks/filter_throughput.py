@@ -45,7 +45,13 @@ def gristmill_pipeline(files: list[Path]):
     from gristmill.core.wet_reader import WetReader
 
     reader = WetReader([str(f) for f in files])
-    return [reader, LangId(model=str(LID), languages=["en"], min_score=0.65), GopherQuality(), GopherRepetition(), C4Lines()], reader
+    return [
+        reader,
+        LangId(model=str(LID), languages=["en"], min_score=0.65),
+        GopherQuality(),
+        GopherRepetition(),
+        C4Lines(),
+    ], reader
 
 
 def datatrove_pipeline(files: list[Path]):
@@ -67,8 +73,13 @@ def datatrove_pipeline(files: list[Path]):
     LanguageFilter._requires_dependencies = ["fasteners"]
     folder = files[0].parent
     reader = WarcReader(str(folder), glob_pattern="*.warc.wet.gz")
-    return [reader, LanguageFilter(languages=["en"], language_threshold=0.65), GopherQualityFilter(),
-            GopherRepetitionFilter(), C4QualityFilter()], reader
+    return [
+        reader,
+        LanguageFilter(languages=["en"], language_threshold=0.65),
+        GopherQualityFilter(),
+        GopherRepetitionFilter(),
+        C4QualityFilter(),
+    ], reader
 
 
 def measure(name: str, build, files: list[Path], repeat: int) -> dict:
@@ -113,8 +124,10 @@ def main() -> int:
         docs_s = f"{r['read'] / r['cpu_s']:.0f}" if r["read"] else "-"
         print(f"{r['name']:<10} {read:>9} {r['kept']:>6} {r['cpu_s']:>8.2f} {mb / r['cpu_s']:>10.2f} {docs_s:>12}")
     if ours["read"] and theirs["read"] is not None and theirs["read"] < ours["read"]:
-        print(f"datatrove's WarcReader dropped {ours['read'] - theirs['read']} records without counting them"
-              " (libmagic labelled them code/CSV)")
+        print(
+            f"datatrove's WarcReader dropped {ours['read'] - theirs['read']} records without counting them"
+            " (libmagic labelled them code/CSV)"
+        )
     print(f"ratio gristmill/datatrove (MB/s per core): {theirs['cpu_s'] / ours['cpu_s']:.1f}x")
     return 0
 

@@ -116,25 +116,38 @@ def main() -> None:
                 lambda x, r, w: rms_norm_triton(x, w, 1e-5, r),
                 lambda x, r, w: rms_norm_reference(x, w, 1e-5, r),
                 (lambda x, r, w: liger.liger_fused_add_rms_norm(x, r, w, 1e-5, in_place=False)) if liger else None,
-                [x, r, w]),
+                [x, r, w],
+            ),
             "swiglu": (
-                swiglu_triton, swiglu_reference,
+                swiglu_triton,
+                swiglu_reference,
                 (lambda gu: liger.liger_swiglu(*gu.chunk(2, -1))) if liger else None,
-                [gu]),
+                [gu],
+            ),
             # the fused q/k/v projection's output → rotated q, k and v (a view in both ours and
             # the reference). Liger rotates q and k only.
             "rope(qkv)": (
                 lambda qkv: rope_qkv_triton(qkv, cos, sin, heads, heads),
                 lambda qkv: rope_qkv_reference(qkv, cos, sin, heads, heads),
-                (lambda qkv: liger.liger_rope(*(t.transpose(1, 2) for t in qkv.split(heads, 2)[:2]),
-                                              torch.cat([cos, cos], -1)[None].to(bf),
-                                              torch.cat([sin, sin], -1)[None].to(bf))) if liger else None,
-                [qkv]),
+                (
+                    lambda qkv: liger.liger_rope(
+                        *(t.transpose(1, 2) for t in qkv.split(heads, 2)[:2]),
+                        torch.cat([cos, cos], -1)[None].to(bf),
+                        torch.cat([sin, sin], -1)[None].to(bf),
+                    )
+                )
+                if liger
+                else None,
+                [qkv],
+            ),
             "linear+cross_entropy": (
                 lambda h, W, t: fused_linear_cross_entropy(h, W, t, 1e-4, impl="triton"),
                 lambda h, W, t: cross_entropy_reference(h, W, t, 1e-4),
-                (lambda h, W, t: liger.liger_fused_linear_cross_entropy(h, W, t, lse_square_scale=1e-4)) if liger else None,
-                [h, W, tgt]),
+                (lambda h, W, t: liger.liger_fused_linear_cross_entropy(h, W, t, lse_square_scale=1e-4))
+                if liger
+                else None,
+                [h, W, tgt],
+            ),
         }
         for name, (ours, ref, lig, inputs) in cases.items():
             if args.ops and not any(o in name for o in args.ops.split(",")):

@@ -104,7 +104,9 @@ def _edit(rng: random.Random, text: str, q: float, vocab: list[str], seed: int) 
     return "\n".join(lines)
 
 
-def _variant(rng: random.Random, text: str, target: float, kind: str, vocab: list[str], boiler: list[str]) -> tuple[str, float]:
+def _variant(
+    rng: random.Random, text: str, target: float, kind: str, vocab: list[str], boiler: list[str]
+) -> tuple[str, float]:
     base = shingles(text)
     seed = rng.getrandbits(32)
     if kind == "boilerplate":
@@ -140,8 +142,16 @@ def _variant(rng: random.Random, text: str, target: float, kind: str, vocab: lis
     return best
 
 
-def build(out: Path, n_docs: int, seed: int = 0, exact_share: float = 0.06, near_share: float = 0.18,
-          data: Path = DATA, progress: bool = True, per_file: int = PER_FILE) -> dict:
+def build(
+    out: Path,
+    n_docs: int,
+    seed: int = 0,
+    exact_share: float = 0.06,
+    near_share: float = 0.18,
+    data: Path = DATA,
+    progress: bool = True,
+    per_file: int = PER_FILE,
+) -> dict:
     rng = random.Random(seed)
     lines, boiler = load_lines(data)
     vocab = sorted({w for l in lines[:20000] for w in l.split(" ") if w.isalpha()})
@@ -188,8 +198,10 @@ def main() -> None:
     a = ap.parse_args()
     t = time.time()
     info = build(a.out, a.docs, a.seed)
-    print(f"wrote {info['docs']:,} documents ({info['exact']:,} exact and {info['near']:,} near duplicates planted, "
-          f"{info['lines']:,} distinct source lines) to {a.out} in {time.time() - t:.1f} s")
+    print(
+        f"wrote {info['docs']:,} documents ({info['exact']:,} exact and {info['near']:,} near duplicates planted, "
+        f"{info['lines']:,} distinct source lines) to {a.out} in {time.time() - t:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -51,14 +51,19 @@ def main() -> None:
     key_of, pairs = keys_by_id(args.run), []
     if args.truth:
         truth = [json.loads(x) for x in args.truth.read_text().splitlines()]
-        pairs = [r for r in truth if r["kind"] == "near" and r["jaccard"] >= 0.85
-                 and r["original"] in key_of and r["copy"] in key_of]
+        pairs = [
+            r
+            for r in truth
+            if r["kind"] == "near" and r["jaccard"] >= 0.85 and r["original"] in key_of and r["copy"] in key_of
+        ]
     for name, (root, cpu) in rules.items():
         removed = {k for k, r in root.items() if k != r}
         js = np.array(jaccard_to_kept(sh, root, samples[name]))
-        line = (f"{name}: {len(root):,} documents in some pair, {len(removed):,} removed, {cpu:.2f} CPU s; "
-                f"{len(js):,} removals checked: Jaccard >= {args.threshold} with the document kept in their place "
-                f"{np.mean(js >= args.threshold):.2%} (min {js.min():.3f})")
+        line = (
+            f"{name}: {len(root):,} documents in some pair, {len(removed):,} removed, {cpu:.2f} CPU s; "
+            f"{len(js):,} removals checked: Jaccard >= {args.threshold} with the document kept in their place "
+            f"{np.mean(js >= args.threshold):.2%} (min {js.min():.3f})"
+        )
         if pairs:
             found = sum(key_of[r["original"]] in removed or key_of[r["copy"]] in removed for r in pairs)
             line += f"; recall {found / len(pairs):.4f} on {len(pairs):,} planted pairs"

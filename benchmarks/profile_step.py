@@ -85,8 +85,11 @@ def profile(name, step, mb, seq, top, steps=6, prof_steps=3, json_path=None, tra
         Path(json_path).write_text(json.dumps({"ms_per_step": ms, "kernels": rows}))
     if trace_path:
         prof.export_chrome_trace(trace_path)
-    print(f"\n== {name}: {ms:.2f} ms/step ({mb * seq / ms * 1000:,.0f} tok/s), kernels busy {busy:.2f} ms/step,"
-          f" peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    print(
+        f"\n== {name}: {ms:.2f} ms/step ({mb * seq / ms * 1000:,.0f} tok/s), kernels busy {busy:.2f} ms/step,"
+        f" peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
     for t, n, key in rows[:top]:
         print(f"  {t:7.3f} ms {t / ms:6.1%} {n:5.0f}×  {key[:90]}")
     return ms
@@ -96,16 +99,19 @@ def sdpa_backends(B, H, T, D):
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3)
+    )
     do = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
     flops = 4 * B * H * T * T * D / 2 * 3.5  # causal: half; fwd 1 + bwd 2.5
     print(f"\nSDPA fwd+bwd B={B} H={H} T={T} D={D}:")
     for be in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+
         def run():
             with sdpa_kernel([be]):
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             o.backward(do)
+
         try:
             ms = triton.testing.do_bench(run, warmup=25, rep=200)
             print(f"  {be.name:22s} {ms:7.3f} ms  {flops / ms / 1e9:6.0f} TFLOP/s")
@@ -131,8 +137,15 @@ def main():
     res = {}
     if args.only != "reference":
         torch.cuda.reset_peak_memory_stats()
-        res["ours"] = profile("ours", ours_step_fn(cfg, d), mb, seq, args.top,
-                              json_path=args.json if d.is_main else None, trace_path=args.trace if d.is_main else None)
+        res["ours"] = profile(
+            "ours",
+            ours_step_fn(cfg, d),
+            mb,
+            seq,
+            args.top,
+            json_path=args.json if d.is_main else None,
+            trace_path=args.trace if d.is_main else None,
+        )
         torch.cuda.empty_cache()
     if args.only != "ours":
         torch.cuda.reset_peak_memory_stats()

@@ -42,8 +42,12 @@ def documents(files):
 
     from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
-    return [Document(text=r.text, id=r.record_id, metadata={"language": "en"})
-            for f in files for r in iter_wet_records(f) if isinstance(r, WetRecord)]
+    return [
+        Document(text=r.text, id=r.record_id, metadata={"language": "en"})
+        for f in files
+        for r in iter_wet_records(f)
+        if isinstance(r, WetRecord)
+    ]
 
 
 def ours_kenlm():
@@ -74,8 +78,9 @@ def datatrove_perplexity(out_dir: str):
             return text
 
     dt_ppl.KenlmModel.tokenizer = property(lambda self: Identity())
-    step = CCNetPerplexityStats(output_folder=out_dir, model_dataset="local", language="en",
-                                groups_to_compute=["summary"])
+    step = CCNetPerplexityStats(
+        output_folder=out_dir, model_dataset="local", language="en", groups_to_compute=["summary"]
+    )
     step.model.model  # load outside the timed loop
     return step
 
@@ -125,13 +130,21 @@ def main() -> int:
     mb = sum(len(d.text.encode("utf-8")) for d in docs) / 1e6
     with tempfile.TemporaryDirectory() as tmp:
         pairs = [
-            ("perplexity", ("gristmill kenlm", ours_kenlm),
-             ("datatrove CCNetPerplexityStats", lambda: datatrove_perplexity(tmp))),
-            ("quality", ("gristmill quality", ours_quality),
-             ("datatrove FastTextClassifierFilter", datatrove_fasttext)),
+            (
+                "perplexity",
+                ("gristmill kenlm", ours_kenlm),
+                ("datatrove CCNetPerplexityStats", lambda: datatrove_perplexity(tmp)),
+            ),
+            (
+                "quality",
+                ("gristmill quality", ours_quality),
+                ("datatrove FastTextClassifierFilter", datatrove_fasttext),
+            ),
         ]
-        print(f"input: {len(docs)} documents, {mb:.2f} MB of text ({len(files)} WET files); "
-              f"CPU time, best of {args.repeat}; models {KENLM.name}, {QUALITY.name}")
+        print(
+            f"input: {len(docs)} documents, {mb:.2f} MB of text ({len(files)} WET files); "
+            f"CPU time, best of {args.repeat}; models {KENLM.name}, {QUALITY.name}"
+        )
         print(f"{'step':<36} {'cpu s':>7} {'MB/s/core':>10} {'docs/s/core':>12}")
         for task, (a_name, a), (b_name, b) in pairs:
             ta, tb = measure(a, docs, args.repeat), measure(b, docs, args.repeat)

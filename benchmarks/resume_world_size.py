@@ -66,9 +66,18 @@ def main() -> None:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="gristmill-resume-"))
     tokens = Path(args.tokens) if args.tokens else synthetic_tokens(work / "tokens", 4_000_000)
-    overrides = [f"data.tokens={tokens}", f"steps={args.steps}", f"data.global_batch={args.global_batch}",
-                 f"checkpoint.every={args.resume_at}", "checkpoint.keep=2", "eval.batches=0",
-                 "log.progress=false", "log.tensorboard=false", "schedule.warmup_steps=2", *args.set]
+    overrides = [
+        f"data.tokens={tokens}",
+        f"steps={args.steps}",
+        f"data.global_batch={args.global_batch}",
+        f"checkpoint.every={args.resume_at}",
+        "checkpoint.keep=2",
+        "eval.batches=0",
+        "log.progress=false",
+        "log.tensorboard=false",
+        "schedule.warmup_steps=2",
+        *args.set,
+    ]
     cfg = load_config(args.size, overrides)
     cfg.data.micro_batch = min(cfg.data.micro_batch, args.global_batch // max(args.from_gpus, *to_gpus))
 
@@ -92,8 +101,10 @@ def main() -> None:
         if min(got) != args.resume_at + 1 or missing:
             raise SystemExit(f"resume on {n}: expected steps {args.resume_at + 1}…{args.steps}, got {sorted(got)}")
         table[n] = got
-        print(f"resumed step {args.resume_at} on {n} processes, {args.steps - args.resume_at} steps in {secs:.0f} s",
-              flush=True)
+        print(
+            f"resumed step {args.resume_at} on {n} processes, {args.steps - args.resume_at} steps in {secs:.0f} s",
+            flush=True,
+        )
 
     print(f"\nstep  {args.from_gpus}-process run  " + "  ".join(f"resumed on {n:<2d} (Δ)        " for n in to_gpus))
     for s in range(args.resume_at + 1, args.steps + 1):

@@ -45,15 +45,40 @@ BEGIN, END = "<!-- scale-run:begin -->", "<!-- scale-run:end -->"
 def corpus(work: Path, gb: float, seed: int) -> Path:
     out = work / f"wet-{gb:g}"
     if not (out / "truth.jsonl").is_file():
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_wet_corpus.py"), "--gb", str(gb),
-                        "--seed", str(seed), str(out)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "make_wet_corpus.py"),
+                "--gb",
+                str(gb),
+                "--seed",
+                str(seed),
+                str(out),
+            ],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )
     return out
 
 
 def run_pipeline(config: Path, wet: Path, run_dir: Path, tasks: int, workers: int) -> float:
-    cmd = [sys.executable, "-m", "gristmill.cli", "run", str(config), "--run-dir", str(run_dir),
-           "--set", "train=null", "--set", f"executor.tasks={tasks}", "--set", f"executor.workers={workers}",
-           "--set", f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gristmill.cli",
+        "run",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "train=null",
+        "--set",
+        f"executor.tasks={tasks}",
+        "--set",
+        f"executor.workers={workers}",
+        "--set",
+        f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]",
+    ]
     start = time.monotonic()
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     return time.monotonic() - start
@@ -89,8 +114,16 @@ def model_estimates(config: Path, wet: Path, tasks: int, workers: int) -> dict[s
     from gristmill.pipeline.planner import estimate_memory
     from gristmill.pipeline.projection import plan_for_size
 
-    cfg = load(str(config), ["train=null", f"executor.tasks={tasks}", f"executor.workers={workers}",
-                             f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]"], None)
+    cfg = load(
+        str(config),
+        [
+            "train=null",
+            f"executor.tasks={tasks}",
+            f"executor.workers={workers}",
+            f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]",
+        ],
+        None,
+    )
     stages, _ = plan_for_size(cfg, None, None)
     return {e.stage.label: round(e.bytes / 1e6, 1) for e in estimate_memory(cfg, stages)}
 
@@ -101,12 +134,21 @@ def stage_rows(run_dir: Path, input_gb: float, models: dict[str, float] | None =
     for st in plan["stages"]:
         folder = run_dir / st["label"]
         u = stage_usage(folder)
-        rows.append({"model_mb": (models or {}).get(st["label"]),
-            "stage": st["name"], "label": st["label"], "steps": st["steps"], "tasks": st["tasks"],
-            "docs_in": documents_in(folder), "cpu_s": u and round(u.cpu_s, 2), "wall_s": u and round(u.wall_s, 2),
-            "cpu_s_per_gb": u and round(u.cpu_s / input_gb, 2), "max_rss_mb": u and u.max_rss_mb,
-            "disk_mb": round(disk_bytes(folder) / 1e6, 2),
-        })
+        rows.append(
+            {
+                "model_mb": (models or {}).get(st["label"]),
+                "stage": st["name"],
+                "label": st["label"],
+                "steps": st["steps"],
+                "tasks": st["tasks"],
+                "docs_in": documents_in(folder),
+                "cpu_s": u and round(u.cpu_s, 2),
+                "wall_s": u and round(u.wall_s, 2),
+                "cpu_s_per_gb": u and round(u.cpu_s / input_gb, 2),
+                "max_rss_mb": u and u.max_rss_mb,
+                "disk_mb": round(disk_bytes(folder) / 1e6, 2),
+            }
+        )
     return rows
 
 
@@ -126,7 +168,9 @@ def _stage_folder(run_dir: Path, name: str) -> Path | None:
 def _input_of(run_dir: Path, first: Path) -> Path:
     """The documents a stage was given: the output of the last stage before it that wrote some."""
     labels = [st["label"] for st in json.loads((run_dir / "plan.json").read_text())["stages"]]
-    return run_dir / [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1] / "output"
+    return (
+        run_dir / [lb for lb in labels[: labels.index(first.name)] if (run_dir / lb / "output").is_dir()][-1] / "output"
+    )
 
 
 def keys_by_id(run_dir: Path) -> dict[str, int]:
@@ -194,12 +238,18 @@ def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) ->
             continue
         given, kept = _ids(_input_of(run_dir, first)), _ids(last / "output")
         removed = given - kept
-        pairs = [r for r in truth if r["kind"] == kind and r["jaccard"] >= min_j
-                 and r["original"] in given and r["copy"] in given]
+        pairs = [
+            r
+            for r in truth
+            if r["kind"] == kind and r["jaccard"] >= min_j and r["original"] in given and r["copy"] in given
+        ]
         found = sum(r["original"] in removed or r["copy"] in removed for r in pairs)
-        out[dedup] = {"pairs": len(pairs), "recall": round(found / len(pairs), 4) if pairs else None,
-                      "removed": len(removed),
-                      "precision": round(len(removed & members) / len(removed), 4) if removed else None}
+        out[dedup] = {
+            "pairs": len(pairs),
+            "recall": round(found / len(pairs), 4) if pairs else None,
+            "removed": len(removed),
+            "precision": round(len(removed & members) / len(removed), 4) if removed else None,
+        }
         if accidental:
             out[dedup]["outside_planted"] = _accidental(run_dir, removed - members, dedup)
             if dedup == "near_dedup":
@@ -212,9 +262,12 @@ def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) ->
         removed = given - kept
         pairs = [r for r in truth if r["jaccard"] >= 0.85 and r["original"] in given and r["copy"] in given]
         found = sum(r["original"] in removed or r["copy"] in removed for r in pairs)
-        out["both"] = {"pairs": len(pairs), "recall": round(found / len(pairs), 4) if pairs else None,
-                       "removed": len(removed),
-                       "precision": round(len(removed & members) / len(removed), 4) if removed else None}
+        out["both"] = {
+            "pairs": len(pairs),
+            "recall": round(found / len(pairs), 4) if pairs else None,
+            "removed": len(removed),
+            "precision": round(len(removed & members) / len(removed), 4) if removed else None,
+        }
     return out
 
 
@@ -230,9 +283,12 @@ def _accidental(run_dir: Path, removed_outside: set[str], dedup: str) -> dict:
         root, key_of = cluster_roots(run_dir), keys_by_id(run_dir)
         keys = [key_of[i] for i in removed_outside if key_of.get(i) in root]
         js = sorted(jaccard_to_kept(shingles_by_key(run_dir, set(keys) | {root[k] for k in keys}), root, keys))
-        return {"checked": len(js), "jaccard_min": round(js[0], 3) if js else None,
-                "jaccard_median": round(js[len(js) // 2], 3) if js else None,
-                "at_least_0.8": sum(j >= 0.8 for j in js)}
+        return {
+            "checked": len(js),
+            "jaccard_min": round(js[0], 3) if js else None,
+            "jaccard_median": round(js[len(js) // 2], 3) if js else None,
+            "at_least_0.8": sum(j >= 0.8 for j in js),
+        }
     # exact: some kept document has the same normalised text, which is what exact dedup compares
     # (hashes: the kept texts do not fit in memory at scale)
     import xxhash
@@ -261,9 +317,12 @@ def near_precision(run_dir: Path, sample: int = 20000, seed: int = 0) -> dict | 
         return None
     chosen = random.Random(seed).sample(removed, min(sample, len(removed)))
     js = np.array(jaccard_to_kept(shingles_by_key(run_dir, set(chosen) | {root[k] for k in chosen}), root, chosen))
-    return {"removed": len(removed), "checked": len(js),
-            **{f"at_least_{t}": round(float((js >= t).mean()), 4) for t in (0.8, 0.7, 0.5)},
-            "jaccard_min": round(float(js.min()), 3)}
+    return {
+        "removed": len(removed),
+        "checked": len(js),
+        **{f"at_least_{t}": round(float((js >= t).mean()), 4) for t in (0.8, 0.7, 0.5)},
+        "jaccard_min": round(float(js.min()), 3),
+    }
 
 
 def _digest(run_dir: Path) -> dict:
@@ -274,33 +333,50 @@ def _digest(run_dir: Path) -> dict:
     for f in sorted((final / "output").rglob("*.parquet")):
         t = pq.read_table(f, columns=["id", "text"]).to_pydict()
         docs += [(i, hashlib.sha256(x.encode()).hexdigest()) for i, x in zip(t["id"], t["text"])]
-    tokens = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted((run_dir / "tokens").glob("*"))
-              if f.is_file()}
-    return {"documents": hashlib.sha256(json.dumps(sorted(docs)).encode()).hexdigest(), "n_documents": len(docs),
-            "tokens": tokens}
+    tokens = {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted((run_dir / "tokens").glob("*"))
+        if f.is_file()
+    }
+    return {
+        "documents": hashlib.sha256(json.dumps(sorted(docs)).encode()).hexdigest(),
+        "n_documents": len(docs),
+        "tokens": tokens,
+    }
 
 
 def _dedup_lines(dedup: dict) -> list[str]:
-    names = {"exact_dedup": "exact dedup", "near_dedup": "near dedup (pairs J >= 0.85)",
-             "both": "both dedups together (pairs J >= 0.85)"}
+    names = {
+        "exact_dedup": "exact dedup",
+        "near_dedup": "near dedup (pairs J >= 0.85)",
+        "both": "both dedups together (pairs J >= 0.85)",
+    }
     out = []
     for k, v in dedup.items():
         if k not in names or not v.get("pairs"):
             continue
-        line = (f"{names[k]}: recall {v['recall']:.4f} on {v['pairs']:,} planted pairs in its input; "
-                f"removed {v['removed']:,}, {v['precision']:.1%} of them in a planted pair")
+        line = (
+            f"{names[k]}: recall {v['recall']:.4f} on {v['pairs']:,} planted pairs in its input; "
+            f"removed {v['removed']:,}, {v['precision']:.1%} of them in a planted pair"
+        )
         o = v.get("outside_planted") or {}
         if "identical_to_a_kept_document" in o:
-            line += (f"; the other {o['checked']:,}: {o['identical_to_a_kept_document']:,} have the normalised "
-                     f"text of a kept document (accidental exact copies)")
+            line += (
+                f"; the other {o['checked']:,}: {o['identical_to_a_kept_document']:,} have the normalised "
+                f"text of a kept document (accidental exact copies)"
+            )
         elif o.get("checked"):
-            line += (f"; the other {o['checked']:,}: {o['at_least_0.8']:,} have Jaccard >= 0.8 with their "
-                     f"cluster's kept document (median {o['jaccard_median']}, min {o['jaccard_min']})")
+            line += (
+                f"; the other {o['checked']:,}: {o['at_least_0.8']:,} have Jaccard >= 0.8 with their "
+                f"cluster's kept document (median {o['jaccard_median']}, min {o['jaccard_min']})"
+            )
         t = v.get("on_text")
         if t:
-            line += (f". Checked on the text ({t['checked']:,} removed documents drawn at random): "
-                     f"Jaccard with their cluster's kept document >= 0.8 for {t['at_least_0.8']:.1%}, "
-                     f">= 0.5 for {t['at_least_0.5']:.1%} (min {t['jaccard_min']})")
+            line += (
+                f". Checked on the text ({t['checked']:,} removed documents drawn at random): "
+                f"Jaccard with their cluster's kept document >= 0.8 for {t['at_least_0.8']:.1%}, "
+                f">= 0.5 for {t['at_least_0.5']:.1%} (min {t['jaccard_min']})"
+            )
         out.append(line)
     return out
 
@@ -309,9 +385,13 @@ def markdown(results: dict) -> str:
     lines = []
     for cfg, runs in results["runs"].items():
         sizes = sorted(runs, key=float)
-        lines += [f"#### `{CONFIGS[cfg].relative_to(ROOT)}` ({results['tasks']} tasks, {results['workers']} workers)", ""]
-        head = "| stage | " + " | ".join(f"{s} GB: docs in · wall s · CPU s · CPU s/GB · peak RSS MB (model) · disk MB"
-                                         for s in sizes)
+        lines += [
+            f"#### `{CONFIGS[cfg].relative_to(ROOT)}` ({results['tasks']} tasks, {results['workers']} workers)",
+            "",
+        ]
+        head = "| stage | " + " | ".join(
+            f"{s} GB: docs in · wall s · CPU s · CPU s/GB · peak RSS MB (model) · disk MB" for s in sizes
+        )
         lines += [head + " | CPU s/GB ratio | RSS ratio |", "|---|" + "---|" * (len(sizes) + 2)]
         by_stage = {}
         for s in sizes:
@@ -321,34 +401,45 @@ def markdown(results: dict) -> str:
             cells = []
             for s in sizes:
                 r = per.get(s)
-                cells.append("—" if r is None else
-                             f"{r['docs_in'] if r['docs_in'] is not None else '—'} · {r['wall_s']} · {r['cpu_s']} · "
-                             f"{r['cpu_s_per_gb']} · {r['max_rss_mb']} ({r.get('model_mb')}) · {r['disk_mb']}")
+                cells.append(
+                    "—"
+                    if r is None
+                    else f"{r['docs_in'] if r['docs_in'] is not None else '—'} · {r['wall_s']} · {r['cpu_s']} · "
+                    f"{r['cpu_s_per_gb']} · {r['max_rss_mb']} ({r.get('model_mb')}) · {r['disk_mb']}"
+                )
             lo, hi = per.get(sizes[0]), per.get(sizes[-1])
-            cr = (f"{hi['cpu_s_per_gb'] / lo['cpu_s_per_gb']:.2f}" if lo and hi and lo["cpu_s_per_gb"] else "—")
-            rr = (f"{hi['max_rss_mb'] / lo['max_rss_mb']:.2f}" if lo and hi and lo["max_rss_mb"] else "—")
+            cr = f"{hi['cpu_s_per_gb'] / lo['cpu_s_per_gb']:.2f}" if lo and hi and lo["cpu_s_per_gb"] else "—"
+            rr = f"{hi['max_rss_mb'] / lo['max_rss_mb']:.2f}" if lo and hi and lo["max_rss_mb"] else "—"
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {cr} | {rr} |")
         lines.append("")
         for s in sizes:
             r = runs[s]
-            lines.append(f"- {s} GB ({r['input_gb']:.3f} GB read, {r['documents']:,} documents): "
-                         f"{r['wall_s']:.0f} s wall for the command.")
+            lines.append(
+                f"- {s} GB ({r['input_gb']:.3f} GB read, {r['documents']:,} documents): "
+                f"{r['wall_s']:.0f} s wall for the command."
+            )
             lines += [f"  - {line}" for line in _dedup_lines(r["dedup"])]
         lines.append("")
     for cfg, pc in results.get("projection", {}).items():
         worst = max(pc["stages"], key=lambda r: abs(r["cpu_error"]), default=None)
-        lines.append(f"Projection check ({cfg}): `pipeline plan` fitted on {', '.join(f'{g:g}' for g in pc['fitted_on'])} GB "
-                     f"projects {pc['total_cpu_projected']:.0f} CPU s for {pc['target_gb']} GB; measured "
-                     f"{pc['total_cpu_measured']:.0f} ({pc['total_cpu_error']:+.1%}). Largest stage error: "
-                     + (f"{worst['stage']} {worst['cpu_error']:+.1%} CPU" if worst else "—")
-                     + "; memory model vs measured peak: " + ", ".join(f"{r['stage']} {r['rss_error']:+.0%}" for r in pc["stages"]) + ".")
+        lines.append(
+            f"Projection check ({cfg}): `pipeline plan` fitted on {', '.join(f'{g:g}' for g in pc['fitted_on'])} GB "
+            f"projects {pc['total_cpu_projected']:.0f} CPU s for {pc['target_gb']} GB; measured "
+            f"{pc['total_cpu_measured']:.0f} ({pc['total_cpu_error']:+.1%}). Largest stage error: "
+            + (f"{worst['stage']} {worst['cpu_error']:+.1%} CPU" if worst else "—")
+            + "; memory model vs measured peak: "
+            + ", ".join(f"{r['stage']} {r['rss_error']:+.0%}" for r in pc["stages"])
+            + "."
+        )
         lines.append("")
     if "invariance" in results:
         inv = results["invariance"]
-        lines.append(f"Invariance ({inv['size']} GB, permissive): {inv['tasks_a']} vs {inv['tasks_b']} tasks: final "
-                     f"documents {'identical' if inv['documents_equal'] else 'DIFFERENT'} ({inv['n_documents']:,}), "
-                     f"token shards {'byte-identical' if inv['tokens_equal'] else 'DIFFERENT'} "
-                     f"({inv['token_files']} files).")
+        lines.append(
+            f"Invariance ({inv['size']} GB, permissive): {inv['tasks_a']} vs {inv['tasks_b']} tasks: final "
+            f"documents {'identical' if inv['documents_equal'] else 'DIFFERENT'} ({inv['n_documents']:,}), "
+            f"token shards {'byte-identical' if inv['tokens_equal'] else 'DIFFERENT'} "
+            f"({inv['token_files']} files)."
+        )
         lines.append("")
     return "\n".join(lines)
 
@@ -361,9 +452,17 @@ def calibration(results: dict) -> dict:
         for s, r in runs.items():
             for row in r["stages"]:
                 stages.setdefault(row["stage"], {"steps": row["steps"], "points": []})["points"].append(
-                    {"nominal_gb": float(s), "input_gb": r["input_gb"], "documents": r["documents"], "tasks": row["tasks"],
-                     "docs_in": row["docs_in"], "cpu_s": row["cpu_s"], "max_rss_mb": row["max_rss_mb"],
-                     "disk_mb": row["disk_mb"]})
+                    {
+                        "nominal_gb": float(s),
+                        "input_gb": r["input_gb"],
+                        "documents": r["documents"],
+                        "tasks": row["tasks"],
+                        "docs_in": row["docs_in"],
+                        "cpu_s": row["cpu_s"],
+                        "max_rss_mb": row["max_rss_mb"],
+                        "disk_mb": row["disk_mb"],
+                    }
+                )
         out["configs"][cfg] = {"config": str(CONFIGS[cfg].relative_to(ROOT)), "stages": stages}
     return out
 
@@ -382,8 +481,16 @@ def projection_check(results: dict, work: Path, tasks: int, workers: int) -> dic
             continue
         target, fit_on = sizes[-1], {float(s) for s in sizes[:-1]}
         wet = work / f"wet-{float(target):g}"
-        cfg = load(str(CONFIGS[cfg_name]), ["train=null", f"executor.tasks={tasks}", f"executor.workers={workers}",
-                                            f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]"], None)
+        cfg = load(
+            str(CONFIGS[cfg_name]),
+            [
+                "train=null",
+                f"executor.tasks={tasks}",
+                f"executor.workers={workers}",
+                f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]",
+            ],
+            None,
+        )
         stages, size = plan_for_size(cfg, None, None)
         proj = {p.stage.label: p for p in project(cfg, stages, size / 1e9, cal, workers, prefer=cfg_name, sizes=fit_on)}
         rows = []
@@ -392,13 +499,26 @@ def projection_check(results: dict, work: Path, tasks: int, workers: int) -> dic
             if p is None or p.cpu_s is None or not m["cpu_s"]:
                 continue
             model = p.estimate_bytes / 1e6
-            rows.append({"stage": m["label"], "cpu_projected": round(p.cpu_s, 1), "cpu_measured": m["cpu_s"],
-                         "cpu_error": round(p.cpu_s / m["cpu_s"] - 1, 3), "memory_model_mb": round(model, 1),
-                         "rss_measured": m["max_rss_mb"], "rss_error": round(model / m["max_rss_mb"] - 1, 3)})
+            rows.append(
+                {
+                    "stage": m["label"],
+                    "cpu_projected": round(p.cpu_s, 1),
+                    "cpu_measured": m["cpu_s"],
+                    "cpu_error": round(p.cpu_s / m["cpu_s"] - 1, 3),
+                    "memory_model_mb": round(model, 1),
+                    "rss_measured": m["max_rss_mb"],
+                    "rss_error": round(model / m["max_rss_mb"] - 1, 3),
+                }
+            )
         tp, tm = sum(r["cpu_projected"] for r in rows), sum(r["cpu_measured"] for r in rows)
-        out[cfg_name] = {"target_gb": target, "fitted_on": sorted(fit_on), "stages": rows,
-                         "total_cpu_projected": round(tp, 1), "total_cpu_measured": round(tm, 1),
-                         "total_cpu_error": round(tp / tm - 1, 3) if tm else None}
+        out[cfg_name] = {
+            "target_gb": target,
+            "fitted_on": sorted(fit_on),
+            "stages": rows,
+            "total_cpu_projected": round(tp, 1),
+            "total_cpu_measured": round(tm, 1),
+            "total_cpu_error": round(tp / tm - 1, 3) if tm else None,
+        }
     return out
 
 
@@ -420,8 +540,12 @@ def main() -> None:
     results_path = args.results or args.work / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {"runs": {}}
     if not args.report_only:
-        results.update(tasks=args.tasks, workers=args.workers, date=time.strftime("%Y-%m-%d"),
-                       machine=f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+        results.update(
+            tasks=args.tasks,
+            workers=args.workers,
+            date=time.strftime("%Y-%m-%d"),
+            machine=f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
+        )
     for gb in args.sizes:
         wet = corpus(args.work, gb, args.seed)
         input_gb = sum(f.stat().st_size for f in wet.glob("*.warc.wet.gz")) / 1e9
@@ -438,8 +562,12 @@ def main() -> None:
             stages = stage_rows(run_dir, input_gb, model_estimates(CONFIGS[cfg], wet, args.tasks, args.workers))
             documents = stages[0]["docs_in"] or 0
             results["runs"].setdefault(cfg, {})[f"{gb:g}"] = {
-                "input_gb": input_gb, "documents": documents, "wall_s": wall, "stages": stages,
-                "dedup": dedup_quality(run_dir, truth, accidental=cfg == "permissive")}
+                "input_gb": input_gb,
+                "documents": documents,
+                "wall_s": wall,
+                "stages": stages,
+                "dedup": dedup_quality(run_dir, truth, accidental=cfg == "permissive"),
+            }
             results_path.write_text(json.dumps(results, indent=1))
     if args.invariance:
         gb = min(args.sizes)
@@ -450,11 +578,15 @@ def main() -> None:
             if not (run_dir / "tokens" / "manifest.json").is_file():
                 run_pipeline(CONFIGS["permissive"], wet, run_dir, tasks, args.workers)
             digests.append(_digest(run_dir))
-        results["invariance"] = {"size": gb, "tasks_a": 4, "tasks_b": args.tasks,
-                                 "documents_equal": digests[0]["documents"] == digests[1]["documents"],
-                                 "n_documents": digests[0]["n_documents"],
-                                 "tokens_equal": digests[0]["tokens"] == digests[1]["tokens"],
-                                 "token_files": len(digests[0]["tokens"])}
+        results["invariance"] = {
+            "size": gb,
+            "tasks_a": 4,
+            "tasks_b": args.tasks,
+            "documents_equal": digests[0]["documents"] == digests[1]["documents"],
+            "n_documents": digests[0]["n_documents"],
+            "tokens_equal": digests[0]["tokens"] == digests[1]["tokens"],
+            "token_files": len(digests[0]["tokens"]),
+        }
         results_path.write_text(json.dumps(results, indent=1))
     if len(args.sizes) >= 3 or any(len(r) >= 3 for r in results["runs"].values()):
         results["projection"] = projection_check(results, args.work, args.tasks, args.workers)
@@ -464,7 +596,7 @@ def main() -> None:
     if args.write_docs:
         doc = DOC.read_text()
         if BEGIN in doc:
-            doc = doc[: doc.index(BEGIN) + len(BEGIN)] + "\n" + text + "\n" + doc[doc.index(END):]
+            doc = doc[: doc.index(BEGIN) + len(BEGIN)] + "\n" + text + "\n" + doc[doc.index(END) :]
         else:
             doc += f"\n{BEGIN}\n{text}\n{END}\n"
         DOC.write_text(doc)

@@ -41,8 +41,9 @@ def documents(copies: int):
 def run_datatrove(docs, tokenizer_json: Path, work: Path) -> dict:
     from datatrove.pipeline.tokens import DocumentTokenizer
 
-    step = DocumentTokenizer(output_folder=str(work), tokenizer_name_or_path=str(tokenizer_json),
-                             eos_token="<|endoftext|>", seed=0)
+    step = DocumentTokenizer(
+        output_folder=str(work), tokenizer_name_or_path=str(tokenizer_json), eos_token="<|endoftext|>", seed=0
+    )
     list(step.run(iter(docs), 0, 1) or [])
     return {"tokens": int(step.stats["tokens"].total)}
 
@@ -70,8 +71,12 @@ def measure(name, fn, docs, arg, repeat) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokenizer", type=Path, default=DATA / "tokenizers" / "gpt2",
-                    help="tokenizer.json, GPT-2 folder or .tiktoken file (converted to tokenizer.json)")
+    ap.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=DATA / "tokenizers" / "gpt2",
+        help="tokenizer.json, GPT-2 folder or .tiktoken file (converted to tokenizer.json)",
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--copies", type=int, default=4, help="repeat the sample's documents this many times")
     args = ap.parse_args()
@@ -94,16 +99,21 @@ def main() -> int:
         engine = "hf"
         if fast.encoding is not None and encode.compare(tok, fast.encoding, [d.text for d in docs[:1000]])[1] is None:
             engine = "tiktoken"
-        (folder / "engine.json").write_text(json.dumps({"engine": engine, "vocab_size": info.vocab_size,
-                                                        "eos_id": info.eos_id}))
+        (folder / "engine.json").write_text(
+            json.dumps({"engine": engine, "vocab_size": info.vocab_size, "eos_id": info.eos_id})
+        )
         ours = measure(f"gristmill ({engine})", run_gristmill, docs, folder, args.repeat)
         theirs = measure("datatrove", run_datatrove, docs, folder / "tokenizer.json", args.repeat)
-    print(f"input: {len(docs)} documents, {mb:.2f} MB of text; tokenizer {args.tokenizer}; one process, one"
-          " encoding thread, CPU time (best of runs)")
+    print(
+        f"input: {len(docs)} documents, {mb:.2f} MB of text; tokenizer {args.tokenizer}; one process, one"
+        " encoding thread, CPU time (best of runs)"
+    )
     print(f"{'tokenizer':<22} {'tokens':>10} {'cpu s':>8} {'wall s':>8} {'MB/s/core':>10} {'Mtok/s/core':>12}")
     for r in (ours, theirs):
-        print(f"{r['name']:<22} {r['tokens']:>10,} {r['cpu_s']:>8.2f} {r['wall_s']:>8.2f} {mb / r['cpu_s']:>10.2f}"
-              f" {r['tokens'] / r['cpu_s'] / 1e6:>12.2f}")
+        print(
+            f"{r['name']:<22} {r['tokens']:>10,} {r['cpu_s']:>8.2f} {r['wall_s']:>8.2f} {mb / r['cpu_s']:>10.2f}"
+            f" {r['tokens'] / r['cpu_s'] / 1e6:>12.2f}"
+        )
     if ours["tokens"] != theirs["tokens"]:
         print(f"note: token counts differ ({ours['tokens']} vs {theirs['tokens']})")
     print(f"ratio gristmill/datatrove (MB/s per core): {theirs['cpu_s'] / ours['cpu_s']:.1f}x")

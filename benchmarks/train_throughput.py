@@ -44,8 +44,12 @@ def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     (root / "tokenizer.json").write_text("{}")
-    schema = pa.schema([pa.field("tokens", pa.large_list(pa.field("item", pa.uint16(), nullable=False)),
-                                 nullable=False), pa.field("id", pa.string())])
+    schema = pa.schema(
+        [
+            pa.field("tokens", pa.large_list(pa.field("item", pa.uint16(), nullable=False)), nullable=False),
+            pa.field("id", pa.string()),
+        ]
+    )
     shards = []
     for split, n in (("train", n_tokens), ("val", n_tokens // 20)):
         lengths = rng.integers(200, 4000, size=n // 2000 + 1)
@@ -54,12 +58,27 @@ def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0) -> Path:
         arr = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
         name = f"{split}-00000.arrow"
         with pa.OSFile(str(root / name), "wb") as sink, pa.ipc.new_file(sink, schema) as w:
-            w.write_batch(pa.record_batch([arr, pa.array([f"{split}-{i}" for i in range(len(lengths))])], schema=schema))
-        shards.append({"path": name, "split": split, "documents": len(lengths), "tokens": int(offsets[-1]),
-                       "sha256": hashlib.sha256((root / name).read_bytes()).hexdigest()})
-    manifest = {"format": "gristmill-tokens", "version": 1, "dtype": "uint16", "seed": seed, "shards": shards,
-                "tokenizer": {"file": "tokenizer.json", "sha256": "", "vocab_size": VOCAB, "eos_id": 1, "bos_id": 1},
-                "splits": {s["split"]: {"shards": 1, "documents": s["documents"], "tokens": s["tokens"]} for s in shards}}
+            w.write_batch(
+                pa.record_batch([arr, pa.array([f"{split}-{i}" for i in range(len(lengths))])], schema=schema)
+            )
+        shards.append(
+            {
+                "path": name,
+                "split": split,
+                "documents": len(lengths),
+                "tokens": int(offsets[-1]),
+                "sha256": hashlib.sha256((root / name).read_bytes()).hexdigest(),
+            }
+        )
+    manifest = {
+        "format": "gristmill-tokens",
+        "version": 1,
+        "dtype": "uint16",
+        "seed": seed,
+        "shards": shards,
+        "tokenizer": {"file": "tokenizer.json", "sha256": "", "vocab_size": VOCAB, "eos_id": 1, "bos_id": 1},
+        "splits": {s["split"]: {"shards": 1, "documents": s["documents"], "tokens": s["tokens"]} for s in shards},
+    }
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -173,11 +192,21 @@ def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: in
     return {"tokens_per_s_per_gpu": tps, "max_memory_gib": peak_gib()}
 
 
-def run_ours(size: str, tokens: Path, out: Path, steps: int, warmup: int, micro_batch: int | None, world: int,
-             extra: list[str]) -> dict:
-    overrides = [f"data.tokens={tokens}", f"steps={steps}", "checkpoint.enabled=false", "eval.batches=0",
-                 "log.progress=false", "log.tensorboard=false", "schedule.warmup_steps=0", "kernels=triton",
-                 "compile=true", *extra]
+def run_ours(
+    size: str, tokens: Path, out: Path, steps: int, warmup: int, micro_batch: int | None, world: int, extra: list[str]
+) -> dict:
+    overrides = [
+        f"data.tokens={tokens}",
+        f"steps={steps}",
+        "checkpoint.enabled=false",
+        "eval.batches=0",
+        "log.progress=false",
+        "log.tensorboard=false",
+        "schedule.warmup_steps=0",
+        "kernels=triton",
+        "compile=true",
+        *extra,
+    ]
     if micro_batch:
         overrides.append(f"data.micro_batch={micro_batch}")
     cfg = load_config(size, overrides)
@@ -185,8 +214,7 @@ def run_ours(size: str, tokens: Path, out: Path, steps: int, warmup: int, micro_
     train(cfg, out)
     recs = [json.loads(line) for line in open(out / "metrics.jsonl")] if (out / "metrics.jsonl").exists() else []
     tps = statistics.median(r["tokens_per_s_per_device"] for r in recs[warmup:]) if recs else 0.0
-    return {"tokens_per_s_per_gpu": tps, "max_memory_gib": peak_gib(),
-            "micro_batch": cfg.data.micro_batch, "cfg": cfg}
+    return {"tokens_per_s_per_gpu": tps, "max_memory_gib": peak_gib(), "micro_batch": cfg.data.micro_batch, "cfg": cfg}
 
 
 def main() -> None:
@@ -197,9 +225,12 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=None, help="override the presets' micro_batch")
     p.add_argument("--only", choices=["ours", "reference"], default=None)
     p.add_argument("--set", action="append", default=[], help="extra train-config overrides for ours")
-    p.add_argument("--torch-optimizer", action="store_true",
-                   help="ours with torch's fused AdamW and clip_grad_norm_ on DTensors, fp32 weights under"
-                        " autocast without FSDP (A/B of trainer.optim)")
+    p.add_argument(
+        "--torch-optimizer",
+        action="store_true",
+        help="ours with torch's fused AdamW and clip_grad_norm_ on DTensors, fp32 weights under"
+        " autocast without FSDP (A/B of trainer.optim)",
+    )
     args = p.parse_args()
     if args.torch_optimizer:
         import gristmill.trainer.train as T
@@ -232,8 +263,9 @@ def main() -> None:
         res = {}
         if args.only != "reference":
             start_memory()
-            res["ours"] = run_ours(size, tokens, tmp / f"out-{size}", args.steps, args.warmup, args.micro_batch,
-                                   d.world, args.set)
+            res["ours"] = run_ours(
+                size, tokens, tmp / f"out-{size}", args.steps, args.warmup, args.micro_batch, d.world, args.set
+            )
             torch.cuda.empty_cache()
             torch._dynamo.reset()
         cfg = res["ours"]["cfg"] if "ours" in res else load_config(size, [f"data.tokens={tokens}"])
@@ -247,13 +279,19 @@ def main() -> None:
             fpt = margs.flops_per_token(cfg.data.seq_len)
             for name, r in res.items():
                 mfu = r["tokens_per_s_per_gpu"] * fpt / peak if peak else float("nan")
-                print(f"{size:5s} {name:9s} micro_batch {cfg.data.micro_batch} seq {cfg.data.seq_len}:"
-                      f" {r['tokens_per_s_per_gpu']:9,.0f} tok/s/GPU  MFU {mfu:5.1%}"
-                      f"  peak mem {r['max_memory_gib']:5.1f} GiB", flush=True)
+                print(
+                    f"{size:5s} {name:9s} micro_batch {cfg.data.micro_batch} seq {cfg.data.seq_len}:"
+                    f" {r['tokens_per_s_per_gpu']:9,.0f} tok/s/GPU  MFU {mfu:5.1%}"
+                    f"  peak mem {r['max_memory_gib']:5.1f} GiB",
+                    flush=True,
+                )
             if len(res) == 2:
                 o, r = res["ours"], res["reference"]
-                print(f"{size:5s} ratio ours/reference: ×{o['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.3f}"
-                      f" tokens/s, memory {o['max_memory_gib'] / r['max_memory_gib']:.2f}×", flush=True)
+                print(
+                    f"{size:5s} ratio ours/reference: ×{o['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.3f}"
+                    f" tokens/s, memory {o['max_memory_gib'] / r['max_memory_gib']:.2f}×",
+                    flush=True,
+                )
     dist.destroy_process_group()
 
 

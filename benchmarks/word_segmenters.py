@@ -329,8 +329,9 @@ def label_pages(pages: list[str], model_path: str) -> list[str] | None:
         print("WET pages skipped: no fasttext module (pip install fasttext-community)", file=sys.stderr)
         return None
     if not os.path.isfile(model_path):
-        print(f"WET pages skipped: {model_path}: no such file (expected fastText lid.176.ftz; see --lid)",
-              file=sys.stderr)
+        print(
+            f"WET pages skipped: {model_path}: no such file (expected fastText lid.176.ftz; see --lid)", file=sys.stderr
+        )
         return None
     model = fasttext.load_model(model_path)
     labels = []
@@ -453,8 +454,12 @@ def main() -> None:
     english = [p for p, lab in zip(pages, labels) if lab == "en"]
 
     print("## Text")
-    print(table([[lang, len(udhr[lang]), len(web[lang]), sum(map(len, web[lang]))] for lang in langs],
-                ["lang", "UDHR chars", "WET pages", "WET chars"]))
+    print(
+        table(
+            [[lang, len(udhr[lang]), len(web[lang]), sum(map(len, web[lang]))] for lang in langs],
+            ["lang", "UDHR chars", "WET pages", "WET chars"],
+        )
+    )
 
     # build each candidate once per language, sockets off
     segs: dict[tuple[str, str], Callable] = {}
@@ -571,12 +576,18 @@ def main() -> None:
         for name, fn in variants.items():
             best[name] = min(best[name], seconds_per_pass(fn, english, args.min_s))
     t_split = best["split_words alone"]
-    print(table([[name, f"{t * 1e3:.3f}", f"{t / t_split:.4f}"] for name, t in best.items()],
-                ["per pass over the English pages", "CPU ms", "x split_words"]))
+    print(
+        table(
+            [[name, f"{t * 1e3:.3f}", f"{t / t_split:.4f}"] for name, t in best.items()],
+            ["per pass over the English pages", "CPU ms", "x split_words"],
+        )
+    )
     n_ascii = sum(d.isascii() for d in english)
     n_hit = sum(bool(needs.search(d)) for d in english)
-    print(f"{n_ascii}/{len(english)} English pages are pure ASCII; "
-          f"{n_hit}/{len(english)} hold a Han/kana/Thai/Lao/Khmer/Myanmar character")
+    print(
+        f"{n_ascii}/{len(english)} English pages are pure ASCII; "
+        f"{n_hit}/{len(english)} hold a Han/kana/Thai/Lao/Khmer/Myanmar character"
+    )
 
     # hybrid: the regex for everything, runs of the unspaced scripts handed to ICU
     if status.get("icu4py") == "ok":
@@ -607,6 +618,7 @@ def main() -> None:
                 n = sum(map(len, docs))
                 rows.append([lang, f"{n / t_hl:,.0f}", f"{t_hl / t_r:.2f}", f"{n / t_w:,.0f}"])
         print(table(rows, ["WET lang", "hybrid chars/s", "x split_words time", "icu4py whole page chars/s"]))
+
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,8 @@ def test_torch_internals():
     from gristmill.compat import torch as compat
 
     assert _major_minor(torch.__version__) in compat.WRITTEN_FOR, (
-        f"torch {torch.__version__} installed; gristmill.compat.torch was written for {compat.WRITTEN_FOR}")
+        f"torch {torch.__version__} installed; gristmill.compat.torch was written for {compat.WRITTEN_FOR}"
+    )
     t = torch.ones(3)
     assert compat.local_tensor(t) is t and not compat.is_dtensor(t)
     steps = [torch.zeros(()), torch.zeros(())]
@@ -39,8 +40,20 @@ def test_torch_internals():
     p, m, v, step = p0.clone(), torch.zeros(2), torch.zeros(2), torch.zeros(())
     compat.foreach_add_([step], 1)
     try:
-        compat.fused_adamw_([p], [g.clone()], [m], [v], [step], lr=0.1, beta1=0.9, beta2=0.999, weight_decay=0.01,
-                            eps=1e-8, grad_scale=None, found_inf=None)
+        compat.fused_adamw_(
+            [p],
+            [g.clone()],
+            [m],
+            [v],
+            [step],
+            lr=0.1,
+            beta1=0.9,
+            beta2=0.999,
+            weight_decay=0.01,
+            eps=1e-8,
+            grad_scale=None,
+            found_inf=None,
+        )
     except RuntimeError as e:  # some CPU builds have no fused CPU kernel
         pytest.skip(f"no fused AdamW kernel on this device: {e}")
     assert torch.allclose(p, ref.detach(), atol=1e-6)
@@ -56,13 +69,18 @@ def test_datatrove_internals():
 
     version = importlib.metadata.version("datatrove")
     assert version in compat.WRITTEN_FOR, (
-        f"datatrove {version} installed; gristmill.compat.datatrove was written for {compat.WRITTEN_FOR}")
+        f"datatrove {version} installed; gristmill.compat.datatrove was written for {compat.WRITTEN_FOR}"
+    )
     assert datatrove.__name__ == "datatrove"
     # the two module functions replaced in each task's process, with the signatures called
     for name in ("add_task_logger", "close_task_logger"):
         assert callable(getattr(dt_base, name)), name
     assert list(inspect.signature(dt_base.add_task_logger).parameters)[:4] == [
-        "logging_dir", "rank", "local_rank", "node_rank"]
+        "logging_dir",
+        "rank",
+        "local_rank",
+        "node_rank",
+    ]
     # the per-rank entry the local supervisor calls and both executors override
     params = list(inspect.signature(dt_base.PipelineExecutor._run_for_rank).parameters)
     assert params[:4] == ["self", "rank", "local_rank", "node_rank"], params

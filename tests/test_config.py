@@ -36,9 +36,7 @@ def test_wrong_type_names_the_key_path():
 
 
 def test_unknown_keys_are_errors_with_path():
-    assert "steps[0].langid.threshold: unknown key" in _err(
-        {**BASE, "steps": [{"langid": {"threshold": 0.3}}]}
-    )
+    assert "steps[0].langid.threshold: unknown key" in _err({**BASE, "steps": [{"langid": {"threshold": 0.3}}]})
     assert "executor.taks: unknown key" in _err({**BASE, "executor": {"taks": 3}})
     msg = _err({**BASE, "outptu": {}})
     assert "outptu: unknown key" in msg and "allowed:" in msg
@@ -47,7 +45,9 @@ def test_unknown_keys_are_errors_with_path():
 def test_unknown_step_and_bad_shapes():
     assert "steps[1]: unknown step 'gopher'" in _err({**BASE, "steps": [{"langid": {}}, {"gopher": {}}]})
     assert "steps[0]: expected one" in _err({**BASE, "steps": [{"langid": {}, "c4_lines": {}}]})
-    assert "steps[0].gopher_quality.min_doc_words" in _err({**BASE, "steps": [{"gopher_quality": {"min_doc_words": "many"}}]})
+    assert "steps[0].gopher_quality.min_doc_words" in _err(
+        {**BASE, "steps": [{"gopher_quality": {"min_doc_words": "many"}}]}
+    )
 
 
 def test_all_errors_reported_at_once():
@@ -77,7 +77,9 @@ def test_env_interpolation(monkeypatch):
 
 
 def test_overrides_parse_yaml_values():
-    cfg = from_dict(BASE, ["executor.tasks=8", "steps[0].langid.languages=[en, fr]", "steps.1.gopher_quality.min_doc_words=10"])
+    cfg = from_dict(
+        BASE, ["executor.tasks=8", "steps[0].langid.languages=[en, fr]", "steps.1.gopher_quality.min_doc_words=10"]
+    )
     assert cfg.executor.tasks == 8
     assert cfg.specs[0].params.languages == ["en", "fr"]
     assert cfg.specs[1].params.min_doc_words == 10

@@ -13,17 +13,29 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # (prefix, layer); the longest matching prefix wins. Lower layers never import higher ones.
 LAYERS = [
-    ("gristmill", 0), ("gristmill.core", 0), ("gristmill.compat", 0), ("gristmill.dirlock", 0),
+    ("gristmill", 0),
+    ("gristmill.core", 0),
+    ("gristmill.compat", 0),
+    ("gristmill.dirlock", 0),
     ("gristmill.text", 1),
-    ("gristmill.filters", 2), ("gristmill.dedup", 2), ("gristmill.tokenize", 2),
-    ("gristmill.config", 3), ("gristmill.pipeline", 3), ("gristmill.stats", 3),
+    ("gristmill.filters", 2),
+    ("gristmill.dedup", 2),
+    ("gristmill.tokenize", 2),
+    ("gristmill.config", 3),
+    ("gristmill.pipeline", 3),
+    ("gristmill.stats", 3),
     ("gristmill.cli", 4),
 ]
 # The trainer stands beside the pipeline: it may use the core and the token-shard reader alone,
 # and the pipeline starts it through its torch-free launcher alone.
 TRAINER = "gristmill.trainer"
-TRAINER_MAY_IMPORT = ("gristmill.core.configlib", "gristmill.dirlock", "gristmill.compat", "gristmill.tokenize.reader",
-                      "gristmill.trainer")
+TRAINER_MAY_IMPORT = (
+    "gristmill.core.configlib",
+    "gristmill.dirlock",
+    "gristmill.compat",
+    "gristmill.tokenize.reader",
+    "gristmill.trainer",
+)
 PIPELINE_MAY_IMPORT_OF_TRAINER = ("gristmill.trainer.launch",)
 
 
@@ -87,8 +99,10 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 if not _in(t, TRAINER_MAY_IMPORT):
                     bad.append(f"{mod} -> {t} (the trainer uses the core and the token-shard reader only)")
             elif _in(t, [TRAINER]):
-                if not (mod == "gristmill.cli" or (_in(mod, ["gristmill.pipeline"]) and
-                                                   _in(t, PIPELINE_MAY_IMPORT_OF_TRAINER))):
+                if not (
+                    mod == "gristmill.cli"
+                    or (_in(mod, ["gristmill.pipeline"]) and _in(t, PIPELINE_MAY_IMPORT_OF_TRAINER))
+                ):
                     bad.append(f"{mod} -> {t} (only the CLI uses the trainer; the pipeline starts it via its launcher)")
             elif _layer(t) > _layer(mod):
                 bad.append(f"{mod} (layer {_layer(mod)}) -> {t} (layer {_layer(t)})")
@@ -127,7 +141,7 @@ def test_no_import_cycles():
             if t not in graph:
                 continue
             if state.get(t) == 1:
-                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+                cycles.append(" -> ".join(stack[stack.index(t) :] + [t]))
             elif t not in state:
                 visit(t, stack + [t])
         state[node] = 2

@@ -23,8 +23,17 @@ import make_wet_corpus as mwc  # noqa: E402
 
 GB, FILE_MB, SEED = 0.003, 1, 11
 UUID = re.compile(r"<urn:uuid:[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}>")
-CONVERSION_FIELDS = ["WARC-Type", "WARC-Target-URI", "WARC-Date", "WARC-Record-ID", "WARC-Refers-To",
-                     "WARC-Block-Digest", "WARC-Identified-Content-Language", "Content-Type", "Content-Length"]
+CONVERSION_FIELDS = [
+    "WARC-Type",
+    "WARC-Target-URI",
+    "WARC-Date",
+    "WARC-Record-ID",
+    "WARC-Refers-To",
+    "WARC-Block-Digest",
+    "WARC-Identified-Content-Language",
+    "Content-Type",
+    "Content-Length",
+]
 
 
 @pytest.fixture(scope="module")

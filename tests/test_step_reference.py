@@ -17,7 +17,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_readme_step_reference_is_generated_from_the_steps():
     text = README.read_text()
     assert BEGIN in text and END in text
-    block = text[text.index(BEGIN): text.index(END) + len(END)] + "\n"
+    block = text[text.index(BEGIN) : text.index(END) + len(END)] + "\n"
     assert block == markdown(shipped_only=True), "README is stale: paste `pipeline steps --markdown` there"
 
 
@@ -41,7 +41,7 @@ def test_declared_drop_reasons_are_the_ones_used(step, wet_files, lid_model):
     flt = cls(**params)
     docs = list(WetReader([str(p) for p in wet_files]).run())
     list(flt.run(iter(docs)))
-    seen = {k[len("dropped_"):] for k in flt.stats.stats if k.startswith("dropped_")}
+    seen = {k[len("dropped_") :] for k in flt.stats.stats if k.startswith("dropped_")}
     patterns = [re.compile("^" + re.sub(r"<[a-z]+>", r"[a-z0-9]+", r) + "$") for r in cls.drop_reasons]
     assert seen, f"{step} dropped nothing on the sample"
     undeclared = [r for r in seen if not any(p.match(r) for p in patterns)]

@@ -1,18 +1,18 @@
 """`pipeline` (also `gristmill`): the command line.
 
-    pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
-    pipeline validate CONFIG [--set key=value ...]
-    pipeline plan CONFIG [--gb X | --files N] [--cores C] [--calibration FILE] [--json]
-    pipeline steps [--markdown | --json]
-    pipeline stats RUN_DIR [--language LANG] [--json]
-    pipeline report RUN_DIR [-o report.html]
-    pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
-    pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
-    pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
-    pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
-    pipeline calibrate --udhr UDHR.zip -o configs/calibration/udhr.yaml
-    pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
-    pipeline export-hf CHECKPOINT OUT
+pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
+pipeline validate CONFIG [--set key=value ...]
+pipeline plan CONFIG [--gb X | --files N] [--cores C] [--calibration FILE] [--json]
+pipeline steps [--markdown | --json]
+pipeline stats RUN_DIR [--language LANG] [--json]
+pipeline report RUN_DIR [-o report.html]
+pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
+pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
+pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
+pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
+pipeline calibrate --udhr UDHR.zip -o configs/calibration/udhr.yaml
+pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
+pipeline export-hf CHECKPOINT OUT
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ def cmd_steps(args, console: Console) -> int:
             out.print(Text(f"{step['name']}", style="bold"), Text(f"({step['kind']})"))
             out.print(Text(f"  {step['summary']}"))
             for p in step["params"]:
-                out.print(Text(f"    {p['name']} = {p['default']}" + (f"  — {p['description']}" if p["description"] else "")))
+                out.print(
+                    Text(f"    {p['name']} = {p['default']}" + (f"  — {p['description']}" if p["description"] else ""))
+                )
     return 0
 
 
@@ -93,8 +95,16 @@ def cmd_run(args, console: Console) -> int:
 
 
 def cmd_stats(args, console: Console) -> int:
-    from gristmill.pipeline.stats import (as_json, funnel, language_funnel, language_summary, languages, load_scores,
-                                          merge_run, top_domains)
+    from gristmill.pipeline.stats import (
+        as_json,
+        funnel,
+        language_funnel,
+        language_summary,
+        languages,
+        load_scores,
+        merge_run,
+        top_domains,
+    )
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "plan.json").is_file():
@@ -102,8 +112,10 @@ def cmd_stats(args, console: Console) -> int:
     merged = merge_run(run_dir)
     by_lang = language_funnel(merged)
     if args.language is not None and args.language not in by_lang:
-        raise ConfigError(f"--language {args.language!r}: no such language in {run_dir} "
-                          f"(its languages: {', '.join(by_lang) or 'none'})")
+        raise ConfigError(
+            f"--language {args.language!r}: no such language in {run_dir} "
+            f"(its languages: {', '.join(by_lang) or 'none'})"
+        )
     if args.json:
         print(json.dumps(as_json(merged, args.language), indent=2))
         return 0
@@ -118,8 +130,17 @@ def cmd_stats(args, console: Console) -> int:
     for r in rows:
         kept = f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-"
         speed = f"{r.mb_per_s:.1f}" if r.mb_per_s else "-"
-        table.add_row(safe(r.stage), safe(r.step), f"{r.docs_in:,}", f"{r.docs_out:,}", kept, _human_bytes(r.bytes_in),
-                      _human_bytes(r.bytes_out), f"{r.time_s:.2f}s", speed)
+        table.add_row(
+            safe(r.stage),
+            safe(r.step),
+            f"{r.docs_in:,}",
+            f"{r.docs_out:,}",
+            kept,
+            _human_bytes(r.bytes_in),
+            _human_bytes(r.bytes_out),
+            f"{r.time_s:.2f}s",
+            speed,
+        )
     out.print(table)
     reasons = Table(title="drops by reason")
     for col in ("step", "reason", "documents", "share of step input"):
@@ -145,13 +166,24 @@ def cmd_stats(args, console: Console) -> int:
             lt.add_column(col, justify="left" if col.startswith(("language", "dropped")) else "right")
         for line in summary[:20]:
             drops = sorted(line["drops_by_step"].items(), key=lambda kv: -kv[1])
-            lt.add_row(safe(line["language"]), f"{line['read']:,}", f"{line['kept']:,}",
-                       f"{line['kept_share']:.1%}" if line["kept_share"] is not None else "-",
-                       _human_bytes(line["bytes_kept"]), safe(", ".join(f"{k} {v:,}" for k, v in drops[:3])))
+            lt.add_row(
+                safe(line["language"]),
+                f"{line['read']:,}",
+                f"{line['kept']:,}",
+                f"{line['kept_share']:.1%}" if line["kept_share"] is not None else "-",
+                _human_bytes(line["bytes_kept"]),
+                safe(", ".join(f"{k} {v:,}" for k, v in drops[:3])),
+            )
         if len(summary) > 20:
             rest = summary[20:]
-            lt.add_row(f"... {len(rest)} more", f"{sum(x['read'] for x in rest):,}", f"{sum(x['kept'] for x in rest):,}",
-                       "", _human_bytes(sum(x["bytes_kept"] for x in rest)), "")
+            lt.add_row(
+                f"... {len(rest)} more",
+                f"{sum(x['read'] for x in rest):,}",
+                f"{sum(x['kept'] for x in rest):,}",
+                "",
+                _human_bytes(sum(x["bytes_kept"] for x in rest)),
+                "",
+            )
         out.print(lt)
     domains = top_domains(load_scores(run_dir))
     if domains["kept"] or domains["dropped"]:
@@ -178,9 +210,16 @@ def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_row
     for total, r in zip(rows, lang_rows):
         if not (total.docs_in or total.docs_out):  # a phase that reads no documents (dedup's find)
             continue
-        table.add_row(safe(r.stage), safe(r.step), f"{r.docs_in:,}", f"{r.docs_out:,}",
-                      f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-", _human_bytes(r.bytes_in),
-                      _human_bytes(r.bytes_out), f"{r.docs_in / total.docs_in:.1%}" if total.docs_in else "-")
+        table.add_row(
+            safe(r.stage),
+            safe(r.step),
+            f"{r.docs_in:,}",
+            f"{r.docs_out:,}",
+            f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-",
+            _human_bytes(r.bytes_in),
+            _human_bytes(r.bytes_out),
+            f"{r.docs_in / total.docs_in:.1%}" if total.docs_in else "-",
+        )
     out.print(table)
     reasons = Table(title=f"drops by reason, language {safe(lang)}")
     for col in ("step", "reason", "documents", f"share of {safe(lang)} step input"):
@@ -220,7 +259,9 @@ def cmd_status(args, console: Console) -> int:
     out.print(table)
     for st in statuses:
         for rank, tail in st.failed_tasks.items():
-            out.print(f"[red]{st.label} task {rank} failed[/]; log {run_dir / st.label / 'logs' / f'task_{rank:05d}.log'}:")
+            out.print(
+                f"[red]{st.label} task {rank} failed[/]; log {run_dir / st.label / 'logs' / f'task_{rank:05d}.log'}:"
+            )
             out.print(safe(tail), highlight=False)
     if any(st.state != "complete" for st in statuses):
         out.print(f"resume with: {resume_command(run_dir)}", markup=False)
@@ -239,11 +280,22 @@ def cmd_plan(args, console: Console) -> int:
     projections = project(cfg, stages, size / 1e9, calibration, args.cores)
     header, rows, footer = render(projections, size / 1e9, args.cores, cfg.executor.type == "slurm")
     if args.json:
-        print(json.dumps({"input_gb": size / 1e9, "calibration": calibration.get("measured"),
-                          "stages": [dict(zip(header, r)) for r in rows], "notes": footer}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "input_gb": size / 1e9,
+                    "calibration": calibration.get("measured"),
+                    "stages": [dict(zip(header, r)) for r in rows],
+                    "notes": footer,
+                },
+                indent=2,
+            )
+        )
         return 0
-    table = Table(title=f"{args.config}: projected from measurements of {calibration.get('measured', '?')} "
-                        f"({calibration.get('machine', '?')})")
+    table = Table(
+        title=f"{args.config}: projected from measurements of {calibration.get('measured', '?')} "
+        f"({calibration.get('machine', '?')})"
+    )
     for h in header:
         table.add_column(h, justify="left" if h in ("stage", "calibrated on") else "right")
     for r in rows:
@@ -263,8 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     def config_args(sp):
         sp.add_argument("config", help="run configuration (YAML)")
         sp.add_argument("--run-dir", help="override run_dir")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set executor.tasks=8 (value parsed as YAML)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config key, e.g. --set executor.tasks=8 (value parsed as YAML)",
+        )
 
     r = sub.add_parser("run", help="run a pipeline; re-running finishes what is missing")
     config_args(r)
@@ -276,8 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gb", type=float, help="input size: GB of compressed WET (default: the config's input)")
     pl.add_argument("--files", type=int, help="input size: this many Common Crawl WET files (~150 MB each)")
     pl.add_argument("--cores", type=int, help="cores the tasks share (default: 1 locally; every task at once on Slurm)")
-    pl.add_argument("--calibration", help="measurements to project from (benchmarks/scale_run.py --write-calibration;"
-                    " default: the shipped ones)")
+    pl.add_argument(
+        "--calibration",
+        help="measurements to project from (benchmarks/scale_run.py --write-calibration; default: the shipped ones)",
+    )
     pl.add_argument("--json", action="store_true", help="machine-readable")
     pl.set_defaults(func=cmd_plan)
     v = sub.add_parser("validate", help="check a config and print the resolved steps")
@@ -293,8 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="the funnel of a run: documents and bytes per step, drops by reason")
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--language", metavar="LANG", help="the funnel and drops by reason of one language (e.g. zh; "
-                   "'unknown': documents no step labelled)")
+    s.add_argument(
+        "--language",
+        metavar="LANG",
+        help="the funnel and drops by reason of one language (e.g. zh; 'unknown': documents no step labelled)",
+    )
     s.set_defaults(func=cmd_stats)
     rp = sub.add_parser("report", help="a self-contained HTML report of a run: funnel, score histograms, samples")
     rp.add_argument("run_dir")

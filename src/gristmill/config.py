@@ -63,8 +63,11 @@ class ExecutorConfig(Strict):
     tasks: int = Field(4, ge=1, description="parallel tasks per stage (input files are split among them)")
     workers: int = Field(2, ge=1, description="tasks run at once on this machine (local)")
     memory_gb_per_task: float | None = Field(
-        None, gt=0, description="local: memory one task may use; the planner refuses stages estimated above it "
-        "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage")
+        None,
+        gt=0,
+        description="local: memory one task may use; the planner refuses stages estimated above it "
+        "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage",
+    )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
 
@@ -91,8 +94,11 @@ class InputConfig(Strict):
     paths: list[str] = Field(default_factory=list, description="local WET files or globs")
     commoncrawl: CommonCrawlInput | None = None
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
-    max_record_bytes: int = Field(32 << 20, ge=1, description="a WET record longer than this is skipped, "
-                                  "counted as record_too_large, and never held in memory")
+    max_record_bytes: int = Field(
+        32 << 20,
+        ge=1,
+        description="a WET record longer than this is skipped, counted as record_too_large, and never held in memory",
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -141,8 +147,11 @@ class RunConfig(Strict):
     output: OutputConfig = Field(default_factory=OutputConfig)
     tokenize: Tokenize.Config | None = Field(None, description="BPE token shards of the final documents")
     train: TrainSection | None = Field(None, description="train a model on the token shards afterwards")
-    calibration: str | None = Field(None, description="YAML of per-language thresholds `{step: {per_language: "
-                                    "{...}}}` (`pipeline calibrate`), under each step's own per_language")
+    calibration: str | None = Field(
+        None,
+        description="YAML of per-language thresholds `{step: {per_language: "
+        "{...}}}` (`pipeline calibrate`), under each step's own per_language",
+    )
 
     # filled by load(): the validated steps
     _specs: list[StepSpec] = []
@@ -162,8 +171,9 @@ class RunConfig(Strict):
         data = self.model_dump(mode="json")
         # parameters added later, at their default, say nothing about the run: left out, a run
         # directory made before they existed resumes (its config.yaml has none of them)
-        data["steps"] = [{s.name: s.params.model_dump(mode="json", exclude=set(omitted_defaults(s.params)))}
-                         for s in self._specs]
+        data["steps"] = [
+            {s.name: s.params.model_dump(mode="json", exclude=set(omitted_defaults(s.params)))} for s in self._specs
+        ]
         if data.get("calibration") is None:
             data.pop("calibration", None)
         return data
@@ -182,7 +192,7 @@ def _validate_steps(raw_steps: Any, errors: list[str]) -> list[StepSpec]:
         if not isinstance(entry, dict) or len(entry) != 1:
             errors.append(f"{where}: expected one `name: {{params}}` mapping, got {entry!r}")
             continue
-        (name, params), = entry.items()
+        ((name, params),) = entry.items()
         if name not in registry:
             errors.append(f"{where}: unknown step {name!r} (known: {', '.join(sorted(registry))})")
             continue
@@ -226,8 +236,11 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         if step not in registry:
             errors.append(f"{where}: {file}: unknown step {step!r} (known: {', '.join(sorted(registry))})")
             continue
-        if not isinstance(section, dict) or set(section) != {"per_language"} or not isinstance(
-                section["per_language"], dict):
+        if (
+            not isinstance(section, dict)
+            or set(section) != {"per_language"}
+            or not isinstance(section["per_language"], dict)
+        ):
             errors.append(f"{where}: {file}: {step}: expected `per_language: {{language: {{param: value}}}}`")
             continue
     if any(e.startswith(f"{where}:") for e in errors):
@@ -240,7 +253,7 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
             entry = steps[i] = {entry: {}}
         if not isinstance(entry, dict) or len(entry) != 1:
             continue  # reported by _validate_steps
-        (name, params), = entry.items()
+        ((name, params),) = entry.items()
         if name not in table:
             continue
         if params is None:
@@ -250,8 +263,10 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         own = params.get("per_language") or {}
         if not isinstance(own, dict):
             continue
-        merged = {lang: dict(values) if isinstance(values, dict) else values
-                  for lang, values in table[name]["per_language"].items()}
+        merged = {
+            lang: dict(values) if isinstance(values, dict) else values
+            for lang, values in table[name]["per_language"].items()
+        }
         for lang, values in own.items():
             merged[lang] = {**merged.get(lang, {}), **values} if isinstance(values, dict) else values
         params["per_language"] = merged

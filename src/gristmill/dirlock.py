@@ -76,14 +76,19 @@ def hold(directory: str | os.PathLike, what: str = "directory") -> Iterator[Path
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise LockHeld(f"{what} {directory} is in use by {_describe(read_holder(directory))}; "
-                           "wait for it to finish, or use another directory") from None
+            raise LockHeld(
+                f"{what} {directory} is in use by {_describe(read_holder(directory))}; "
+                "wait for it to finish, or use another directory"
+            ) from None
         except OSError as e:
             if e.errno != errno.ENOLCK:
                 raise
             info = read_holder(directory)
-            if info.get("host") == socket.gethostname() and info.get("pid") not in (None, os.getpid()) \
-                    and _pid_alive(int(info["pid"])):
+            if (
+                info.get("host") == socket.gethostname()
+                and info.get("pid") not in (None, os.getpid())
+                and _pid_alive(int(info["pid"]))
+            ):
                 raise LockHeld(f"{what} {directory} is in use by {_describe(info)}") from None
             if info:
                 print(f"warning: {path}: taking over a stale lock of {_describe(info)}", file=sys.stderr)

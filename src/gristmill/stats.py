@@ -27,8 +27,15 @@ import pandas as pd
 
 from gristmill.core.scores import bin_edges
 from gristmill.pipeline import report
-from gristmill.pipeline.stats import (funnel, language_funnel, language_summary, languages, load_scores, merge_run,
-                                      top_domains)
+from gristmill.pipeline.stats import (
+    funnel,
+    language_funnel,
+    language_summary,
+    languages,
+    load_scores,
+    merge_run,
+    top_domains,
+)
 
 
 class RunStats:
@@ -38,40 +45,87 @@ class RunStats:
         self.scores = load_scores(self.run_dir)
         self.thresholds = report.thresholds(self.run_dir)
         rows = funnel(self.merged)
-        self.funnel = pd.DataFrame([{k: v for k, v in asdict(r).items() if k != "drops"} | {"mb_per_s": r.mb_per_s}
-                                    for r in rows])
+        self.funnel = pd.DataFrame(
+            [{k: v for k, v in asdict(r).items() if k != "drops"} | {"mb_per_s": r.mb_per_s} for r in rows]
+        )
         self.reasons = pd.DataFrame(
-            [{"stage": r.stage, "step": r.step, "reason": k, "documents": v, "share": v / r.docs_in if r.docs_in else None}
-             for r in rows for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])],
-            columns=["stage", "step", "reason", "documents", "share"])
+            [
+                {
+                    "stage": r.stage,
+                    "step": r.step,
+                    "reason": k,
+                    "documents": v,
+                    "share": v / r.docs_in if r.docs_in else None,
+                }
+                for r in rows
+                for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])
+            ],
+            columns=["stage", "step", "reason", "documents", "share"],
+        )
         hist = []
         for stage, steps in self.scores.items():
             for step, rec in steps.items():
-                for kind, bins, series in (("score", rec["bins"], rec["hist"]), ("length", rec["length_bins"], rec["length"])):
+                for kind, bins, series in (
+                    ("score", rec["bins"], rec["hist"]),
+                    ("length", rec["length_bins"], rec["length"]),
+                ):
                     edges = bin_edges(bins)
                     for name, counts in series.items():
-                        hist += [{"stage": stage, "step": step, "kind": kind,
-                                  "field": rec["score_field"] if kind == "score" else "length_chars", "series": name,
-                                  "bin_lo": edges[i], "bin_hi": edges[i + 1], "count": c} for i, c in enumerate(counts)]
-        self.histograms = pd.DataFrame(hist, columns=["stage", "step", "kind", "field", "series", "bin_lo", "bin_hi", "count"])
+                        hist += [
+                            {
+                                "stage": stage,
+                                "step": step,
+                                "kind": kind,
+                                "field": rec["score_field"] if kind == "score" else "length_chars",
+                                "series": name,
+                                "bin_lo": edges[i],
+                                "bin_hi": edges[i + 1],
+                                "count": c,
+                            }
+                            for i, c in enumerate(counts)
+                        ]
+        self.histograms = pd.DataFrame(
+            hist, columns=["stage", "step", "kind", "field", "series", "bin_lo", "bin_hi", "count"]
+        )
         self.samples = pd.DataFrame(
-            [{"stage": stage, "step": step, **{k: v for k, v in s.items() if k != "hash"}}
-             for stage, steps in self.scores.items() for step, rec in steps.items() for s in rec["samples"]],
-            columns=["stage", "step", "score", "id", "url", "kept", "reason", "text"])
+            [
+                {"stage": stage, "step": step, **{k: v for k, v in s.items() if k != "hash"}}
+                for stage, steps in self.scores.items()
+                for step, rec in steps.items()
+                for s in rec["samples"]
+            ],
+            columns=["stage", "step", "score", "id", "url", "kept", "reason", "text"],
+        )
         self.languages = pd.Series(languages(self.merged), name="documents", dtype="int64")
         by_lang = language_funnel(self.merged, self.scores)
         self.by_language = pd.DataFrame(
-            [{"language": lang, **{k: v for k, v in asdict(r).items() if k != "drops"}}
-             for lang, lrows in by_lang.items() for r in lrows],
-            columns=["language", "stage", "step", "kind", "docs_in", "docs_out", "bytes_in", "bytes_out"])
+            [
+                {"language": lang, **{k: v for k, v in asdict(r).items() if k != "drops"}}
+                for lang, lrows in by_lang.items()
+                for r in lrows
+            ],
+            columns=["language", "stage", "step", "kind", "docs_in", "docs_out", "bytes_in", "bytes_out"],
+        )
         self.reasons_by_language = pd.DataFrame(
-            [{"language": lang, "stage": r.stage, "step": r.step, "reason": k, "documents": v,
-              "share": v / r.docs_in if r.docs_in else None}
-             for lang, lrows in by_lang.items() for r in lrows for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])],
-            columns=["language", "stage", "step", "reason", "documents", "share"])
+            [
+                {
+                    "language": lang,
+                    "stage": r.stage,
+                    "step": r.step,
+                    "reason": k,
+                    "documents": v,
+                    "share": v / r.docs_in if r.docs_in else None,
+                }
+                for lang, lrows in by_lang.items()
+                for r in lrows
+                for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])
+            ],
+            columns=["language", "stage", "step", "reason", "documents", "share"],
+        )
         self.language_summary = pd.DataFrame(
             [{k: v for k, v in line.items() if k != "drops_by_step"} for line in language_summary(by_lang)],
-            columns=["language", "read", "kept", "kept_share", "bytes_kept"])
+            columns=["language", "read", "kept", "kept_share", "bytes_kept"],
+        )
 
     def _record(self, step: str) -> dict:
         for steps in self.scores.values():
@@ -82,7 +136,9 @@ class RunStats:
     def funnel_for(self, language: str) -> pd.DataFrame:
         """The funnel of one language (rows aligned with `funnel`)."""
         if language not in set(self.by_language["language"]):
-            raise KeyError(f"no language {language!r} in {self.run_dir}; languages: {list(self.language_summary['language'])}")
+            raise KeyError(
+                f"no language {language!r} in {self.run_dir}; languages: {list(self.language_summary['language'])}"
+            )
         return self.by_language[self.by_language["language"] == language].reset_index(drop=True)
 
     def plot_language_kept(self, n: int = 20) -> report.Figure:

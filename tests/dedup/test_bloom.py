@@ -21,12 +21,12 @@ def test_false_positive_rate_at_capacity_is_within_1_5x_of_target(tmp_path, fp_r
     measured = bf.contains(_hashes("out", probes)).mean()
     assert fp_rate / 1.5 < measured < fp_rate * 1.5, measured
     # the fill-based estimate agrees with the measurement
-    assert abs(bf.estimated_fp_rate() - measured) < 0.25 * fp_rate + 3 / probes ** 0.5 * fp_rate ** 0.5
+    assert abs(bf.estimated_fp_rate() - measured) < 0.25 * fp_rate + 3 / probes**0.5 * fp_rate**0.5
 
 
 def test_sizing_exceeds_textbook_bits_for_blocked_layout():
     n_blocks, k = size_for(10**6, 1e-3)
-    textbook = -10**6 * np.log(1e-3) / np.log(2) ** 2
+    textbook = -(10**6) * np.log(1e-3) / np.log(2) ** 2
     assert n_blocks * 512 > textbook and k % 8 == 0
 
 
@@ -51,8 +51,10 @@ def test_saved_filter_reopens_and_slices_combine(tmp_path):
     assert again.contains(_hashes("other", 20_000)).mean() < 1e-3
     # the same filter as two slices of blocks: each item goes to the slice holding its block
     nb, k = whole.meta.n_blocks, whole.meta.k
-    halves = [BloomFilter.create(tmp_path / f"s{i}.bloom", 100_000, 1e-3, r, nb, k)
-              for i, r in enumerate([(0, nb // 2), (nb // 2, nb)])]
+    halves = [
+        BloomFilter.create(tmp_path / f"s{i}.bloom", 100_000, 1e-3, r, nb, k)
+        for i, r in enumerate([(0, nb // 2), (nb // 2, nb)])
+    ]
     blocks = whole.blocks_of(items)
     for bf, sel in zip(halves, [blocks < nb // 2, blocks >= nb // 2]):
         bf.test_and_set(items[sel])
@@ -91,10 +93,14 @@ def test_full_disk_is_a_clear_error_at_creation_not_a_sigbus(tmp_path):
 
     disk = tmp_path / "disk"
     disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)], capture_output=True, text=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mount.returncode != 0:
-        pytest.skip(f"cannot mount a 1 MB tmpfs to fill ({mount.stderr.strip()}); "
-                    "test_filter_file_is_allocated_when_created covers the allocation")
+        pytest.skip(
+            f"cannot mount a 1 MB tmpfs to fill ({mount.stderr.strip()}); "
+            "test_filter_file_is_allocated_when_created covers the allocation"
+        )
     try:
         env = dict(os.environ, PYTHONPATH=str(Path(gristmill.__file__).parents[1]))
         path = disk / "filter" / "slice_00000.bloom"

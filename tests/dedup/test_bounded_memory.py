@@ -17,8 +17,12 @@ def _run(stages, shrink: bool) -> list[tuple[str, str]]:
     for stage in stages:
         for step in stage.pipeline:
             if shrink:  # instance attributes: pickled with the step into each task's process
-                for attr, value in (("spill_records", 3000), ("chunk_bytes", 100_000), ("spill_docs", 300),
-                                    ("spill_shingles", 20_000)):
+                for attr, value in (
+                    ("spill_records", 3000),
+                    ("chunk_bytes", 100_000),
+                    ("spill_docs", 300),
+                    ("spill_shingles", 20_000),
+                ):
                     if hasattr(step, attr):
                         setattr(step, attr, value)
         make_executor(stage).run()

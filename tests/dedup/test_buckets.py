@@ -59,7 +59,9 @@ def test_edges_of_key_ranges_concatenate_to_the_band_edges():
 def _wet_docs(wet_files, folder: Path) -> Path:
     folder.mkdir(parents=True)
     for i, wet in enumerate(wet_files):  # one file per source: each signature task its own sources
-        pq.write_table(documents_to_table(list(WetReader([str(wet)]).run()), schema_for({})), folder / f"{i:05d}.parquet")
+        pq.write_table(
+            documents_to_table(list(WetReader([str(wet)]).run()), schema_for({})), folder / f"{i:05d}.parquet"
+        )
     return folder
 
 
@@ -91,8 +93,10 @@ def _buckets(sig: Path, folder: Path, bands: int, ranges: int, shards: int, worl
     step.stage_folder = folder
     for rank in range(world_size):
         list(step.run(rank=rank, world_size=world_size))
-    return [np.concatenate([np.load(f) for f in sorted((folder / "edges" / f"shard_{s:03d}").glob("*.npy"))])
-            for s in range(shards)]
+    return [
+        np.concatenate([np.load(f) for f in sorted((folder / "edges" / f"shard_{s:03d}").glob("*.npy"))])
+        for s in range(shards)
+    ]
 
 
 def _removed(shards: list[np.ndarray]) -> tuple[list, list]:
@@ -117,7 +121,9 @@ def test_edges_and_removals_identical_for_any_tasks_and_key_ranges(corpus, reque
         today = _today(sig, bands, tasks)
         assert sum(len(e) for e in today) > 50
         for ranges, world in combos:
-            got = _buckets(sig, tmp_path / f"t{tasks}_r{ranges}_w{world}", bands, ranges, tasks, world or bands * ranges)
+            got = _buckets(
+                sig, tmp_path / f"t{tasks}_r{ranges}_w{world}", bands, ranges, tasks, world or bands * ranges
+            )
             assert all(np.array_equal(g, t) for g, t in zip(got, today)), (tasks, ranges, world)
         # clusters and removals are the same whatever the number of signature tasks
         result = _removed(today)

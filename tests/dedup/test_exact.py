@@ -18,7 +18,9 @@ def _table(folder):
 
 
 def test_planted_exact_duplicates_all_removed_and_nothing_else(dedup_corpus, corpus_ids, tmp_path):
-    stages = run_on_parquet("exact_dedup", {"capacity": 100_000, "fp_rate": 1e-6}, dedup_corpus / "docs", tmp_path / "r", tasks=2)
+    stages = run_on_parquet(
+        "exact_dedup", {"capacity": 100_000, "fp_rate": 1e-6}, dedup_corpus / "docs", tmp_path / "r", tasks=2
+    )
     kept = {i for i, _ in _table(stages[-1].output)}
     removed = set(corpus_ids) - kept
     truth = pq.read_table(dedup_corpus / "truth.parquet").to_pydict()
@@ -47,8 +49,10 @@ def test_planted_exact_duplicates_all_removed_and_nothing_else(dedup_corpus, cor
 
 def test_same_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
     params = {"granularity": "paragraph", "capacity": 200_000, "fp_rate": 1e-3, "min_doc_words": 50}
-    out = [_table(run_on_parquet("exact_dedup", params, dedup_corpus / "docs", tmp_path / f"r{t}", tasks=t)[-1].output)
-           for t in (1, 4)]
+    out = [
+        _table(run_on_parquet("exact_dedup", params, dedup_corpus / "docs", tmp_path / f"r{t}", tasks=t)[-1].output)
+        for t in (1, 4)
+    ]
     assert out[0] == out[1]
     assert 0 < len(out[0]) < 5000
 
@@ -56,17 +60,26 @@ def test_same_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
 def _write(folder, rows, source):
     folder.mkdir(parents=True)
     cols = {f.name: [None] * len(rows) for f in schema_for({})}
-    cols.update(id=[r[0] for r in rows], text=[r[1] for r in rows], source=[source] * len(rows), offset=list(range(len(rows))))
+    cols.update(
+        id=[r[0] for r in rows], text=[r[1] for r in rows], source=[source] * len(rows), offset=list(range(len(rows)))
+    )
     pq.write_table(pa.table(cols, schema=schema_for({})), folder / "00000.parquet")
 
 
 def test_paragraph_mode_removes_repeated_lines_then_short_documents(tmp_path):
-    rows = [("a", "The first paragraph here.\nShared boilerplate line, cookies!\nUnique A text"),
-            ("b", "shared   BOILERPLATE line cookies\nUnique B text that is long enough to stay"),
-            ("c", "Unique A text\nshared boilerplate line cookies")]
+    rows = [
+        ("a", "The first paragraph here.\nShared boilerplate line, cookies!\nUnique A text"),
+        ("b", "shared   BOILERPLATE line cookies\nUnique B text that is long enough to stay"),
+        ("c", "Unique A text\nshared boilerplate line cookies"),
+    ]
     _write(tmp_path / "in", rows, "s")
-    st = run_on_parquet("exact_dedup", {"granularity": "paragraph", "capacity": 1000, "min_doc_words": 3},
-                        tmp_path / "in", tmp_path / "r", tasks=2)
+    st = run_on_parquet(
+        "exact_dedup",
+        {"granularity": "paragraph", "capacity": 1000, "min_doc_words": 3},
+        tmp_path / "in",
+        tmp_path / "r",
+        tasks=2,
+    )
     assert dict(_table(st[-1].output)) == {"a": rows[0][1], "b": "Unique B text that is long enough to stay"}
 
 
@@ -81,8 +94,13 @@ def test_saved_filter_dedups_a_second_crawl(dedup_corpus, tmp_path):
     again = [(f"again-{i}", "  " + t.replace(" ", "  ").replace("\n", " !\n")) for i, t in first[:200]]
     new = list(zip(docs["id"], docs["text"]))[2000:2300]
     _write(tmp_path / "crawl2", again + new, "crawl2")
-    st2 = run_on_parquet("exact_dedup", {"capacity": 50_000, "filter_from": str(st1[1].folder / "filter")},
-                         tmp_path / "crawl2", tmp_path / "r2", tasks=3)
+    st2 = run_on_parquet(
+        "exact_dedup",
+        {"capacity": 50_000, "filter_from": str(st1[1].folder / "filter")},
+        tmp_path / "crawl2",
+        tmp_path / "r2",
+        tasks=3,
+    )
     kept2 = {i for i, _ in _table(st2[-1].output)}
     assert not any(k.startswith("again-") for k in kept2)
     seen = {normalize(x) for _, x in first}

@@ -18,8 +18,10 @@ from gristmill.text.words import split_words
 @pytest.fixture(scope="module")
 def udhr(shared_data) -> dict[str, str]:
     with zipfile.ZipFile(shared_data / "corpus" / "multi" / "udhr2.zip") as z:
-        return {lang: z.read(f"udhr2/{code}.txt").decode("utf-8")
-                for lang, code in {"zh": "cmn_hans", "ja": "jpn", "th": "tha", "en": "eng", "fa": "pes_1"}.items()}
+        return {
+            lang: z.read(f"udhr2/{code}.txt").decode("utf-8")
+            for lang, code in {"zh": "cmn_hans", "ja": "jpn", "th": "tha", "en": "eng", "fa": "pes_1"}.items()
+        }
 
 
 def test_words_of_an_unspaced_language_are_icu_words_of_the_normalised_text(udhr):
@@ -43,8 +45,13 @@ def _write(folder, rows):
     folder.mkdir(parents=True)
     schema = schema_for({"language": pa.string()})
     cols = {f.name: [None] * len(rows) for f in schema}
-    cols.update(id=[r[0] for r in rows], text=[r[1] for r in rows], language=[r[2] for r in rows],
-                source=["s"] * len(rows), offset=list(range(len(rows))))
+    cols.update(
+        id=[r[0] for r in rows],
+        text=[r[1] for r in rows],
+        language=[r[2] for r in rows],
+        source=["s"] * len(rows),
+        offset=list(range(len(rows))),
+    )
     pq.write_table(pa.table(cols, schema=schema), folder / "00000.parquet")
 
 
@@ -56,8 +63,13 @@ def test_exact_dedup_min_doc_words_counts_chinese_words(udhr, tmp_path):
     shared = "这是一个在很多页面上重复出现的共享样板文字行"
     rows = [("a", f"{shared}\n第一页", "zh"), ("b", f"{shared}\n{line}", "zh"), ("c", f"{shared}\n{other}", None)]
     _write(tmp_path / "in", rows)
-    st = run_on_parquet("exact_dedup", {"granularity": "paragraph", "capacity": 1000, "min_doc_words": 50},
-                        tmp_path / "in", tmp_path / "r", tasks=1)
+    st = run_on_parquet(
+        "exact_dedup",
+        {"granularity": "paragraph", "capacity": 1000, "min_doc_words": 50},
+        tmp_path / "in",
+        tmp_path / "r",
+        tasks=1,
+    )
     kept = dict(zip(*pq.read_table(st[-1].output, columns=["id", "text"]).to_pydict().values()))
     # b: its line is < 50 words once the shared line goes; c (no label) is counted per character
     assert kept == {"a": rows[0][1], "c": other}

@@ -27,8 +27,14 @@ def test_universal_hash_equals_python_big_integers():
 
 
 def test_shingle_hashes_batch_equals_per_text_and_word_ngrams():
-    texts = ["", "one", "two words", "the quick brown fox jumps over the lazy dog", "a b c d e f a b c d e f",
-             "Hello,  World! hello world"]
+    texts = [
+        "",
+        "one",
+        "two words",
+        "the quick brown fox jumps over the lazy dog",
+        "a b c d e f a b c d e f",
+        "Hello,  World! hello world",
+    ]
     words = [split_words(normalize(t)) for t in texts]
     x, counts = shingle_hashes(words, 5)
     assert counts.tolist() == [0, 1, 1, 5, 8, 1]
@@ -42,8 +48,18 @@ def test_shingle_hashes_batch_equals_per_text_and_word_ngrams():
 def test_normalize_fast_path_equals_translate_then_split():
     from gristmill.dedup.text import _DELETE
 
-    for t in ["Hello,  World!", "x\ry z", "１２ab", "a\x0bb", "-- -- a", "don't stop-me now 3.14", "Straße «quoted» — ok",
-              "日本語、テキスト。", "", "   "]:
+    for t in [
+        "Hello,  World!",
+        "x\ry z",
+        "１２ab",
+        "a\x0bb",
+        "-- -- a",
+        "don't stop-me now 3.14",
+        "Straße «quoted» — ok",
+        "日本語、テキスト。",
+        "",
+        "   ",
+    ]:
         assert normalize(t) == " ".join(t.casefold().translate(_DELETE).split())
 
 
@@ -131,7 +147,9 @@ def test_kept_neighbour_removes_only_for_a_kept_neighbour(rounds):
     nodes, kept_for = kept_neighbour([lambda s=s: edges[s::3] for s in range(3)], rounds=rounds)
     assert sorted(nodes.tolist()) == sorted(ref) and nodes.tolist() == sorted(ref)
     # the same documents removed; each for one of its kept earlier neighbours
-    assert [n for n, k in zip(nodes.tolist(), kept_for.tolist()) if n != k] == sorted(n for n, k in ref.items() if n != k)
+    assert [n for n, k in zip(nodes.tolist(), kept_for.tolist()) if n != k] == sorted(
+        n for n, k in ref.items() if n != k
+    )
     pairs = {tuple(sorted(e)) for e in edges.tolist()}
     for n, k in zip(nodes.tolist(), kept_for.tolist()):
         assert n == k or (k < n and (k, n) in pairs and ref[k] == k)
@@ -163,6 +181,15 @@ def test_words_fast_path_equals_split_words_of_normalize(dedup_corpus):
         if c.isalnum() and not _OWN_TOKEN.match(c):
             assert alnum.match(c), hex(cp)
     texts = pq.read_table(dedup_corpus / "docs", columns=["text"]).column("text").to_pylist()[:1500]
-    texts += ["", "Hello,  World!", "x\ry z", "１２ab", "don't stop-me now 3.14", "日本語 text", "€5 a+b ½ ok", "नमस्ते दुनिया"]
+    texts += [
+        "",
+        "Hello,  World!",
+        "x\ry z",
+        "１２ab",
+        "don't stop-me now 3.14",
+        "日本語 text",
+        "€5 a+b ½ ok",
+        "नमस्ते दुनिया",
+    ]
     for t in texts:
         assert words(t) == split_words(normalize(t))

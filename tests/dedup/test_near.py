@@ -48,14 +48,18 @@ def test_same_clusters_and_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
 def test_pipeline_run_with_both_dedups_is_task_count_invariant(tmp_path, wet_files):
     outputs = []
     for tasks in (1, 2, 4):
-        cfg = from_dict({
-            "run_dir": str(tmp_path / f"run{tasks}"),
-            "executor": {"tasks": tasks, "workers": 1},
-            "input": {"paths": [str(p) for p in wet_files]},
-            "steps": [{"exact_dedup": {"granularity": "paragraph", "capacity": 100_000, "min_doc_words": 20}},
-                      {"near_dedup": {"threshold": 0.5}}],
-            "output": {"dropped_sample": 0},
-        })
+        cfg = from_dict(
+            {
+                "run_dir": str(tmp_path / f"run{tasks}"),
+                "executor": {"tasks": tasks, "workers": 1},
+                "input": {"paths": [str(p) for p in wet_files]},
+                "steps": [
+                    {"exact_dedup": {"granularity": "paragraph", "capacity": 100_000, "min_doc_words": 20}},
+                    {"near_dedup": {"threshold": 0.5}},
+                ],
+                "output": {"dropped_sample": 0},
+            }
+        )
         run(cfg)
         t = pq.read_table(sorted((tmp_path / f"run{tasks}").glob("*_near_dedup_filter"))[0] / "output").to_pydict()
         outputs.append(sorted(zip(t["id"], t["text"])))

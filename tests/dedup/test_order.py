@@ -53,8 +53,11 @@ def planted(wet_files) -> tuple[list[bytes], dict[str, str]]:
 def _layouts(folder: Path, plains: list[bytes]) -> dict[str, Path]:
     folder.mkdir(parents=True)
     whole = b"".join(plains)
-    files = {"per_record": b"".join(gzip.compress(p) for p in plains), "one_member": gzip.compress(whole),
-             "uncompressed": whole}
+    files = {
+        "per_record": b"".join(gzip.compress(p) for p in plains),
+        "one_member": gzip.compress(whole),
+        "uncompressed": whole,
+    }
     for name, data in files.items():
         (folder / name).mkdir()
         (folder / name / "x.warc.wet").write_bytes(data)
@@ -121,8 +124,10 @@ def test_a_row_removed_between_hash_and_filter_stops_the_filter(tmp_path, docs, 
     table = pq.read_table(path)
     gone = table["id"][5].as_py()  # early: every later document moves up one position
     pq.write_table(pa.concat_tables([table.slice(0, 5), table.slice(6)]), path)
-    with pytest.raises(TaskFailed, match=re.escape(f"{path}: 568 documents, exact_dedup_hash read 569; the input "
-                                                   "changed between stages")):
+    with pytest.raises(
+        TaskFailed,
+        match=re.escape(f"{path}: 568 documents, exact_dedup_hash read 569; the input changed between stages"),
+    ):
         _run(stages[2:])
     assert not list(stages[2].output.rglob("*.parquet"))  # nothing written
 
@@ -152,8 +157,10 @@ def test_documents_sharing_source_and_offset_are_refused(tmp_path, docs):
     # what an older reader wrote for a WET file gzipped as one member: one offset for all records
     path = docs / "00000.parquet"
     table = pq.read_table(path)
-    pq.write_table(table.set_column(table.schema.get_field_index("offset"), "offset",
-                                    pa.array([1000] * len(table), pa.int64())), path)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("offset"), "offset", pa.array([1000] * len(table), pa.int64())),
+        path,
+    )
     source = table["source"][0].as_py()
     for step in ("exact_dedup", "near_dedup"):
         with pytest.raises(TaskFailed, match=re.escape(f"have (source, offset) = ({source!r}, 1000)")):

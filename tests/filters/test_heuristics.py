@@ -39,9 +39,7 @@ def read_wet(path) -> list[str]:
     texts, pos = [], 0
     while (start := data.find(b"WARC/1.0\r\n", pos)) >= 0:
         end = data.index(b"\r\n\r\n", start)
-        headers = dict(
-            line.split(b":", 1) for line in data[start:end].split(b"\r\n")[1:] if b":" in line
-        )
+        headers = dict(line.split(b":", 1) for line in data[start:end].split(b"\r\n")[1:] if b":" in line)
         headers = {k.strip().lower(): v.strip() for k, v in headers.items()}
         length = int(headers[b"content-length"])
         if headers.get(b"warc-type") == b"conversion":
@@ -211,9 +209,7 @@ def test_ngram_scores_match_datatrove_on_repetitive_words():
 def test_ngrams_joined_equal_from_distinct_words_use_the_strings(monkeypatch):
     calls = []
     fallback = gopher_repetition._repeated_chars_of_strings
-    monkeypatch.setattr(
-        gopher_repetition, "_repeated_chars_of_strings", lambda *a: calls.append(a) or fallback(*a)
-    )
+    monkeypatch.setattr(gopher_repetition, "_repeated_chars_of_strings", lambda *a: calls.append(a) or fallback(*a))
     words = "so mean a man x some an am an x".split()
     check_ngrams(words, (2,))
     assert calls  # ("so", "mean") and ("some", "an") both join to "somean"

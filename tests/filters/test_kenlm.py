@@ -25,15 +25,20 @@ from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
 
 def _docs(texts, language="en"):
-    return [Document(text=t, id=str(i), metadata={"language": language} if language else {})
-            for i, t in enumerate(texts)]
+    return [
+        Document(text=t, id=str(i), metadata={"language": language} if language else {}) for i, t in enumerate(texts)
+    ]
 
 
 @pytest.fixture(scope="module")
 def crawl_en(wet_files, lid_model) -> list[str]:
     """The crawl sample's English documents, as langid (lid.176, score >= 0.65) finds them."""
-    docs = [Document(text=r.text, id=r.record_id) for f in wet_files for r in iter_wet_records(f)
-            if isinstance(r, WetRecord)]
+    docs = [
+        Document(text=r.text, id=r.record_id)
+        for f in wet_files
+        for r in iter_wet_records(f)
+        if isinstance(r, WetRecord)
+    ]
     kept = list(LangId(model=str(lid_model), languages=["en"], min_score=0.65).run(iter(docs)))
     assert len(kept) > 300
     return [d.text for d in kept]
@@ -60,8 +65,10 @@ def test_wikitext_is_far_less_perplexing_than_the_crawl(kenlm_model, heldout_wik
     wiki = np.median(_perplexities(kenlm_model, heldout_wiki))
     crawl = np.median(_perplexities(kenlm_model, crawl_en))
     ratio = crawl / wiki
-    print(f"\nmedian perplexity: held-out WikiText {wiki:.0f} ({len(heldout_wiki)} paragraphs), "
-          f"crawl English {crawl:.0f} ({len(crawl_en)} documents), ratio {ratio:.1f}")
+    print(
+        f"\nmedian perplexity: held-out WikiText {wiki:.0f} ({len(heldout_wiki)} paragraphs), "
+        f"crawl English {crawl:.0f} ({len(crawl_en)} documents), ratio {ratio:.1f}"
+    )
     assert ratio > 3
     # the sidecar's held-out median is the same measurement, made by training
     stats = json.loads(stats_path(kenlm_model).read_text())
@@ -150,8 +157,11 @@ def test_missing_or_corrupt_model_fails_at_construction(tmp_path, kenlm_model):
 
 
 def test_bad_model_in_a_run_fails_before_reading(tmp_path, wet_files):
-    cfg = {"run_dir": str(tmp_path / "r"), "input": {"paths": [str(wet_files[1])]},
-           "steps": [{"kenlm": {"models": {"en": str(tmp_path / "missing.bin")}}}]}
+    cfg = {
+        "run_dir": str(tmp_path / "r"),
+        "input": {"paths": [str(wet_files[1])]},
+        "steps": [{"kenlm": {"models": {"en": str(tmp_path / "missing.bin")}}}],
+    }
     with pytest.raises(ModelError, match="KenLM model not found"):
         run(from_dict(cfg))
     assert not (tmp_path / "r").exists()
@@ -167,10 +177,15 @@ def test_step_pickles_without_its_model(kenlm_model):
 
 
 def test_run_writes_perplexity_columns(tmp_path, wet_files, lid_model, kenlm_model):
-    cfg = {"run_dir": str(tmp_path / "r"), "executor": {"tasks": 1, "workers": 1},
-           "input": {"paths": [str(wet_files[1])]},
-           "steps": [{"langid": {"model": str(lid_model), "languages": None}},
-                     {"kenlm": {"models": {"en": str(kenlm_model)}, "keep_buckets": ["head", "middle", "tail"]}}]}
+    cfg = {
+        "run_dir": str(tmp_path / "r"),
+        "executor": {"tasks": 1, "workers": 1},
+        "input": {"paths": [str(wet_files[1])]},
+        "steps": [
+            {"langid": {"model": str(lid_model), "languages": None}},
+            {"kenlm": {"models": {"en": str(kenlm_model)}, "keep_buckets": ["head", "middle", "tail"]}},
+        ],
+    }
     merged = run(from_dict(cfg))
     table = pq.read_table(tmp_path / "r" / "01_curate" / "output").to_pylist()
     en = [r for r in table if r["language"] == "en"]
@@ -190,9 +205,28 @@ def test_train_command_tiny_model(tmp_path, shared_data, kenlm_tools):
     corpus = tmp_path / "wiki.txt"
     corpus.write_text("\n".join(src) + "\n")
     out = tmp_path / "m" / "en.bin"
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "kenlm", "train", str(corpus), "-o", str(out),
-                          "--order", "3", "--detokenize", "wikitext", "--heldout", "0.2", "-S", "100M"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gristmill.cli",
+            "kenlm",
+            "train",
+            str(corpus),
+            "-o",
+            str(out),
+            "--order",
+            "3",
+            "--detokenize",
+            "wikitext",
+            "--heldout",
+            "0.2",
+            "-S",
+            "100M",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     stats = json.loads(stats_path(out).read_text())
     assert stats["order"] == 3 and stats["train"]["tokens"] > 10_000

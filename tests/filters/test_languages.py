@@ -20,8 +20,11 @@ def labelled(wet_files, lid_model) -> list[tuple[str, str, dict]]:
 
 
 def pages(labelled, *languages, min_score=0.65):
-    return [Document(text=t, id=i, metadata=dict(m)) for t, i, m in labelled
-            if m["language"] in languages and m["language_score"] >= min_score]
+    return [
+        Document(text=t, id=i, metadata=dict(m))
+        for t, i, m in labelled
+        if m["language"] in languages and m["language_score"] >= min_score
+    ]
 
 
 def copies(docs):
@@ -84,8 +87,10 @@ def test_per_language_stop_words_override_the_package(labelled):
 def ratios(text, language):
     tokens = split_words(text, language)
     spaced = text.split()
-    return (sum(any(map(str.isalpha, w)) for w in tokens) / len(tokens),
-            sum(any(map(str.isalpha, w)) for w in spaced) / len(spaced))
+    return (
+        sum(any(map(str.isalpha, w)) for w in tokens) / len(tokens),
+        sum(any(map(str.isalpha, w)) for w in spaced) / len(spaced),
+    )
 
 
 def test_alpha_words_whitespace_counts_whitespace_separated_words(labelled):
@@ -136,5 +141,7 @@ def test_c4_english_decisions_and_text_are_datatroves(labelled):
     assert [C4Lines().filter(d) for d in a] == [C4Lines(end_punctuation=list(END_PUNCTUATION)).filter(d) for d in b]
     assert [d.text for d in a] == [d.text for d in b]
     # an ellipsis ends no sentence, in any script
-    assert C4Lines(min_num_sentences=1).filter(Document(text="これは文です…", id="x", metadata={"language": "ja"})) \
-        == (False, "too_few_sentences")
+    assert C4Lines(min_num_sentences=1).filter(Document(text="これは文です…", id="x", metadata={"language": "ja"})) == (
+        False,
+        "too_few_sentences",
+    )

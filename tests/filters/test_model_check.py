@@ -94,8 +94,13 @@ def _word_boundary_cut(data: bytes) -> int:
 @pytest.mark.parametrize("cut", ["5000", "half", "vocab", "word", "one byte short"])
 def test_truncated_kenlm_binary_is_refused(tmp_path, kenlm_model, cut):
     data = kenlm_model.read_bytes()
-    n = {"5000": 5000, "half": len(data) // 2, "vocab": len(data) - 1000, "word": _word_boundary_cut(data),
-         "one byte short": len(data) - 1}[cut]
+    n = {
+        "5000": 5000,
+        "half": len(data) // 2,
+        "vocab": len(data) - 1000,
+        "word": _word_boundary_cut(data),
+        "one byte short": len(data) - 1,
+    }[cut]
     bad = copy_cut(kenlm_model, tmp_path / "en.arpa.bin", n)
     with pytest.raises(ModelError, match=r"truncated or corrupt KenLM binary") as e:
         KenLM(models={"en": str(bad)}, default_language="en")
@@ -116,8 +121,11 @@ def test_damage_only_a_trial_load_finds_is_refused(tmp_path, lid_model):
     struct.pack_into("<i", data, 32, 99)  # Args: magic, version, dim, ws, epoch, minCount, neg, wordNgrams, loss
     bad = tmp_path / "langid.ftz"
     bad.write_bytes(bytes(data))
-    with pytest.raises(ModelError, match=rf"^{bad}: truncated or corrupt fastText model \(fastText could not load"
-                                         r" it: RuntimeError: Unknown loss\)"):
+    with pytest.raises(
+        ModelError,
+        match=rf"^{bad}: truncated or corrupt fastText model \(fastText could not load"
+        r" it: RuntimeError: Unknown loss\)",
+    ):
         LangId(model=str(bad))
 
 
@@ -145,30 +153,42 @@ def test_model_changed_after_planning_is_not_loaded(tmp_path, lid_model):
 
 
 def _cfg(tmp_path: Path, wet_files, step: dict) -> dict:
-    return {"run_dir": str(tmp_path / "run"), "executor": {"type": "local", "tasks": 2, "workers": 2},
-            "input": {"paths": [str(p) for p in wet_files]}, "steps": [step]}
+    return {
+        "run_dir": str(tmp_path / "run"),
+        "executor": {"type": "local", "tasks": 2, "workers": 2},
+        "input": {"paths": [str(p) for p in wet_files]},
+        "steps": [step],
+    }
 
 
 def _bad_models(tmp_path: Path, lid_model, kenlm_model, quality_model) -> dict[str, tuple[dict, Path]]:
     lid = copy_cut(lid_model, tmp_path / "models" / "lid.176.ftz", 900000)
     lm = copy_cut(kenlm_model, tmp_path / "models" / "kenlm" / "en.arpa.bin", kenlm_model.stat().st_size // 2)
     q = copy_cut(quality_model, tmp_path / "models" / "quality" / "en.bin", quality_model.stat().st_size - 1)
-    return {"langid": ({"langid": {"model": str(lid)}}, lid),
-            "kenlm": ({"kenlm": {"models": {"en": str(lm)}}}, lm),
-            "quality": ({"quality": {"model": str(q)}}, q)}
+    return {
+        "langid": ({"langid": {"model": str(lid)}}, lid),
+        "kenlm": ({"kenlm": {"models": {"en": str(lm)}}}, lm),
+        "quality": ({"quality": {"model": str(q)}}, q),
+    }
 
 
 @pytest.mark.parametrize("kind", ["langid", "kenlm", "quality"])
-def test_planning_raises_and_cli_exits_2_with_one_line(tmp_path, wet_files, lid_model, kenlm_model, quality_model,
-                                                        kind):
+def test_planning_raises_and_cli_exits_2_with_one_line(
+    tmp_path, wet_files, lid_model, kenlm_model, quality_model, kind
+):
     step, bad = _bad_models(tmp_path, lid_model, kenlm_model, quality_model)[kind]
     cfg = _cfg(tmp_path, wet_files, step)
     with pytest.raises(ModelError, match=str(bad)):
         plan(from_dict(cfg))
     path = tmp_path / "crawl.yaml"
     path.write_text(json.dumps(cfg))
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "run", str(path)], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "COLUMNS": "400"})
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},
+    )
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: truncated or corrupt"), res.stderr

@@ -26,8 +26,11 @@ def labelled(wet_files, lid_model) -> list[tuple[str, str, dict]]:
 
 
 def pages(labelled, language, min_score=0.65):
-    return [Document(text=t, id=i, metadata=dict(m)) for t, i, m in labelled
-            if m["language"] == language and m["language_score"] >= min_score]
+    return [
+        Document(text=t, id=i, metadata=dict(m))
+        for t, i, m in labelled
+        if m["language"] == language and m["language_score"] >= min_score
+    ]
 
 
 def run_config(steps, **extra):
@@ -36,28 +39,43 @@ def run_config(steps, **extra):
 
 def test_bad_per_language_entries_are_one_line_each_naming_step_language_and_key():
     with pytest.raises(ConfigError) as e:
-        run_config([{"langid": {"per_language": {"zh": {"model": "other.ftz", "min_score": 2}}}},
-                    {"gopher_quality": {"per_language": {
-                        "zh": {"min_avg_word_lenght": 1, "max_doc_words": "lots"},
-                        "chinese": {"min_doc_words": 10}, "fa": 3, "ja": {"per_language": {}}}}}])
+        run_config(
+            [
+                {"langid": {"per_language": {"zh": {"model": "other.ftz", "min_score": 2}}}},
+                {
+                    "gopher_quality": {
+                        "per_language": {
+                            "zh": {"min_avg_word_lenght": 1, "max_doc_words": "lots"},
+                            "chinese": {"min_doc_words": 10},
+                            "fa": 3,
+                            "ja": {"per_language": {}},
+                        }
+                    }
+                },
+            ]
+        )
     lines = str(e.value).splitlines()[1:]
-    assert sorted(line.strip() for line in lines) == sorted([
-        "steps[0].langid.per_language.zh.model: the same for every language in this step; set it at the top level",
-        "steps[0].langid.per_language.zh.min_score: expected a number between 0 and 1, got 2",
-        "steps[1].gopher_quality.per_language.zh.min_avg_word_lenght: unknown key (allowed: min_doc_words, "
-        "max_doc_words, min_avg_word_length, max_avg_word_length, max_symbol_word_ratio, max_bullet_lines_ratio, "
-        "max_ellipsis_lines_ratio, max_non_alpha_words_ratio, alpha_words, min_stop_words, stop_words)",
-        "steps[1].gopher_quality.per_language.zh.max_doc_words: input should be a valid integer, unable to parse "
-        "string as an integer, got 'lots'",
-        "steps[1].gopher_quality.per_language.chinese: not a lid.176 language label (e.g. en, zh, fa) nor `default`",
-        "steps[1].gopher_quality.per_language.fa: expected a mapping of parameters, got 3",
-        "steps[1].gopher_quality.per_language.ja.per_language: cannot be nested",
-    ])
+    assert sorted(line.strip() for line in lines) == sorted(
+        [
+            "steps[0].langid.per_language.zh.model: the same for every language in this step; set it at the top level",
+            "steps[0].langid.per_language.zh.min_score: expected a number between 0 and 1, got 2",
+            "steps[1].gopher_quality.per_language.zh.min_avg_word_lenght: unknown key (allowed: min_doc_words, "
+            "max_doc_words, min_avg_word_length, max_avg_word_length, max_symbol_word_ratio, max_bullet_lines_ratio, "
+            "max_ellipsis_lines_ratio, max_non_alpha_words_ratio, alpha_words, min_stop_words, stop_words)",
+            "steps[1].gopher_quality.per_language.zh.max_doc_words: input should be a valid integer, unable to parse "
+            "string as an integer, got 'lots'",
+            "steps[1].gopher_quality.per_language.chinese: not a lid.176 language label (e.g. en, zh, fa) nor `default`",
+            "steps[1].gopher_quality.per_language.fa: expected a mapping of parameters, got 3",
+            "steps[1].gopher_quality.per_language.ja.per_language: cannot be nested",
+        ]
+    )
 
 
 def test_a_language_gets_its_values_then_default_then_the_top_level():
-    flt = GopherQuality(min_doc_words=40, per_language={"default": {"min_stop_words": 0, "min_doc_words": 30},
-                                                         "zh": {"min_avg_word_length": 1}})
+    flt = GopherQuality(
+        min_doc_words=40,
+        per_language={"default": {"min_stop_words": 0, "min_doc_words": 30}, "zh": {"min_avg_word_length": 1}},
+    )
     zh, fa, en = flt.config_for("zh"), flt.config_for("fa"), flt.config_for("en")
     assert (zh.min_avg_word_length, zh.min_stop_words, zh.min_doc_words) == (1, 0, 30)
     assert (fa.min_avg_word_length, fa.min_stop_words, fa.min_doc_words) == (3, 0, 30)
@@ -79,16 +97,25 @@ def test_chinese_sample_pages_pass_the_word_length_rule_with_a_chinese_threshold
     after = [flt.filter(d) for d in zh]
     # past that rule, each page meets the later ones (alpha share, stop words)
     assert all(r != (False, "gopher_below_avg_threshold") for r in after)
-    later = {"gopher_too_many_hashes", "gopher_too_many_ellipsis", "gopher_too_many_bullets",
-             "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold", "gopher_enough_stop_words"}
+    later = {
+        "gopher_too_many_hashes",
+        "gopher_too_many_ellipsis",
+        "gopher_too_many_bullets",
+        "gopher_too_many_end_ellipsis",
+        "gopher_below_alpha_threshold",
+        "gopher_enough_stop_words",
+    }
     assert all(r is True or r[1] in later for r in after)
 
 
 def test_english_decisions_and_text_do_not_change_with_other_languages_settings(labelled):
     en = pages(labelled, "en")
     others = {"zh": {"min_avg_word_length": 1}, "fa": {"min_stop_words": 0}, "de": {"max_doc_words": 10}}
-    for cls, per in ((GopherQuality, others), (GopherRepetition, {"zh": {"dup_line_frac": 0.5}}),
-                     (C4Lines, {"ja": {"min_words_per_line": 1}})):
+    for cls, per in (
+        (GopherQuality, others),
+        (GopherRepetition, {"zh": {"dup_line_frac": 0.5}}),
+        (C4Lines, {"ja": {"min_words_per_line": 1}}),
+    ):
         a = [Document(text=d.text, id=d.id, metadata=dict(d.metadata)) for d in en]
         b = [Document(text=d.text, id=d.id, metadata=dict(d.metadata)) for d in en]
         plain, tuned = cls(), cls(per_language=per)
@@ -98,8 +125,7 @@ def test_english_decisions_and_text_do_not_change_with_other_languages_settings(
 
 def test_langid_min_score_per_language(labelled, lid_model):
     docs = [Document(text=t, id=i) for t, i, m in labelled if m["language"] in ("zh", "en")]
-    lid = LangId(model=str(lid_model), languages=["zh", "en"], min_score=0.65,
-                 per_language={"zh": {"min_score": 0.99}})
+    lid = LangId(model=str(lid_model), languages=["zh", "en"], min_score=0.65, per_language={"zh": {"min_score": 0.99}})
     results = lid.filter_batch(docs)
     zh = [(r, d.metadata["language_score"]) for r, d in zip(results, docs) if d.metadata["language"] == "zh"]
     en = [(r, d.metadata["language_score"]) for r, d in zip(results, docs) if d.metadata["language"] == "en"]
@@ -114,13 +140,21 @@ def write(path: Path, data) -> Path:
 
 
 def test_calibration_file_is_merged_under_the_steps_own_per_language(tmp_path):
-    cal = write(tmp_path / "cal.yaml", {
-        "gopher_quality": {"per_language": {"zh": {"min_avg_word_length": 1, "min_doc_words": 20},
-                                            "fa": {"max_non_alpha_words_ratio": 0.5}}},
-        "c4_lines": {"per_language": {"zh": {"min_words_per_line": 2}}},  # not in this run: ignored
-    })
-    cfg = run_config([{"gopher_quality": {"per_language": {"zh": {"min_doc_words": 30}}}}, "gopher_repetition"],
-                     calibration=str(cal))
+    cal = write(
+        tmp_path / "cal.yaml",
+        {
+            "gopher_quality": {
+                "per_language": {
+                    "zh": {"min_avg_word_length": 1, "min_doc_words": 20},
+                    "fa": {"max_non_alpha_words_ratio": 0.5},
+                }
+            },
+            "c4_lines": {"per_language": {"zh": {"min_words_per_line": 2}}},  # not in this run: ignored
+        },
+    )
+    cfg = run_config(
+        [{"gopher_quality": {"per_language": {"zh": {"min_doc_words": 30}}}}, "gopher_repetition"], calibration=str(cal)
+    )
     per = cfg.specs[0].params.per_language
     assert per == {"zh": {"min_avg_word_length": 1, "min_doc_words": 30}, "fa": {"max_non_alpha_words_ratio": 0.5}}
     resolved = cfg.resolved()
@@ -138,8 +172,9 @@ def test_a_config_without_the_new_parameters_resolves_as_before():
     assert "calibration" not in resolved
     new = {"per_language", "alpha_words", "end_punctuation"}
     assert all(not new & set(params) for entry in resolved["steps"] for params in entry.values())
-    resolved = run_config([{"gopher_quality": {"alpha_words": "whitespace"}},
-                           {"c4_lines": {"end_punctuation": ["."]}}]).resolved()
+    resolved = run_config(
+        [{"gopher_quality": {"alpha_words": "whitespace"}}, {"c4_lines": {"end_punctuation": ["."]}}]
+    ).resolved()
     assert resolved["steps"][0]["gopher_quality"]["alpha_words"] == "whitespace"
     assert resolved["steps"][1]["c4_lines"]["end_punctuation"] == ["."]
 
@@ -177,10 +212,12 @@ def test_a_filter_reading_self_config_follows_per_language():
             return True if n >= self.config.min_lines else (False, "too_few_lines")
 
     flt = FewLines(per_language={"zh": {"min_lines": 1}, "default": {"min_lines": 2}})
-    docs = [Document(text="一行", id="a", metadata={"language": "zh"}),
-            Document(text="one\ntwo", id="b", metadata={"language": "en"}),
-            Document(text="one", id="c", metadata={"language": "de"}),
-            Document(text="one", id="d")]
+    docs = [
+        Document(text="一行", id="a", metadata={"language": "zh"}),
+        Document(text="one\ntwo", id="b", metadata={"language": "en"}),
+        Document(text="one", id="c", metadata={"language": "de"}),
+        Document(text="one", id="d"),
+    ]
     assert flt.filter_batch(docs) == [True, True, (False, "too_few_lines"), (False, "too_few_lines")]
     assert flt.config.min_lines == 3 and flt.config.per_language  # the step's own, between batches
     with pytest.raises(ValueError, match=r"per_language.zh.min_lines"):

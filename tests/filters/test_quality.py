@@ -53,8 +53,10 @@ def report(quality_model) -> dict:
 def test_heldout_auc_wikitext_vs_crawl(quality_model, report, shared_data, wet_files):
     """Recomputed here on every document the classifier never trained on (the hash split's held-out part)."""
     m = report["metrics"]
-    print(f"\nreport: held-out ROC AUC {m['roc_auc']:.4f}, P {m['precision']:.3f} R {m['recall']:.3f} "
-          f"F1 {m['f1']:.3f} ({report['heldout']['positives']} hq, {report['heldout']['negatives']} lq)")
+    print(
+        f"\nreport: held-out ROC AUC {m['roc_auc']:.4f}, P {m['precision']:.3f} R {m['recall']:.3f} "
+        f"F1 {m['f1']:.3f} ({report['heldout']['positives']} hq, {report['heldout']['negatives']} lq)"
+    )
     assert m["roc_auc"] > 0.9 and m["f1"] > 0.8
     frac, seed, min_words = report["heldout"]["fraction"], report["params"]["seed"], report["min_words"]
     wiki = [shared_data / "corpus" / "en" / f"wikitext-2.{s}.txt" for s in ("valid", "test")]
@@ -89,8 +91,11 @@ def test_missing_or_corrupt_model_and_wrong_label(tmp_path, quality_model, wet_f
         Quality(model=str(bad))
     with pytest.raises(ModelError, match=r"no label '__label__positive'.*__label__hq"):
         Quality(model=str(quality_model), label="__label__positive")  # when planned, not in a task
-    cfg = {"run_dir": str(tmp_path / "r"), "input": {"paths": [str(wet_files[1])]},
-           "steps": [{"quality": {"model": str(bad)}}]}
+    cfg = {
+        "run_dir": str(tmp_path / "r"),
+        "input": {"paths": [str(wet_files[1])]},
+        "steps": [{"quality": {"model": str(bad)}}],
+    }
     with pytest.raises(ModelError):
         run(from_dict(cfg))
     assert not (tmp_path / "r").exists()
@@ -105,10 +110,31 @@ def test_step_pickles_without_its_model(quality_model):
 
 def _train(tmp_path: Path, name: str, pos: Path, neg: Path, seed: int = 0) -> tuple[bytes, dict]:
     out = tmp_path / name / "q.bin"
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "quality", "train", "--positives", str(pos),
-                          "--negatives", str(neg), "--detokenize", "wikitext", "-o", str(out),
-                          "--max-per-class", "150", "--epoch", "5", "--seed", str(seed)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gristmill.cli",
+            "quality",
+            "train",
+            "--positives",
+            str(pos),
+            "--negatives",
+            str(neg),
+            "--detokenize",
+            "wikitext",
+            "-o",
+            str(out),
+            "--max-per-class",
+            "150",
+            "--epoch",
+            "5",
+            "--seed",
+            str(seed),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     return out.read_bytes(), json.loads(Path(f"{out}.report.json").read_text())
 

@@ -24,8 +24,10 @@ SEG14 = "1393999642168.31"
 REL14A = f"crawl-data/{C14}/segments/{SEG14}/wet/CC-MAIN-20140305060716-00098-ip-10-183-142-35.ec2.internal.warc.wet.gz"
 REL14B = f"crawl-data/{C14}/segments/{SEG14}/wet/CC-MAIN-20140305060716-00099-ip-10-183-142-35.ec2.internal.warc.wet.gz"
 REL17 = f"crawl-data/{C17}/segments/1500549423222.65/wet/CC-MAIN-20170720121902-20170720141902-00000.warc.wet.gz"
-SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-            b"<Message>Please reduce your request rate.</Message></Error>")
+SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 def sha256(path: Path) -> str:
@@ -126,5 +128,3 @@ def log_lines():
 
 def hits(srv, rel):
     return [r for r in srv.requests if r[0] == "/" + rel]
-
-

@@ -45,11 +45,27 @@ def test_udhr_is_cut_into_its_preamble_and_articles(references):
 
 
 # the filter with only the calibrated rule on, to check that the statistic is the filter's own
-_OFF = {"gopher_quality": dict(min_doc_words=None, max_doc_words=None, min_avg_word_length=None,
-                               max_avg_word_length=None, max_symbol_word_ratio=None, max_bullet_lines_ratio=None,
-                               max_ellipsis_lines_ratio=None, max_non_alpha_words_ratio=None, min_stop_words=None),
-        "gopher_repetition": dict(dup_line_frac=None, dup_para_frac=None, dup_line_char_frac=None,
-                                  dup_para_char_frac=None, top_n_grams=(), dup_n_grams=())}
+_OFF = {
+    "gopher_quality": dict(
+        min_doc_words=None,
+        max_doc_words=None,
+        min_avg_word_length=None,
+        max_avg_word_length=None,
+        max_symbol_word_ratio=None,
+        max_bullet_lines_ratio=None,
+        max_ellipsis_lines_ratio=None,
+        max_non_alpha_words_ratio=None,
+        min_stop_words=None,
+    ),
+    "gopher_repetition": dict(
+        dup_line_frac=None,
+        dup_para_frac=None,
+        dup_line_char_frac=None,
+        dup_para_char_frac=None,
+        top_n_grams=(),
+        dup_n_grams=(),
+    ),
+}
 _STEPS = {"gopher_quality": GopherQuality, "gopher_repetition": GopherRepetition}
 
 
@@ -65,10 +81,15 @@ def test_each_threshold_removes_from_the_filter_what_the_calibration_says(result
         if r.rule.step not in _STEPS:
             continue
         flt = only(r.rule, r.threshold)
-        docs = [Document(text=t, id=str(i), metadata={"language": r.language}) for i, t in enumerate(references[r.language])]
+        docs = [
+            Document(text=t, id=str(i), metadata={"language": r.language}) for i, t in enumerate(references[r.language])
+        ]
         dropped = sum(flt.filter(d) is not True for d in docs)
         values = _values(r.rule, references[r.language], r.language)
-        assert dropped / len(docs) == pytest.approx(removed_share(r.rule, values, r.threshold)), (r.rule.name, r.language)
+        assert dropped / len(docs) == pytest.approx(removed_share(r.rule, values, r.threshold)), (
+            r.rule.name,
+            r.language,
+        )
         assert r.share == pytest.approx(dropped / len(docs))
         if not r.rule.length:
             # the same share as English loses, to within one document
@@ -101,8 +122,13 @@ def test_the_table_holds_what_differs_and_loads_as_calibration(results, tmp_path
         assert "en" not in step["per_language"]  # English decisions stay the defaults'
     path = tmp_path / "cal.yaml"
     path.write_text(yaml.safe_dump(table))
-    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(path),
-                     "steps": ["gopher_quality", "gopher_repetition", "c4_lines"]})
+    cfg = from_dict(
+        {
+            "input": {"paths": ["x"]},
+            "calibration": str(path),
+            "steps": ["gopher_quality", "gopher_repetition", "c4_lines"],
+        }
+    )
     zh = GopherQuality(cfg.specs[0].params).config_for("zh")
     assert zh.min_avg_word_length == table["gopher_quality"]["per_language"]["zh"]["min_avg_word_length"]
     en = GopherQuality(cfg.specs[0].params).config_for("en")
@@ -122,8 +148,13 @@ def test_shipped_calibration_loads_and_leaves_english_alone():
     assert all("en" not in step["per_language"] for step in table.values())
     assert all(v > 0 for _, v in _thresholds(table))  # 0 would turn a rule off
     assert len(table["gopher_quality"]["per_language"]) >= 100
-    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(path),
-                     "steps": ["gopher_quality", "gopher_repetition", "c4_lines"]})
+    cfg = from_dict(
+        {
+            "input": {"paths": ["x"]},
+            "calibration": str(path),
+            "steps": ["gopher_quality", "gopher_repetition", "c4_lines"],
+        }
+    )
     assert cfg.specs[0].params.per_language["zh"]["min_avg_word_length"] < 2
 
 
@@ -153,8 +184,9 @@ def test_user_reference_text_is_used(udhr_zip, tmp_path, references):
     assert yaml.safe_load(out.read_text()) == yaml.safe_load((tmp_path / "a.yaml").read_text())
 
 
-def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_reasons(wet_files, lid_model,
-                                                                                       monkeypatch):
+def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_reasons(
+    wet_files, lid_model, monkeypatch
+):
     """configs/multilingual.yaml's language ID and heuristic filters on the sample: pages of
     other languages are kept, English pages are decided exactly as by configs/crawl.yaml."""
     from collections import Counter
@@ -168,8 +200,11 @@ def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_re
 
     def kept(config, **sets):
         cfg = load(config, [f"{k}={v}" for k, v in sets.items()])
-        steps = [registered_steps()[s.name](s.params) for s in cfg.specs if s.name in
-                 ("langid", "gopher_quality", "gopher_repetition", "c4_lines")]
+        steps = [
+            registered_steps()[s.name](s.params)
+            for s in cfg.specs
+            if s.name in ("langid", "gopher_quality", "gopher_repetition", "c4_lines")
+        ]
         data = WetReader([str(p) for p in wet_files]).run()
         for step in steps:
             data = step.run(data)
@@ -181,8 +216,7 @@ def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_re
     by_lang = Counter(lang for lang, _ in multi.values())
     assert {k: v for k, v in multi.items() if v[0] == "en"} == english  # same pages, same text
     assert by_lang["ja"] >= 3 and by_lang["zh"] >= 1  # Japanese/Chinese: ICU word lengths, 。 ends a sentence
-    assert sum(n for lang, n in by_lang.items() if lang != "en") > \
-        sum(1 for lang, _ in before.values() if lang != "en")
+    assert sum(n for lang, n in by_lang.items() if lang != "en") > sum(1 for lang, _ in before.values() if lang != "en")
 
 
 def test_no_threshold_turns_a_rule_off_when_a_statistic_is_mostly_zero(udhr_zip, shared_data, tmp_path):
@@ -190,7 +224,22 @@ def test_no_threshold_turns_a_rule_off_when_a_statistic_is_mostly_zero(udhr_zip,
     are the languages'; a ratio of medians of 0 must not make a threshold of 0."""
     out = tmp_path / "cal.yaml"
     wiki = shared_data / "corpus" / "en" / "wikitext-2.test.txt"
-    assert main(["calibrate", "--udhr", str(udhr_zip), "--english", str(wiki), "--no-udhr-english",
-                 "--languages", "ar,de", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--udhr",
+                str(udhr_zip),
+                "--english",
+                str(wiki),
+                "--no-udhr-english",
+                "--languages",
+                "ar,de",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     values = list(_thresholds(yaml.safe_load(out.read_text())))
     assert values and all(v > 0 for _, v in values)

@@ -24,9 +24,13 @@ pytestmark = pytest.mark.network
 
 # --- listing -----------------------------------------------------------------------------------
 
+
 def test_list_first_n_and_all_remote(server, fetcher):
     assert list_wet_paths(server.base, C14, files=1, fetcher=fetcher) == [f"{server.base}/{REL14A}"]
-    assert list_wet_paths(server.base + "/", C14, fetcher=fetcher) == [f"{server.base}/{REL14A}", f"{server.base}/{REL14B}"]
+    assert list_wet_paths(server.base + "/", C14, fetcher=fetcher) == [
+        f"{server.base}/{REL14A}",
+        f"{server.base}/{REL14B}",
+    ]
     assert list_wet_paths(server.base, C17, files=5, fetcher=fetcher) == [f"{server.base}/{REL17}"]
     # the listing itself is cached: fetched once per crawl
     assert len(hits(server, f"crawl-data/{C14}/wet.paths.gz")) == 1
@@ -72,6 +76,7 @@ def test_local_directory_base_returns_local_paths(mirror, tmp_path, wet_files):
 
 
 # --- downloads ---------------------------------------------------------------------------------
+
 
 def test_download_is_exact_and_cached(server, fetcher, wet_files, tmp_path):
     url = f"{server.base}/{REL17}"
@@ -211,9 +216,10 @@ def test_concurrent_requests_download_once(server, fetcher, wet_files):
 
 # --- verification: what comes back must be the gzip file the URL names -------------------------
 
-HTML = (b"<!DOCTYPE html>\n<html><head><title>Access denied</title></head>\n<body><h1>This site is "
-        b"blocked by your network administrator.</h1>" + b"<p>Contact the help desk.</p>" * 40
-        + b"</body></html>\n")
+HTML = (
+    b"<!DOCTYPE html>\n<html><head><title>Access denied</title></head>\n<body><h1>This site is "
+    b"blocked by your network administrator.</h1>" + b"<p>Contact the help desk.</p>" * 40 + b"</body></html>\n"
+)
 
 
 class _HostileHandler(_Handler):
@@ -345,9 +351,12 @@ def test_body_always_truncated_without_length_is_never_cached(hostile, tmp_path,
 def test_bad_file_in_cache_is_removed_and_fetched_again(server, fetcher, wet_files, log_lines, damage):
     """A cache written by an older version (which kept any 200 body) or damaged since."""
     good = wet_files[1].read_bytes()
-    bad = {"html": HTML, "truncated": good[: mid_member(wet_files[1], len(good) // 2)],
-           "flipped": good[:5000] + bytes([good[5000] ^ 0x10]) + good[5001:],
-           "trailing": good + HTML}[damage]
+    bad = {
+        "html": HTML,
+        "truncated": good[: mid_member(wet_files[1], len(good) // 2)],
+        "flipped": good[:5000] + bytes([good[5000] ^ 0x10]) + good[5001:],
+        "trailing": good + HTML,
+    }[damage]
     dest = fetcher.cache_dir / REL17
     dest.parent.mkdir(parents=True)
     dest.write_bytes(bad)
@@ -418,6 +427,7 @@ def test_files_not_named_gz_are_not_checked_as_gzip(server, fetcher):
 
 # --- the paths listing -----------------------------------------------------------------------
 
+
 def test_html_listing_is_one_clear_error(hostile, tmp_path):
     listing = f"crawl-data/{C14}/wet.paths.gz"
     hostile.faults["/" + listing] = ["html"] * 2
@@ -444,14 +454,20 @@ def test_listing_of_wrong_lines_is_named_and_not_kept(server, fetcher):
     listing = server.root / f"crawl-data/{C14}/wet.paths.gz"
     listing.write_bytes(gzip.compress(f"{REL14A}\n<html>\n{REL14B}\n".encode()))
     url = f"{server.base}/crawl-data/{C14}/wet.paths.gz"
-    with pytest.raises(ValueError, match=re.escape(url) + r": not a WET paths listing: line 2 is '<html>'"
-                       r".*\(1 of 3 lines"):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(url) + r": not a WET paths listing: line 2 is '<html>'"
+        r".*\(1 of 3 lines",
+    ):
         list_wet_paths(server.base, C14, files=1, fetcher=fetcher)
     assert not (fetcher.cache_dir / f"crawl-data/{C14}/wet.paths.gz").exists()
 
 
-@pytest.mark.parametrize("content", [HTML, b"", gzip.compress(HTML)[:-20], gzip.compress(b"\xff\xfe\n")],
-                         ids=["html", "empty", "truncated", "not-utf8"])
+@pytest.mark.parametrize(
+    "content",
+    [HTML, b"", gzip.compress(HTML)[:-20], gzip.compress(b"\xff\xfe\n")],
+    ids=["html", "empty", "truncated", "not-utf8"],
+)
 def test_local_listing_that_is_not_one_names_the_file(mirror, content):
     listing = mirror / f"crawl-data/{C14}/wet.paths.gz"
     listing.write_bytes(content)
@@ -460,6 +476,7 @@ def test_local_listing_that_is_not_one_names_the_file(mirror, content):
 
 
 # --- gzip_problem on its own -----------------------------------------------------------------
+
 
 def test_gzip_problem_classifies_every_cut_of_a_real_file(wet_files, tmp_path):
     data = wet_files[1].read_bytes()
@@ -474,7 +491,10 @@ def test_gzip_problem_classifies_every_cut_of_a_real_file(wet_files, tmp_path):
         p.write_bytes(data[:boundary])  # whole members and nothing else: a valid gzip file
         assert gzip_problem(p, b"WARC/") is None
     p.write_bytes(data + b"\n")
-    assert gzip_problem(p) == ("trailing", f"bytes after the last gzip member, from byte {len(data):,}, starting b'\\n'")
+    assert gzip_problem(p) == (
+        "trailing",
+        f"bytes after the last gzip member, from byte {len(data):,}, starting b'\\n'",
+    )
 
 
 def test_gzip_problem_memory_is_bounded(tmp_path, wet_files):

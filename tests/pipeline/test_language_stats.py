@@ -113,8 +113,17 @@ def test_steps_before_langid_take_its_labels(tmp_path, wet_files, lid_model):
     """A filter before langid: the reader's documents are counted by the language langid later
     gave them; the ones that filter dropped never got a label and count as "unknown"."""
     steps = [{"gopher_repetition": {}}, {"langid": {"model": str(lid_model), "languages": None, "min_score": 0.65}}]
-    merged = run(from_dict(multilingual(tmp_path / "pre", wet_files, lid_model, steps=steps,
-                                        executor={"type": "local", "tasks": 1, "workers": 1})))
+    merged = run(
+        from_dict(
+            multilingual(
+                tmp_path / "pre",
+                wet_files,
+                lid_model,
+                steps=steps,
+                executor={"type": "local", "tasks": 1, "workers": 1},
+            )
+        )
+    )
     rows = funnel(merged)
     assert [r.step for r in rows] == ["read_wet", "00_gopher_repetition", "01_langid", "write_parquet"]
     by_lang = language_funnel(merged)
@@ -150,9 +159,9 @@ def test_run_without_language_records_is_all_unknown(lang_run, tmp_path):
     old = merge_run(run_dir)
     by_lang = language_funnel(old)
     assert list(by_lang) == ["unknown"]
-    assert [(r.docs_in, r.docs_out, r.bytes_in, r.bytes_out, {k: v for k, v in r.drops.items() if v})
-            for r in funnel(old)] == [(r.docs_in, r.docs_out, r.bytes_in, r.bytes_out, r.drops)
-                                       for r in by_lang["unknown"]]
+    assert [
+        (r.docs_in, r.docs_out, r.bytes_in, r.bytes_out, {k: v for k, v in r.drops.items() if v}) for r in funnel(old)
+    ] == [(r.docs_in, r.docs_out, r.bytes_in, r.bytes_out, r.drops) for r in by_lang["unknown"]]
 
 
 def test_stats_cli_per_language(lang_run):
@@ -168,8 +177,9 @@ def test_stats_cli_per_language(lang_run):
     for r in zh:
         for reason in r.drops:
             assert reason in one
-    data = json.loads(subprocess.run([*cli, "--language", LANG, "--json"], capture_output=True, text=True,
-                                     check=True).stdout)
+    data = json.loads(
+        subprocess.run([*cli, "--language", LANG, "--json"], capture_output=True, text=True, check=True).stdout
+    )
     assert data == json.loads(json.dumps(as_json(merged, LANG)))
     assert data["funnel"][0]["docs_in"] == zh[0].docs_in
     full = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True, check=True).stdout)
@@ -187,12 +197,12 @@ def test_report_has_a_per_language_section_in_chromium(lang_run, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     dom = res.stdout
     assert 'data-ok="1"' in dom
-    section = dom[dom.index('<section id="by-language">'):]
-    section = section[:section.index("</section>")]
+    section = dom[dom.index('<section id="by-language">') :]
+    section = section[: section.index("</section>")]
     zh = language_funnel(merged)[LANG]
     assert f'data-language="{LANG}"' in section
-    detail = section[section.index(f'data-language="{LANG}"'):]
-    detail = detail[:detail.index("</details>")]
+    detail = section[section.index(f'data-language="{LANG}"') :]
+    detail = detail[: detail.index("</details>")]
     assert f"{LANG}: {zh[0].docs_in:,} read, {zh[-1].docs_out:,} kept" in detail
     for r in zh:
         for reason in r.drops:
@@ -235,4 +245,5 @@ def test_languages_past_the_bound_fold_into_other(wet_files):
     assert sum(v["dropped"].get("odd", 0) for v in langs.values()) == n // 2
     both = merge([rec.as_dict(), rec.as_dict()])["languages"]
     assert both[OTHER_LANGUAGES]["in"] == 600 and sum(v["bytes_in"] for v in both.values()) == 2 * sum(
-        v["bytes_in"] for v in langs.values())
+        v["bytes_in"] for v in langs.values()
+    )

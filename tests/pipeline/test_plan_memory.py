@@ -21,15 +21,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gristmill.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def _config(tmp_path, wet_files, lid_model, **executor) -> Path:
-    cfg = {"run_dir": str(tmp_path / "run"), "executor": {"type": "local", "tasks": 2, "workers": 1, **executor},
-           "input": {"paths": [str(p) for p in wet_files]},
-           "steps": [{"langid": {"model": str(lid_model)}}, {"gopher_quality": {}},
-                     {"near_dedup": {"threshold": 0.8}}]}
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "executor": {"type": "local", "tasks": 2, "workers": 1, **executor},
+        "input": {"paths": [str(p) for p in wet_files]},
+        "steps": [{"langid": {"model": str(lid_model)}}, {"gopher_quality": {}}, {"near_dedup": {"threshold": 0.8}}],
+    }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -52,9 +59,16 @@ def test_stage_over_the_memory_a_task_has_is_refused_before_anything_runs(tmp_pa
 
 
 def _slurm_cfg(buckets_mem_gb: float, **near) -> dict:
-    return {"run_dir": "/tmp/unused", "executor": {"type": "slurm", "tasks": 100, "slurm": {
-        "mem_per_cpu_gb": 16, "stages": {"near_dedup_buckets": {"mem_per_cpu_gb": buckets_mem_gb}}}},
-        "input": {"paths": ["/nonexistent/*.wet.gz"]}, "steps": [{"near_dedup": {"threshold": 0.8, **near}}]}
+    return {
+        "run_dir": "/tmp/unused",
+        "executor": {
+            "type": "slurm",
+            "tasks": 100,
+            "slurm": {"mem_per_cpu_gb": 16, "stages": {"near_dedup_buckets": {"mem_per_cpu_gb": buckets_mem_gb}}},
+        },
+        "input": {"paths": ["/nonexistent/*.wet.gz"]},
+        "steps": [{"near_dedup": {"threshold": 0.8, **near}}],
+    }
 
 
 def test_near_dedup_buckets_split_further_to_fit_and_explicit_ranges_are_refused():
@@ -76,8 +90,12 @@ def test_memory_estimates_grow_only_where_the_model_says(tmp_path):
     """Streaming and spilling stages do not grow with the corpus at fixed tasks; the one-task
     cluster does, and is flagged when over its limit."""
     cfg = from_dict(_slurm_cfg(4))
-    small = {e.stage.name: e.bytes for e in estimate_memory(cfg, plan(cfg, input_size=1e9, sources=[], check_memory=False))}
-    big = {e.stage.name: e.bytes for e in estimate_memory(cfg, plan(cfg, input_size=1e13, sources=[], check_memory=False))}
+    small = {
+        e.stage.name: e.bytes for e in estimate_memory(cfg, plan(cfg, input_size=1e9, sources=[], check_memory=False))
+    }
+    big = {
+        e.stage.name: e.bytes for e in estimate_memory(cfg, plan(cfg, input_size=1e13, sources=[], check_memory=False))
+    }
     # spills: what grows is 8 bytes per document of order keys, not the band records
     per_task = 1e13 / 1e9 * DOCUMENTS_PER_GB / 100
     assert big["near_dedup_signature"] - 8 * per_task < 1.5 * small["near_dedup_signature"]

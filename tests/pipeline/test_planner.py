@@ -33,8 +33,11 @@ class KeepLongest(GlobalStep):
         share: float = Field(0.5, gt=0, le=1, description="share of documents kept, longest first")
 
     def stages(self, ctx):
-        ctx.stage(self.yaml_name, [ParquetReader(ctx.documents), _Longest(self.config.share, step_id=self.name),
-                                   ctx.writer()], tasks=1)
+        ctx.stage(
+            self.yaml_name,
+            [ParquetReader(ctx.documents), _Longest(self.config.share, step_id=self.name), ctx.writer()],
+            tasks=1,
+        )
 
 
 class _Longest(Step):
@@ -67,13 +70,15 @@ class MentionsWord(Filter):
 
 
 def _cfg(tmp_path, wet_files, lid_model, steps):
-    return from_dict({
-        "run_dir": str(tmp_path / "run"),
-        "executor": {"tasks": 2, "workers": 1},
-        "input": {"paths": [str(p) for p in wet_files]},
-        "steps": steps,
-        "output": {"dropped_sample": 0},
-    })
+    return from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "executor": {"tasks": 2, "workers": 1},
+            "input": {"paths": [str(p) for p in wet_files]},
+            "steps": steps,
+            "output": {"dropped_sample": 0},
+        }
+    )
 
 
 def test_streamable_steps_fuse_into_one_stage(tmp_path, wet_files, lid_model):
@@ -111,12 +116,17 @@ def test_global_step_first_still_reads_wet_in_its_own_stage(tmp_path, wet_files,
 
 def test_a_step_defined_in_a_test_module_runs_from_yaml(tmp_path, wet_files, lid_model):
     assert {"keep_longest", "mentions_word"} <= set(registered_steps())
-    steps = [{"langid": {"model": str(lid_model), "languages": None}}, {"mentions_word": {"word": "the"}},
-             {"keep_longest": {"share": 0.25}}]
+    steps = [
+        {"langid": {"model": str(lid_model), "languages": None}},
+        {"mentions_word": {"word": "the"}},
+        {"keep_longest": {"share": 0.25}},
+    ]
     merged = run(_cfg(tmp_path, wet_files, lid_model, steps))
     rows = {r.step: r for r in funnel(merged)}
     assert 0 < rows["01_mentions_word"].docs_out < rows["00_langid"].docs_out
-    assert rows["01_mentions_word"].drops == {"word_missing": rows["00_langid"].docs_out - rows["01_mentions_word"].docs_out}
+    assert rows["01_mentions_word"].drops == {
+        "word_missing": rows["00_langid"].docs_out - rows["01_mentions_word"].docs_out
+    }
     assert rows["02_keep_longest"].docs_out == int(rows["01_mentions_word"].docs_out * 0.25)
     # the filter of a new step gets scores recorded like every other filter
     assert (tmp_path / "run" / "01_curate" / "scores" / "01_mentions_word").is_dir()

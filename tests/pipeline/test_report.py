@@ -53,7 +53,10 @@ def test_histograms_agree_with_counts_and_output(report_run):
             by_reason[s["reason"] or "kept"] = by_reason.get(s["reason"] or "kept", 0) + 1
             assert len(s["text"]) <= 300
         drops = {k.removeprefix("dropped_"): v for k, v in c.items() if k.startswith("dropped_")}
-        assert by_reason == {**{r: min(n, SAMPLE_SIZE) for r, n in drops.items()}, "kept": min(c["forwarded"], SAMPLE_SIZE)}
+        assert by_reason == {
+            **{r: min(n, SAMPLE_SIZE) for r, n in drops.items()},
+            "kept": min(c["forwarded"], SAMPLE_SIZE),
+        }
     # the last filter's kept documents are the rows written
     table = pq.read_table(run_dir / "01_curate" / "output")
     assert sum(scores["03_c4_lines"]["hist"]["kept"]) == table.num_rows == funnel(merged)[-1].docs_out
@@ -73,16 +76,18 @@ def test_samples_and_histograms_do_not_depend_on_the_task_split(report_run, tmp_
 
 def test_stats_cli_prints_top_domains(report_run):
     run_dir, _ = report_run
-    out = subprocess.run([sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)], capture_output=True, text=True, check=True
+    ).stdout
     assert "top domains" in out
 
 
 def test_report_has_every_section_and_the_thresholds(report_run, tmp_path):
     run_dir, _ = report_run
     out = tmp_path / "report.html"
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "report", str(run_dir), "-o", str(out)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "report", str(run_dir), "-o", str(out)], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     page = out.read_text()
     for section in SECTIONS:
@@ -95,7 +100,8 @@ def test_report_has_every_section_and_the_thresholds(report_run, tmp_path):
     (run_dir / "train").mkdir(exist_ok=True)
     try:
         (run_dir / "train" / "metrics.jsonl").write_text(
-            "\n".join(json.dumps({"step": i, "loss": 5 - i / 10}) for i in range(1, 20)) + "\n")
+            "\n".join(json.dumps({"step": i, "loss": 5 - i / 10}) for i in range(1, 20)) + "\n"
+        )
         assert '<section id="training">' in build(run_dir)
     finally:
         shutil.rmtree(run_dir / "train")
@@ -106,9 +112,20 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
         if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
             pytest.fail(f"{CHROMIUM} missing (make test installs the Debian chromium package)")
         pytest.skip(f"{CHROMIUM} missing: apt-get install chromium (make test does)")
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-           "--enable-logging=stderr", "--v=0", *args]
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -150,13 +167,19 @@ def test_notebook_api(report_run):
     s = stats.load(run_dir)
     assert list(s.funnel["docs_out"]) == [r.docs_out for r in funnel(merged)]
     assert s.reasons.groupby("step")["documents"].sum().to_dict() == {
-        r.step: sum(r.drops.values()) for r in funnel(merged) if r.drops}
+        r.step: sum(r.drops.values()) for r in funnel(merged) if r.drops
+    }
     kept = s.histograms.query("step == '03_c4_lines' and kind == 'score' and series == 'kept'")["count"].sum()
     assert kept == pq.read_table(run_dir / "01_curate" / "output").num_rows
     assert set(s.samples.columns) >= {"score", "id", "url", "kept", "reason", "text"}
     assert s.languages["en"] > 400
-    for fig in (s.plot_scores("00_langid"), s.plot_length("03_c4_lines"), s.plot_funnel(), s.plot_reasons("00_langid"),
-                s.plot_languages()):
+    for fig in (
+        s.plot_scores("00_langid"),
+        s.plot_length("03_c4_lines"),
+        s.plot_funnel(),
+        s.plot_reasons("00_langid"),
+        s.plot_languages(),
+    ):
         assert fig._repr_svg_().startswith("<svg")
     assert "0.65" in s.plot_scores("00_langid")._repr_svg_()
     assert merge_run(run_dir)["stages"][0]["tasks_completed"] == 2

@@ -56,8 +56,14 @@ def sample_run(tmp_path_factory, wet_files, lid_model):
 def test_funnel_adds_up_and_matches_output(sample_run):
     run_dir, merged = sample_run
     rows = funnel(merged)
-    assert [r.step for r in rows] == ["read_wet", "00_langid", "01_gopher_quality", "02_gopher_repetition",
-                                     "03_c4_lines", "write_parquet"]
+    assert [r.step for r in rows] == [
+        "read_wet",
+        "00_langid",
+        "01_gopher_quality",
+        "02_gopher_repetition",
+        "03_c4_lines",
+        "write_parquet",
+    ]
     assert rows[0].docs_out == 566 + 43  # every conversion record of both files
     for prev, row in zip(rows, rows[1:]):
         assert row.docs_in == prev.docs_out, row.step
@@ -83,13 +89,18 @@ def test_dropped_documents_are_kept_for_inspection(sample_run):
 
 def test_stats_cli_json_and_table(sample_run):
     run_dir, merged = sample_run
-    out = subprocess.run([sys.executable, "-m", "gristmill.cli", "stats", str(run_dir), "--json"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     data = json.loads(out.stdout)
     assert data == json.loads(json.dumps(as_json(merged)))
     assert data["languages"]["en"] > 400
-    table = subprocess.run([sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)],
-                           capture_output=True, text=True, check=True).stdout
+    table = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)], capture_output=True, text=True, check=True
+    ).stdout
     assert "low_language_score" in table and "gopher_short_doc" in table and "read_wet" in table
 
 
@@ -124,8 +135,9 @@ def test_killed_run_resumes_to_identical_output(tmp_path, wet_files, lid_model, 
     # Each task runs in its own child process, also with workers=1: the injected fault kills
     # the task, and the command reports it and fails the stage.
     with open(tmp_path / "killed.log", "w") as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, FAULT_ENV: "20"}, stdout=log, stderr=log,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, FAULT_ENV: "20"}, stdout=log, stderr=log, start_new_session=True
+        )
         returncode = proc.wait(timeout=300)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -181,7 +193,9 @@ def test_unmatched_glob_is_a_config_error(tmp_path, lid_model):
 
 def test_cli_reports_config_errors_with_key_path(tmp_path):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("input: {paths: [x]}\nsteps:\n  - gopher_quality: {}\n  - c4_lines: {}\n  - langid: {min_score: high}\n")
+    cfg.write_text(
+        "input: {paths: [x]}\nsteps:\n  - gopher_quality: {}\n  - c4_lines: {}\n  - langid: {min_score: high}\n"
+    )
     res = subprocess.run([sys.executable, "-m", "gristmill.cli", "validate", str(cfg)], capture_output=True, text=True)
     assert res.returncode == 2
     assert "steps[2].langid.min_score: expected a number between 0 and 1, got 'high'" in res.stderr
@@ -194,8 +208,15 @@ def test_commoncrawl_over_http_with_injected_503(tmp_path, server, lid_model):
     (server.root / "models").mkdir()
     (server.root / "models" / "lid.176.ftz").write_bytes(lid_model.read_bytes())
     cfg = config(tmp_path / "cc", [], f"{server.base}/models/lid.176.ftz")
-    cfg["input"] = {"commoncrawl": {"crawl": C14, "files": 1, "base_url": server.base,
-                                    "cache_dir": str(tmp_path / "cache"), "backoff_s": 0.01}}
+    cfg["input"] = {
+        "commoncrawl": {
+            "crawl": C14,
+            "files": 1,
+            "base_url": server.base,
+            "cache_dir": str(tmp_path / "cache"),
+            "backoff_s": 0.01,
+        }
+    }
     merged = run(from_dict(cfg))
     assert funnel(merged)[0].docs_out == 566
     gets = [r for r in server.requests if r[0] == "/" + REL14A]

@@ -27,8 +27,14 @@ from .test_run import config
 
 
 def _cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gristmill.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def _yaml(tmp_path: Path, cfg: dict) -> Path:
@@ -86,9 +92,16 @@ def test_force_clears_only_what_gristmill_wrote(tmp_path, wet_files, lid_model):
 def test_second_run_on_a_locked_directory_is_refused(tmp_path, wet_files, lid_model):
     run_dir = tmp_path / "r"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys,time\nfrom gristmill.dirlock import hold\n"
-         "with hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)", str(run_dir)],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys,time\nfrom gristmill.dirlock import hold\n"
+            "with hold(sys.argv[1]):\n print('held', flush=True); time.sleep(120)",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         res = _cli("run", _yaml(tmp_path, _small(run_dir, wet_files, lid_model)))
@@ -140,8 +153,14 @@ def test_moved_run_directory_resumes(tmp_path, wet_files, lid_model):
 def test_tilde_run_dir_means_home(tmp_path, wet_files, lid_model):
     home = tmp_path / "home"
     home.mkdir()
-    res = _cli("run", _yaml(tmp_path, _small("x", wet_files, lid_model)), "--run-dir", "~/x",
-               env={"HOME": str(home)}, cwd=tmp_path)
+    res = _cli(
+        "run",
+        _yaml(tmp_path, _small("x", wet_files, lid_model)),
+        "--run-dir",
+        "~/x",
+        env={"HOME": str(home)},
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert (home / "x" / "config.yaml").is_file() and (home / "x" / "01_curate" / "logs").is_dir()
     assert not (tmp_path / "~").exists()
@@ -204,13 +223,18 @@ def _wet_with_hostile_url(src: Path, dest: Path) -> None:
     # ESC c resets the terminal, 0x9b is the one-byte CSI, BEL rings (URL parsing refuses `[`)
     hostile = "http://evil\x1bc\x9b2J\x07.example.com/"
     with open(dest, "wb") as out:
-        out.write(gzip.compress(b"WARC/1.0\r\nWARC-Type: warcinfo\r\nWARC-Record-ID: <urn:uuid:0>\r\n"
-                                b"Content-Length: 0\r\n\r\n\r\n\r\n"))
+        out.write(
+            gzip.compress(
+                b"WARC/1.0\r\nWARC-Type: warcinfo\r\nWARC-Record-ID: <urn:uuid:0>\r\nContent-Length: 0\r\n\r\n\r\n\r\n"
+            )
+        )
         for i, rec in enumerate(r for r in iter_wet_records(src) if isinstance(r, WetRecord)):
             body = rec.text.encode()
             url = hostile if i % 2 == 0 else rec.url
-            head = (f"WARC/1.0\r\nWARC-Type: conversion\r\nWARC-Target-URI: {url}\r\n"
-                    f"WARC-Record-ID: {rec.record_id}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            head = (
+                f"WARC/1.0\r\nWARC-Type: conversion\r\nWARC-Target-URI: {url}\r\n"
+                f"WARC-Record-ID: {rec.record_id}\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
             out.write(gzip.compress(head + body + b"\r\n\r\n"))
 
 

@@ -26,7 +26,8 @@ def slurm_cluster(shared_data):
     script = shared_data.parent / "tools" / "slurm" / "start-local-slurm.sh"
     if not script.is_file():
         pytest.fail(f"{script} missing") if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1" else pytest.skip(
-            f"{script} missing")
+            f"{script} missing"
+        )
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster runs as root")
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600)
@@ -35,13 +36,16 @@ def slurm_cluster(shared_data):
 
 
 def _cfg(run_dir, wet_files, lid_model, executor, steps=None):
-    return from_dict({
-        "run_dir": str(run_dir),
-        "executor": executor,
-        "input": {"paths": [str(p) for p in wet_files]},
-        "steps": steps or [{"langid": {"model": str(lid_model)}}, "gopher_quality", "gopher_repetition", "c4_lines"],
-        "output": {"dropped_sample": 0.5},
-    })
+    return from_dict(
+        {
+            "run_dir": str(run_dir),
+            "executor": executor,
+            "input": {"paths": [str(p) for p in wet_files]},
+            "steps": steps
+            or [{"langid": {"model": str(lid_model)}}, "gopher_quality", "gopher_repetition", "c4_lines"],
+            "output": {"dropped_sample": 0.5},
+        }
+    )
 
 
 def _outputs(folder: Path) -> dict[str, bytes]:
@@ -78,8 +82,9 @@ def test_failed_task_cancels_downstream_and_rerun_finishes_only_it(
     assert "injected failure of task 1" in statuses["01_curate"].failed_tasks[1]
     assert statuses["02_keep_longest"].state.startswith("cancelled")
     assert statuses["03_filter"].state.startswith("cancelled")
-    out = subprocess.run([sys.executable, "-m", "gristmill.cli", "status", str(tmp_path / "run")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "status", str(tmp_path / "run")], capture_output=True, text=True
+    )
     assert out.returncode == 1 and "injected failure" in out.stdout and "resume with:" in out.stdout
 
     task0 = (tmp_path / "run" / "01_curate" / "output" / "00000.parquet").stat().st_mtime_ns
@@ -115,16 +120,23 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     from gristmill.pipeline.slurm_state import wait_until_gone
 
     run_dir = tmp_path / "run"
-    cfg = from_dict({
-        "run_dir": str(run_dir),
-        "executor": SLURM,
-        "input": {"paths": [str(p) for p in wet_files]},
-        "steps": [{"langid": {"model": str(lid_model)}}],
-        "output": {"dropped_sample": 0},
-        "tokenize": {"tokenizer": {"train": {"vocab_size": 1024}}, "shard_tokens": 100000, "val_fraction": 0.05},
-        "train": {"preset": "tiny", "steps": 80, "nproc": 2, "preempt_grace_s": 10,
-                  "set": ["checkpoint.every=5", "checkpoint.keep=50", "log.progress=false", "log.tensorboard=false"]},
-    })
+    cfg = from_dict(
+        {
+            "run_dir": str(run_dir),
+            "executor": SLURM,
+            "input": {"paths": [str(p) for p in wet_files]},
+            "steps": [{"langid": {"model": str(lid_model)}}],
+            "output": {"dropped_sample": 0},
+            "tokenize": {"tokenizer": {"train": {"vocab_size": 1024}}, "shard_tokens": 100000, "val_fraction": 0.05},
+            "train": {
+                "preset": "tiny",
+                "steps": 80,
+                "nproc": 2,
+                "preempt_grace_s": 10,
+                "set": ["checkpoint.every=5", "checkpoint.keep=50", "log.progress=false", "log.tensorboard=false"],
+            },
+        }
+    )
     ckpts = run_dir / "train" / "checkpoints"
 
     def saved_steps() -> list[int]:  # finished checkpoints (a `.tmp` one is being written)

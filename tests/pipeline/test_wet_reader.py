@@ -314,9 +314,11 @@ def test_results_do_not_depend_on_chunking(tmp_path, monkeypatch, wet2014, chunk
 def layouts(tmp_path: Path, plains: list[bytes], original: Path | None = None) -> dict[str, Path]:
     whole = b"".join(plains)
     per_record = original or write(tmp_path, b"".join(gzip.compress(p) for p in plains), "a.warc.wet.gz")
-    return {"per_record": per_record,
-            "one_member": write(tmp_path, gzip.compress(whole), "b.warc.wet.gz"),
-            "uncompressed": write(tmp_path, whole, "c.warc.wet")}
+    return {
+        "per_record": per_record,
+        "one_member": write(tmp_path, gzip.compress(whole), "b.warc.wet.gz"),
+        "uncompressed": write(tmp_path, whole, "c.warc.wet"),
+    }
 
 
 def test_offsets_do_not_depend_on_how_the_file_was_gzipped(tmp_path, wet_files, wet2014):
@@ -344,9 +346,11 @@ def big_header(plain: bytes, size: int, declare: str) -> bytes:
     no separator where that length ends) or no Content-Length at all."""
     header = plain.partition(SEP)[0]
     cl = re.compile(rb"\r\nContent-Length: \d+")
-    header = {"honest": cl.sub(f"\r\nContent-Length: {size}".encode(), header),
-              "small": cl.sub(b"\r\nContent-Length: 100", header),
-              "none": cl.sub(b"", header)}[declare]
+    header = {
+        "honest": cl.sub(f"\r\nContent-Length: {size}".encode(), header),
+        "small": cl.sub(b"\r\nContent-Length: 100", header),
+        "none": cl.sub(b"", header),
+    }[declare]
     assert header.count(b"Content-Length") == (declare != "none")
     return header + SEP
 
@@ -357,7 +361,6 @@ def oversized(plain: bytes, size: int, declare: str) -> bytes:
     big = (text * (size // len(text) + 1))[:size]
     assert NEXT_RECORD not in big
     return big_header(plain, size, declare) + big + SEP
-
 
 
 @pytest.mark.parametrize("declare", ["honest", "small", "none"])
@@ -477,7 +480,13 @@ def deflate_bomb(prefix: bytes, block: bytes, copies: int, suffix: bytes) -> byt
         crc = zlib.crc32(block, crc)
     crc = zlib.crc32(suffix, crc)
     size = len(prefix) + copies * len(block) + len(suffix)
-    return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + head + body * copies + tail + struct.pack("<II", crc, size % (1 << 32))
+    return (
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+        + head
+        + body * copies
+        + tail
+        + struct.pack("<II", crc, size % (1 << 32))
+    )
 
 
 def run_child(spec: dict) -> dict:
@@ -487,7 +496,9 @@ def run_child(spec: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("layout,declare", [("per_record", "honest"), ("one_member", "small"), ("uncompressed", "none")])
+@pytest.mark.parametrize(
+    "layout,declare", [("per_record", "honest"), ("one_member", "small"), ("uncompressed", "none")]
+)
 def test_gzip_bomb_is_streamed_past_in_bounded_memory(tmp_path, wet2014, layout, declare):
     data, mem = wet2014
     plains = [m[2] for m in mem]

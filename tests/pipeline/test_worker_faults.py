@@ -64,7 +64,7 @@ def session_processes(sid: int) -> list[str]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
+            fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
             if int(fields[3]) == sid and fields[0] != "Z":
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
                 found.append(f"{entry.name} {cmdline}")
@@ -104,8 +104,12 @@ class Command:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gristmill.cli", "run", str(self.cfg_path)],
-                env={**os.environ, "COLUMNS": "400", **(env or {})}, stdout=log, stderr=log,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+                env={**os.environ, "COLUMNS": "400", **(env or {})},
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def wait(self) -> int:
         try:
@@ -185,18 +189,23 @@ def test_worker_killed_from_outside_fails_the_stage_then_resumes(tmp_path, wet_f
     _assert_resumes(cmd, tmp_path, clean["long"])
 
 
-@pytest.mark.parametrize("workers,signame,words", [
-    (1, "SIGSEGV", "was killed by SIGSEGV (segmentation fault in native code)"),
-    (2, "SIGSEGV", "was killed by SIGSEGV (segmentation fault in native code)"),
-    (1, "SIGKILL", "was killed by SIGKILL (killed: out of memory?)"),
-    (2, "SIGBUS", "was killed by SIGBUS"),
-])
-def test_task_dying_by_signal_is_reported_then_resumes(tmp_path, wet_files, lid_model, clean, workers, signame,
-                                                      words):
+@pytest.mark.parametrize(
+    "workers,signame,words",
+    [
+        (1, "SIGSEGV", "was killed by SIGSEGV (segmentation fault in native code)"),
+        (2, "SIGSEGV", "was killed by SIGSEGV (segmentation fault in native code)"),
+        (1, "SIGKILL", "was killed by SIGKILL (killed: out of memory?)"),
+        (2, "SIGBUS", "was killed by SIGBUS"),
+    ],
+)
+def test_task_dying_by_signal_is_reported_then_resumes(tmp_path, wet_files, lid_model, clean, workers, signame, words):
     """A task that dies by a signal after 20 documents: with workers=1 too, the command survives
     it and reports it (it used to die with it, without a message)."""
-    cmd = Command(tmp_path, config(tmp_path / "run", wet_files, lid_model, workers=workers),
-                  env={KILL_TASK_ENV: f"1:{signame}:20"})
+    cmd = Command(
+        tmp_path,
+        config(tmp_path / "run", wet_files, lid_model, workers=workers),
+        env={KILL_TASK_ENV: f"1:{signame}:20"},
+    )
     code = cmd.wait()
     out = one_line(cmd.output())
     assert code == 1, out

@@ -26,8 +26,12 @@ UNSPACED = words_mod._UNSPACED_CHAR
 
 @pytest.fixture(scope="module")
 def labelled(wet_files, lid_model) -> list[Document]:
-    docs = [Document(text=r.text, id=r.record_id) for f in wet_files for r in iter_wet_records(f)
-            if isinstance(r, WetRecord)]
+    docs = [
+        Document(text=r.text, id=r.record_id)
+        for f in wet_files
+        for r in iter_wet_records(f)
+        if isinstance(r, WetRecord)
+    ]
     kept = list(LangId(model=str(lid_model), languages=None, min_score=0.65).run(iter(docs)))
     langs = Counter(d.metadata["language"] for d in kept)
     # what the sample holds (docs/segmenters.md): Chinese, Japanese and one Thai page
@@ -62,8 +66,9 @@ def test_real_unspaced_pages_get_multi_character_words(labelled):
             regex_words = script_words(WORD_TOKEN.findall(d.text))
             icu_words = script_words(split_words(d.text, lang))
             # the regex: one character a token (Thai: a letter with its marks)
-            assert all(len(w) == 1 or lang == "th" and all(category(c)[0] == "M" for c in w[1:])
-                       for w in regex_words), d.id
+            assert all(
+                len(w) == 1 or lang == "th" and all(category(c)[0] == "M" for c in w[1:]) for w in regex_words
+            ), d.id
             multi = sum(len(w) > 1 for w in icu_words) / len(icu_words)
             assert multi > 0.4, (d.id, multi)  # measured 0.47..0.97
             assert len(icu_words) < 0.85 * len(regex_words), d.id
@@ -103,8 +108,9 @@ def test_unspaced_words_count_as_alphabetic(labelled):
     # Gopher's alphabetic share: a word counts when any character isalpha(); Han and kana are
     # Lo, the length mark Lm, Thai consonants Lo (its vowel and tone marks Mn are not letters)
     for d in pages(labelled, *UNSPACED_LANGUAGES):
-        non_alpha = [w for w in script_words(split_words(d.text, d.metadata["language"]))
-                     if not any(map(str.isalpha, w))]
+        non_alpha = [
+            w for w in script_words(split_words(d.text, d.metadata["language"])) if not any(map(str.isalpha, w))
+        ]
         assert all(len(w) == 1 for w in non_alpha), non_alpha  # symbols such as "㌔", as before
         assert len(non_alpha) <= 2
 
@@ -141,6 +147,7 @@ def test_gopher_mean_word_length_of_words(labelled):
     zh = pages(labelled, "zh")
     assert len(zh) >= 5
     for d in zh:
+
         def mean(tokens):
             tokens = [w for w in tokens if w.strip(PUNCTUATION_CHARS)]
             return sum(map(len, tokens)) / len(tokens)
@@ -172,8 +179,14 @@ def c4_kept_lines(text, language, **params) -> int:
 
 def test_c4_counts_icu_words_per_line(labelled):
     # with only the word-count rule on, an unlabelled Chinese line is one "word" (no spaces)
-    params = dict(filter_no_terminal_punct=False, min_num_sentences=-1, filter_policy=False,
-                  filter_javascript=False, filter_curly_bracket=False, filter_lorem_ipsum=False)
+    params = dict(
+        filter_no_terminal_punct=False,
+        min_num_sentences=-1,
+        filter_policy=False,
+        filter_javascript=False,
+        filter_curly_bracket=False,
+        filter_lorem_ipsum=False,
+    )
     more = 0
     for d in pages(labelled, "zh", "ja"):
         before = c4_kept_lines(d.text, None, **params)

@@ -49,8 +49,15 @@ def test_plan_has_the_parallel_stages(tmp_path, wet_files, tokenizer_files):
     cfg = config(tmp_path / "p", wet_files, {"path": str(tokenizer_files / "gpt2")}, tasks=4)
     cfg["tokenize"] |= {"tasks": 2, "shard_tasks": 5}
     stages = plan(from_dict(cfg))
-    assert [s.label for s in stages] == ["01_curate", "02_tokenizer_sample", "03_tokenizer", "04_tokenize",
-                                         "05_shard_plan", "06_shards", "07_manifest"]
+    assert [s.label for s in stages] == [
+        "01_curate",
+        "02_tokenizer_sample",
+        "03_tokenizer",
+        "04_tokenize",
+        "05_shard_plan",
+        "06_shards",
+        "07_manifest",
+    ]
     assert [s.tasks for s in stages] == [4, 2, 1, 2, 1, 5, 1]
     assert stages[3].pipeline[1].buckets == 5  # encode tasks write one bucket per shard task
     del cfg["tokenize"]["shard_tasks"]
@@ -85,7 +92,9 @@ def test_shards_are_byte_identical_for_any_encode_and_shard_tasks(runs):
 
 
 def test_a_shard_spans_buckets_and_a_bucket_holds_several_shards(runs):
-    pieces = [s["pieces"] for s in json.loads((runs[(1, 7)] / "05_shard_plan" / "output" / "plan.json").read_text())["shards"]]
+    pieces = [
+        s["pieces"] for s in json.loads((runs[(1, 7)] / "05_shard_plan" / "output" / "plan.json").read_text())["shards"]
+    ]
     assert max(len(p) for p in pieces) >= 3  # one shard read from three shard tasks' buckets
     owners = [p[0][0] for p in pieces]
     assert any(owners.count(o) >= 2 for o in owners)
@@ -156,16 +165,18 @@ def test_reader_and_inspect_accept_the_output(runs):
     toks = open_tokens(root)
     toks.check()
     assert toks.manifest["totals"]["documents"] == len(curated(root))
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     assert f"{toks.manifest['totals']['tokens']:,}" in res.stdout
 
 
 def test_shard_task_refuses_a_plan_for_another_task_count(runs):
     run_dir = runs[(2, 3)]
-    step = ShardStep(run_dir / "04_tokenize" / "output", run_dir / "05_shard_plan" / "output",
-                     run_dir / "03_tokenizer" / "output")
+    step = ShardStep(
+        run_dir / "04_tokenize" / "output", run_dir / "05_shard_plan" / "output", run_dir / "03_tokenizer" / "output"
+    )
     step.stage_folder = run_dir / "06_shards"
     with pytest.raises(ValueError, match=r"plan\.json: planned for 3 shard tasks, this stage runs 2"):
         list(step.run(rank=0, world_size=2))
@@ -177,8 +188,15 @@ def test_manifest_names_a_missing_shard_task(tmp_path, runs):
     shards.mkdir()
     for f in ("00000.json", "00002.json"):  # task 1 never finished
         (shards / f).write_bytes((run_dir / "06_shards" / "output" / f).read_bytes())
-    step = ManifestStep(run_dir / "05_shard_plan" / "output", shards, run_dir / "03_tokenizer" / "output",
-                        tmp_path / "tokens", seed=SEED, val_fraction=VAL, shard_tokens=SHARD_TOKENS)
+    step = ManifestStep(
+        run_dir / "05_shard_plan" / "output",
+        shards,
+        run_dir / "03_tokenizer" / "output",
+        tmp_path / "tokens",
+        seed=SEED,
+        val_fraction=VAL,
+        shard_tokens=SHARD_TOKENS,
+    )
     step.stage_folder = tmp_path
     with pytest.raises(FileNotFoundError, match=r"00001\.json: shard task 1 left no list of its shards"):
         list(step.run())
@@ -189,7 +207,9 @@ def test_plan_refuses_encode_output_of_the_one_file_per_task_layout(tmp_path, ru
     """A run directory made before the encode tasks bucketed their output: named, not planned as empty."""
     encoded = tmp_path / "encoded"
     encoded.mkdir()
-    (encoded / "00000.arrow").write_bytes(next((runs[(1, 1)] / "04_tokenize" / "output" / "00000").glob("*.arrow")).read_bytes())
+    (encoded / "00000.arrow").write_bytes(
+        next((runs[(1, 1)] / "04_tokenize" / "output" / "00000").glob("*.arrow")).read_bytes()
+    )
     step = ShardPlanStep(encoded, buckets=1, shard_tokens=SHARD_TOKENS)
     step.stage_folder = tmp_path / "plan"
     with pytest.raises(ValueError, match=r"encoded/00000\.arrow: encode output of an older layout; rerun with --force"):

@@ -63,8 +63,16 @@ def trained_run(tmp_path_factory, wet_files) -> Path:
 def cl100k_run(tmp_path_factory, shared_data, tokenizer_files) -> Path:
     """Only the 2017 file (43 documents): also the 'before documents were added' run of the split test."""
     run_dir = tmp_path_factory.mktemp("tok") / "cl100k"
-    run(from_dict(config(run_dir, [shared_data / WET_2017], {"path": str(tokenizer_files / "tiktoken" / "cl100k_base.tiktoken")},
-                         tasks=2)))
+    run(
+        from_dict(
+            config(
+                run_dir,
+                [shared_data / WET_2017],
+                {"path": str(tokenizer_files / "tiktoken" / "cl100k_base.tiktoken")},
+                tasks=2,
+            )
+        )
+    )
     return run_dir
 
 
@@ -78,8 +86,15 @@ def curated(run_dir: Path) -> dict[str, str]:
 
 def test_plan_puts_token_stages_last(tmp_path, gpt2_cfg):
     stages = plan(from_dict(gpt2_cfg(tmp_path / "p")))
-    assert [s.label for s in stages] == ["01_curate", "02_tokenizer_sample", "03_tokenizer", "04_tokenize",
-                                         "05_shard_plan", "06_shards", "07_manifest"]
+    assert [s.label for s in stages] == [
+        "01_curate",
+        "02_tokenizer_sample",
+        "03_tokenizer",
+        "04_tokenize",
+        "05_shard_plan",
+        "06_shards",
+        "07_manifest",
+    ]
     assert [s.tasks for s in stages] == [4, 4, 1, 4, 1, 4, 1]
     assert stages[1].pipeline[0].folder == stages[3].pipeline[0].folder == stages[0].output
 
@@ -120,9 +135,14 @@ def test_manifest_counts_equal_what_shards_hold(which, request):
         shards = [e for e in m["shards"] if e["split"] == split]
         assert [e["path"] for e in shards] == [f"{split}-{i:05d}.arrow" for i in range(len(shards))]
         assert all(e["tokens"] >= m["shard_tokens"] for e in shards[:-1])  # only the last shard is short
-    assert m["totals"] == {"documents": sum(d for d, _ in by_split.values()), "tokens": sum(t for _, t in by_split.values())}
+    assert m["totals"] == {
+        "documents": sum(d for d, _ in by_split.values()),
+        "tokens": sum(t for _, t in by_split.values()),
+    }
     assert m["totals"]["documents"] == len(curated(root.parent))
-    assert sorted(p.name for p in root.iterdir()) == sorted(["manifest.json", "tokenizer.json", *(e["path"] for e in m["shards"])])
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        ["manifest.json", "tokenizer.json", *(e["path"] for e in m["shards"])]
+    )
 
 
 @pytest.mark.parametrize("which", RUNS)
@@ -148,8 +168,9 @@ def test_gpt2_tiktoken_matches_tiktokens_own_gpt2(gpt2_run, tokenizer_files):
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-    ranks = data_gym_to_mergeable_bpe_ranks(str(tokenizer_files / "gpt2" / "vocab.bpe"),
-                                            str(tokenizer_files / "gpt2" / "encoder.json"))
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        str(tokenizer_files / "gpt2" / "vocab.bpe"), str(tokenizer_files / "gpt2" / "encoder.json")
+    )
     ref = tiktoken.Encoding("r50k", pat_str=tokenizer.GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})
     texts = list(curated(gpt2_run).values())
     ours = encode.tiktoken_from_hf(open_tokens(gpt2_run).tokenizer()).encoding
@@ -215,8 +236,9 @@ def test_tampered_or_truncated_shard_is_named(tmp_path, gpt2_run):
     lazy.shard("train-00000.arrow")  # an intact shard opens
     with pytest.raises(TokenShardError, match=r"train-00001\.arrow"):
         lazy.shards("train")
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "train-00001.arrow" in res.stderr
 
     victim.write_bytes(bytes(data[: len(data) - 4096]))  # truncated
@@ -248,8 +270,9 @@ def test_ids_beyond_the_vocabulary_fail_inspect(tmp_path, gpt2_run):
     with pytest.raises(TokenShardError, match=want):
         open_tokens(root).check()
     open_tokens(root).check("val")  # the other split is sound
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "sha256 verified" not in res.stdout
     assert len(res.stderr.strip().splitlines()) == 1 and re.search(want, res.stderr), res.stderr
 
@@ -260,7 +283,9 @@ def test_token_dtype_follows_vocab_size(gpt2_run, cl100k_run):
         toks = open_tokens(run_dir)
         assert toks.manifest["dtype"] == dtype and toks.vocab_size == vocab
         shard = toks.shards("train")[0]
-        assert shard.table.schema.field("tokens").type == pa.large_list(pa.field("item", getattr(pa, dtype)(), nullable=False))
+        assert shard.table.schema.field("tokens").type == pa.large_list(
+            pa.field("item", getattr(pa, dtype)(), nullable=False)
+        )
         assert shard.tokens.dtype == np.dtype(dtype)
     assert open_tokens(cl100k_run).shards("train")[0].tokens.max() > 65535 or open_tokens(cl100k_run).eos_id > 65535
 
@@ -276,9 +301,23 @@ def test_training_is_deterministic_and_cli_matches_the_run(tmp_path, trained_run
     outs = []
     for seed in ("1", "2"):
         out = tmp_path / f"tok{seed}.json"
-        subprocess.run([sys.executable, "-m", "gristmill.cli", "tokenizer", "train",
-                        str(trained_run / "01_curate" / "output"), "--vocab-size", "1024", "-o", str(out)],
-                       check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gristmill.cli",
+                "tokenizer",
+                "train",
+                str(trained_run / "01_curate" / "output"),
+                "--vocab-size",
+                "1024",
+                "-o",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     # the run trained on the same documents (all of them, in id-hash order): the same file
@@ -289,15 +328,22 @@ def test_training_is_deterministic_and_cli_matches_the_run(tmp_path, trained_run
 
 def test_export_bin_is_the_train_stream(tmp_path, gpt2_run):
     out = tmp_path / "train.bin"
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "export", str(gpt2_run), "--format", "bin",
-                          "-o", str(out)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "tokens", "export", str(gpt2_run), "--format", "bin", "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     toks = open_tokens(gpt2_run)
     flat = np.memmap(out, dtype=np.uint16, mode="r")
     assert np.array_equal(flat, np.concatenate(list(toks.stream("train"))))
     assert len(flat) == toks.manifest["splits"]["train"]["tokens"]
-    shown = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(gpt2_run)],
-                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
+    shown = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(gpt2_run)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "120"},
+    )
     assert shown.returncode == 0, shown.stderr
     assert f"{toks.manifest['totals']['tokens']:,}" in shown.stdout and "document lengths" in shown.stdout
 
@@ -326,7 +372,9 @@ def test_sample_of_the_tasks_samples_is_the_sample_of_all(wet_files):
     for budget in (50_000, 400_000, 10**9):
         whole = hash_sample(docs, budget)
         for parts in (2, 5, 13):
-            union = [Document(text=t, id=i) for r in range(parts) for i, t in hash_sample_entries(docs[r::parts], budget)]
+            union = [
+                Document(text=t, id=i) for r in range(parts) for i, t in hash_sample_entries(docs[r::parts], budget)
+            ]
             assert hash_sample(union, budget) == whole
         assert 0 < len(whole) <= len(docs)
     assert len(hash_sample(docs, 50_000)) < len(hash_sample(docs, 400_000)) < len(docs)

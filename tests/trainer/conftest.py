@@ -18,8 +18,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_token_dir(root: Path, vocab: int = 300, docs: dict | None = None, shard_docs: int = 40, seed: int = 0,
-                    dtype=pa.uint16()) -> Path:
+def write_token_dir(
+    root: Path, vocab: int = 300, docs: dict | None = None, shard_docs: int = 40, seed: int = 0, dtype=pa.uint16()
+) -> Path:
     """`docs`: split → list of token lists (EOS appended). Default: random documents from `seed`."""
     rng = np.random.default_rng(seed)
     if docs is None:
@@ -32,11 +33,15 @@ def write_token_dir(root: Path, vocab: int = 300, docs: dict | None = None, shar
     root.mkdir(parents=True, exist_ok=True)
     (root / "tokenizer.json").write_text("{}")
     shards = []
-    schema = pa.schema([pa.field("tokens", pa.large_list(pa.field("item", dtype, nullable=False)), nullable=False),
-                        pa.field("id", pa.string())])
+    schema = pa.schema(
+        [
+            pa.field("tokens", pa.large_list(pa.field("item", dtype, nullable=False)), nullable=False),
+            pa.field("id", pa.string()),
+        ]
+    )
     for split, items in docs.items():
         for n, i in enumerate(range(0, len(items), shard_docs)):
-            part = [d + [EOS] for d in items[i:i + shard_docs]]
+            part = [d + [EOS] for d in items[i : i + shard_docs]]
             offsets = np.zeros(len(part) + 1, dtype=np.int64)
             np.cumsum([len(d) for d in part], out=offsets[1:])
             values = np.concatenate([np.asarray(d) for d in part]).astype(dtype.to_pandas_dtype())
@@ -45,16 +50,39 @@ def write_token_dir(root: Path, vocab: int = 300, docs: dict | None = None, shar
             name = f"{split}-{n:05d}.arrow"
             with pa.OSFile(str(root / name), "wb") as sink, pa.ipc.new_file(sink, schema) as w:
                 w.write_batch(pa.record_batch([tokens, pa.array(ids)], schema=schema))
-            shards.append({"path": name, "split": split, "documents": len(part), "tokens": int(offsets[-1]),
-                           "sha256": _sha(root / name)})
-    splits = {s: {"shards": sum(1 for x in shards if x["split"] == s),
-                  "documents": sum(x["documents"] for x in shards if x["split"] == s),
-                  "tokens": sum(x["tokens"] for x in shards if x["split"] == s)} for s in docs}
-    manifest = {"format": "gristmill-tokens", "version": 1,
-                "tokenizer": {"file": "tokenizer.json", "sha256": _sha(root / "tokenizer.json"), "vocab_size": vocab,
-                              "eos_id": EOS, "bos_id": EOS},
-                "dtype": str(dtype), "seed": seed, "shards": shards, "splits": splits,
-                "totals": {"documents": sum(x["documents"] for x in shards), "tokens": sum(x["tokens"] for x in shards)}}
+            shards.append(
+                {
+                    "path": name,
+                    "split": split,
+                    "documents": len(part),
+                    "tokens": int(offsets[-1]),
+                    "sha256": _sha(root / name),
+                }
+            )
+    splits = {
+        s: {
+            "shards": sum(1 for x in shards if x["split"] == s),
+            "documents": sum(x["documents"] for x in shards if x["split"] == s),
+            "tokens": sum(x["tokens"] for x in shards if x["split"] == s),
+        }
+        for s in docs
+    }
+    manifest = {
+        "format": "gristmill-tokens",
+        "version": 1,
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "sha256": _sha(root / "tokenizer.json"),
+            "vocab_size": vocab,
+            "eos_id": EOS,
+            "bos_id": EOS,
+        },
+        "dtype": str(dtype),
+        "seed": seed,
+        "shards": shards,
+        "splits": splits,
+        "totals": {"documents": sum(x["documents"] for x in shards), "tokens": sum(x["tokens"] for x in shards)},
+    }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return root
 
@@ -71,9 +99,21 @@ def tiny_cfg(tokens: Path, steps: int, *extra: str):
     """The tiny preset, small enough for CPU tests: checkpoints (and validation) every 3 steps."""
     from gristmill.trainer.config import load as load_config
 
-    return load_config("tiny", [f"data.tokens={tokens}", f"steps={steps}", "checkpoint.every=3", "checkpoint.keep=3",
-                                "eval.every=3", "eval.batches=2", "log.progress=false", "log.tensorboard=false",
-                                "data.seq_len=32", *extra])
+    return load_config(
+        "tiny",
+        [
+            f"data.tokens={tokens}",
+            f"steps={steps}",
+            "checkpoint.every=3",
+            "checkpoint.keep=3",
+            "eval.every=3",
+            "eval.batches=2",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "data.seq_len=32",
+            *extra,
+        ],
+    )
 
 
 def losses(out: Path) -> dict[int, float]:

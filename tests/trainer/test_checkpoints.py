@@ -51,10 +51,13 @@ def test_every_checkpoint_lists_its_files_checksums(baseline):
         assert not list(path.glob("*.tmp"))
 
 
-@pytest.mark.parametrize("damage, why", [
-    (_truncate, rf"{SHARD} is [\d,]+ bytes, checksums\.json says [\d,]+ \(truncated or overwritten\)"),
-    (_flip_byte, rf"{SHARD} sha256 mismatch"),
-])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (_truncate, rf"{SHARD} is [\d,]+ bytes, checksums\.json says [\d,]+ \(truncated or overwritten\)"),
+        (_flip_byte, rf"{SHARD} sha256 mismatch"),
+    ],
+)
 def test_damaged_newest_checkpoint_is_skipped_and_resume_is_exact(baseline, token_dir, tmp_path, capsys, damage, why):
     out = tmp_path / "run"
     shutil.copytree(baseline, out)
@@ -97,12 +100,30 @@ def test_no_intact_checkpoint_is_one_error(baseline, token_dir, tmp_path, capsys
     assert "checkpoint step-00000006: __0_0.distcp sha256 mismatch; skipped" in err
     assert "checkpoint step-00000003: .metadata is" in err
     # through the command: the skipped lines and one error, no traceback, exit code 2
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "train", "tiny", "--out", str(out),
-                          "--set", f"data.tokens={token_dir}", "--set", "data.seq_len=32", "--set", "log.progress=false"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gristmill.cli",
+            "train",
+            "tiny",
+            "--out",
+            str(out),
+            "--set",
+            f"data.tokens={token_dir}",
+            "--set",
+            "data.seq_len=32",
+            "--set",
+            "log.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 3 and lines[2].startswith("error: ") and "none of its 2 checkpoints is intact" in lines[2], lines
+    assert len(lines) == 3 and lines[2].startswith("error: ") and "none of its 2 checkpoints is intact" in lines[2], (
+        lines
+    )
     assert "Traceback" not in res.stderr + res.stdout
 
 
@@ -127,9 +148,20 @@ def test_two_ranks_take_the_same_checkpoint(token_dir, tmp_path, capfd):
 
     run_dir = tmp_path / "run"
     shutil.copytree(token_dir, run_dir / "tokens")
-    section = TrainSection(preset="tiny", steps=STEPS, nproc=2,
-                           set=["checkpoint.every=3", "checkpoint.keep=3", "eval.batches=0", "log.progress=false",
-                                "log.tensorboard=false", "data.seq_len=32", "fsdp_unit_layers=2"])
+    section = TrainSection(
+        preset="tiny",
+        steps=STEPS,
+        nproc=2,
+        set=[
+            "checkpoint.every=3",
+            "checkpoint.keep=3",
+            "eval.batches=0",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "data.seq_len=32",
+            "fsdp_unit_layers=2",
+        ],
+    )
     console = Console(stderr=True)
     assert after_pipeline(section, run_dir, console) == 0
     out = run_dir / "train"

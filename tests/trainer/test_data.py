@@ -25,7 +25,7 @@ def test_stream_is_all_shards_in_order_zero_copy(small_dir):
     assert np.array_equal(s.window(0, s.total), expected)
     # a window across a shard boundary
     b = int(s.starts[1])
-    assert np.array_equal(s.window(b - 3, 7), expected[b - 3:b + 4])
+    assert np.array_equal(s.window(b - 3, 7), expected[b - 3 : b + 4])
     # the shard arrays are views of the memory-mapped files, not copies
     assert all(not p.flags.owndata for p in s.parts)
     # document ids restart at each document boundary
@@ -57,8 +57,10 @@ def test_ranks_split_each_global_batch_and_resume_on_other_world_size(small_dir)
     cpu = torch.device("cpu")
 
     def global_batches(world, micro, start_state=None, n=3):
-        loaders = [TrainLoader(s, seq_len=16, global_batch=8, micro_batch=micro, rank=r, world=world, seed=0, device=cpu)
-                   for r in range(world)]
+        loaders = [
+            TrainLoader(s, seq_len=16, global_batch=8, micro_batch=micro, rank=r, world=world, seed=0, device=cpu)
+            for r in range(world)
+        ]
         if start_state:
             for ld in loaders:
                 ld.load_state_dict(start_state)
@@ -85,13 +87,13 @@ def test_val_batches_equal_count_per_rank(small_dir):
     root, _ = small_dir
     s = TokenStream(root, "train")
     cpu = torch.device("cpu")
-    counts = [len(list(val_batches(s, seq_len=16, micro_batch=3, batches=4, rank=r, world=3, device=cpu)))
-              for r in range(3)]
+    counts = [
+        len(list(val_batches(s, seq_len=16, micro_batch=3, batches=4, rank=r, world=3, device=cpu))) for r in range(3)
+    ]
     assert len(set(counts)) == 1 and counts[0] > 0
 
 
 def test_bad_batch_shape_is_a_clear_error(small_dir):
     s = TokenStream(small_dir[0], "train")
     with pytest.raises(ValueError, match="global_batch 10 is not a multiple"):
-        TrainLoader(s, seq_len=16, global_batch=10, micro_batch=4, rank=0, world=1, seed=0,
-                    device=torch.device("cpu"))
+        TrainLoader(s, seq_len=16, global_batch=10, micro_batch=4, rank=0, world=1, seed=0, device=torch.device("cpu"))

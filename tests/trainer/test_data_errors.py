@@ -90,11 +90,11 @@ def manifest_without_vocab(tmp: Path) -> Path:
 
 FAULTS = {
     ids_beyond_vocab: r"train-00001\.arrow: token id 4000 \(document 17, token 3; largest id 4000\) is not below the"
-                      r" vocabulary size 300 of manifest\.json",
+    r" vocabulary size 300 of manifest\.json",
     missing_shard: r"train-00002\.arrow: shard listed in manifest\.json is missing",
     sha256_mismatch: r"train-00000\.arrow: sha256 [0-9a-f]{64} does not match manifest\.json",
     wrong_dtype: r"train-00000\.arrow: expected a `tokens` column of large_list<uint16> \(the dtype in manifest\.json\),"
-                 r" found large_list<item: uint32",
+    r" found large_list<item: uint32",
     not_arrow: r"train-00001\.arrow: not a readable Arrow IPC file",
     manifest_not_json: r"manifest\.json: not valid JSON",
     manifest_without_vocab: r"manifest\.json: tokenizer\.vocab_size: expected a non-negative integer",
@@ -113,9 +113,29 @@ def _one_error_line(res: subprocess.CompletedProcess, pattern: str) -> None:
 def test_pipeline_train_names_the_bad_file_in_one_line(fault, tmp_path):
     tokens = fault(tmp_path)
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "train", "tiny", "--out", str(out), "--set",
-                          f"data.tokens={tokens}", "--set", "steps=3", "--set", "data.seq_len=32", "--set",
-                          "log.progress=false", "--set", "log.tensorboard=false"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gristmill.cli",
+            "train",
+            "tiny",
+            "--out",
+            str(out),
+            "--set",
+            f"data.tokens={tokens}",
+            "--set",
+            "steps=3",
+            "--set",
+            "data.seq_len=32",
+            "--set",
+            "log.progress=false",
+            "--set",
+            "log.tensorboard=false",
+        ],
+        capture_output=True,
+        text=True,
+    )
     _one_error_line(res, FAULTS[fault])
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
 
@@ -134,7 +154,21 @@ def test_ranks_started_without_the_launcher_report_once(tmp_path):
     tokens = ids_beyond_vocab(tmp_path)
     out = tmp_path / "out"
     cfg = write_resolved(tiny_cfg(tokens, 3).model_copy(update={"out_dir": str(out)}), out)
-    res = subprocess.run([sys.executable, "-m", "gristmill.trainer.torchrun", "--standalone", "--nproc-per-node=2",
-                          "-m", "gristmill.trainer.train", str(cfg), "--out", str(out)],
-                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gristmill.trainer.torchrun",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "gristmill.trainer.train",
+            str(cfg),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     _one_error_line(res, FAULTS[ids_beyond_vocab])

@@ -57,8 +57,9 @@ def _fp32_close(kernel, reference, inputs):
     # absolute floor relative to the tensor's scale: a weight gradient sums over every row, and
     # two fp32 summation orders of 1,024 rows (values ~30) differ by ~1e-5 at entries near 0
     for i, (r, k) in enumerate(zip(_run(reference, inputs), _run(kernel, inputs))):
-        torch.testing.assert_close(k, r, rtol=1e-5, atol=1e-5 * max(1.0, r.abs().max().item()),
-                                   msg=lambda m: f"tensor {i}: {m}")
+        torch.testing.assert_close(
+            k, r, rtol=1e-5, atol=1e-5 * max(1.0, r.abs().max().item()), msg=lambda m: f"tensor {i}: {m}"
+        )
 
 
 @pytest.mark.parametrize("shape", [(4, 256, 768), (2, 100, 2048), (3, 7, 1000)])
@@ -86,8 +87,9 @@ def test_swiglu(shape):
     _check(swiglu_triton, swiglu_reference, [x.bfloat16()])
 
 
-@pytest.mark.parametrize("B,T,H,KV,D", [(2, 256, 12, 12, 64), (1, 2048, 16, 16, 128), (3, 17, 4, 2, 32),
-                                         (2, 64, 6, 1, 96)])
+@pytest.mark.parametrize(
+    "B,T,H,KV,D", [(2, 256, 12, 12, 64), (1, 2048, 16, 16, 128), (3, 17, 4, 2, 32), (2, 64, 6, 1, 96)]
+)
 def test_rope_qkv(B, T, H, KV, D):
     qkv = torch.randn(B, T, H + 2 * KV, D, device=DEV)
     cos, sin = rope_tables(T + 5, D, 10000.0, DEV)
@@ -101,7 +103,7 @@ def test_rope_qkv(B, T, H, KV, D):
     q, k, v = kern(x)
     assert q.shape == (B, T, H, D) and k.shape == v.shape == (B, T, KV, D)
     assert (q.data_ptr(), k.data_ptr(), v.data_ptr()) == tuple(t.data_ptr() for t in x.split([H, KV, KV], 2))
-    torch.testing.assert_close(v, orig[:, :, H + KV:], rtol=0, atol=0)  # v passes through untouched
+    torch.testing.assert_close(v, orig[:, :, H + KV :], rtol=0, atol=0)  # v passes through untouched
     rq, rk, _ = rope_qkv_reference(orig.float(), cos, sin, H, KV)
     torch.testing.assert_close(q.float(), rq, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(k.float(), rk, rtol=1e-2, atol=1e-2)
@@ -114,8 +116,9 @@ def test_rope_qkv(B, T, H, KV, D):
     _fp32_close(heads_first(kern), heads_first(ref), [qkv])
 
 
-@pytest.mark.parametrize("N,d,V,z,chunk", [(1024, 256, 32000, 0.0, None), (777, 128, 50257, 1e-4, 100),
-                                           (64, 64, 1000, 1e-3, 16)])
+@pytest.mark.parametrize(
+    "N,d,V,z,chunk", [(1024, 256, 32000, 0.0, None), (777, 128, 50257, 1e-4, 100), (64, 64, 1000, 1e-3, 16)]
+)
 def test_fused_linear_cross_entropy(N, d, V, z, chunk):
     h = torch.randn(N, d, device=DEV)
     w = torch.randn(V, d, device=DEV) / d**0.5
@@ -179,8 +182,15 @@ def test_adamw_master(n, grad_dtype, scaled, low):
     master = torch.randn(n, device=DEV, generator=g)
     states = []
     for _ in range(2):
-        states.append([master.clone(), torch.zeros_like(master), torch.zeros_like(master),
-                       master.bfloat16() if low else None, torch.zeros((), device=DEV)])
+        states.append(
+            [
+                master.clone(),
+                torch.zeros_like(master),
+                torch.zeros_like(master),
+                master.bfloat16() if low else None,
+                torch.zeros((), device=DEV),
+            ]
+        )
     hyper = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
     for _ in range(3):
         grad = (torch.randn(n, device=DEV, generator=g) * 0.3).to(grad_dtype)

@@ -13,8 +13,18 @@ from gristmill.trainer.model import ModelArgs, Transformer
 
 def _model(kernels=None, **kw):
     torch.manual_seed(0)
-    args = ModelArgs(**{"vocab_size": 300, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
-                        "max_seq_len": 64, "multiple_of": 32, **kw})
+    args = ModelArgs(
+        **{
+            "vocab_size": 300,
+            "dim": 64,
+            "n_layers": 2,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "max_seq_len": 64,
+            "multiple_of": 32,
+            **kw,
+        }
+    )
     m = Transformer(args, kernels)
     m.init_weights()
     return m

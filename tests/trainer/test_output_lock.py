@@ -18,9 +18,29 @@ from gristmill.dirlock import LockHeld, hold, read_holder
 
 
 def _train(out, tokens, steps: int) -> list[str]:
-    return [sys.executable, "-m", "gristmill.cli", "train", "tiny", "--out", str(out), "--set", f"data.tokens={tokens}",
-            "--set", f"steps={steps}", "--set", "data.seq_len=32", "--set", "checkpoint.every=2", "--set",
-            "log.progress=false", "--set", "log.tensorboard=false", "--set", "eval.batches=0"]
+    return [
+        sys.executable,
+        "-m",
+        "gristmill.cli",
+        "train",
+        "tiny",
+        "--out",
+        str(out),
+        "--set",
+        f"data.tokens={tokens}",
+        "--set",
+        f"steps={steps}",
+        "--set",
+        "data.seq_len=32",
+        "--set",
+        "checkpoint.every=2",
+        "--set",
+        "log.progress=false",
+        "--set",
+        "log.tensorboard=false",
+        "--set",
+        "eval.batches=0",
+    ]
 
 
 def _records(metrics) -> list[dict]:

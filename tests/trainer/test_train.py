@@ -62,14 +62,33 @@ def test_step_readout_is_read_one_step_late(baseline, token_dir, tmp_path):
             out = fn(*a, **kw)
             events.append(f"{name}{trainer.step}" if with_step else name)
             return out
+
         return call
 
     trainer.train_step = logged("queue", step, with_step=True)
     trainer.readout.record = logged("record", record, with_step=True)
     trainer.readout.read = logged("read", read)
     trainer.train()
-    assert events == ["queue1", "record1", "queue2", "read", "record2", "queue3", "read", "record3", "read",
-                      "queue4", "record4", "queue5", "read", "record5", "queue6", "read", "record6", "read"]
+    assert events == [
+        "queue1",
+        "record1",
+        "queue2",
+        "read",
+        "record2",
+        "queue3",
+        "read",
+        "record3",
+        "read",
+        "queue4",
+        "record4",
+        "queue5",
+        "read",
+        "record5",
+        "queue6",
+        "read",
+        "record6",
+        "read",
+    ]
     assert _losses(tmp_path) == _losses(baseline)
 
 
@@ -79,10 +98,19 @@ def test_pipeline_hook_launches_torchrun_on_two_ranks_and_resumes_on_one(baselin
 
     run_dir = tmp_path / "run"
     console = Console(stderr=True)
-    section = TrainSection(preset="tiny", steps=STEPS, nproc=2,
-                           set=["checkpoint.every=3", "eval.batches=0", "log.progress=false", "data.seq_len=32",
-                                "fsdp_unit_layers=2",  # both blocks in one FSDP2 unit
-                                "stop_after=3"])
+    section = TrainSection(
+        preset="tiny",
+        steps=STEPS,
+        nproc=2,
+        set=[
+            "checkpoint.every=3",
+            "eval.batches=0",
+            "log.progress=false",
+            "data.seq_len=32",
+            "fsdp_unit_layers=2",  # both blocks in one FSDP2 unit
+            "stop_after=3",
+        ],
+    )
     assert after_pipeline(section, run_dir, console) is None  # no tokens yet: skipped
     shutil.copytree(token_dir, run_dir / "tokens")
     assert after_pipeline(section, run_dir, console) == 0
@@ -108,8 +136,11 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(baseline, token_dir, tm
 
     monkeypatch.setattr(Transformer, "forward", poisoned)
     # the checkpoint is named for what is known about it: checked at resume, not "good"
-    with pytest.raises(NonFiniteLoss, match=r"step 7: loss nan .*Checkpoint kept: \S*step-00000006 \(this run started"
-                                            r" from it; its files matched their checksums\); re-running resumes"):
+    with pytest.raises(
+        NonFiniteLoss,
+        match=r"step 7: loss nan .*Checkpoint kept: \S*step-00000006 \(this run started"
+        r" from it; its files matched their checksums\); re-running resumes",
+    ):
         train(_cfg(token_dir, STEPS + 2), out)
     assert ckpt.latest(out / "checkpoints").name == "step-00000006"
 
@@ -131,8 +162,18 @@ def test_schedules():
     f = lr_lambda(cfg)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(10) == pytest.approx(1.0) and f(99) == pytest.approx(0.1, abs=0.01) and f(55) < 0.6
-    wsd = lr_lambda(load_config("tiny", ["data.tokens=x", "steps=100", "schedule.type=wsd",
-                                         "schedule.warmup_steps=10", "schedule.decay_fraction=0.2"]))
+    wsd = lr_lambda(
+        load_config(
+            "tiny",
+            [
+                "data.tokens=x",
+                "steps=100",
+                "schedule.type=wsd",
+                "schedule.warmup_steps=10",
+                "schedule.decay_fraction=0.2",
+            ],
+        )
+    )
     assert wsd(50) == 1.0 and wsd(79) == 1.0 and wsd(90) == pytest.approx(0.55) and wsd(100) == pytest.approx(0.1)
 
 
@@ -252,8 +293,12 @@ def test_master_adamw_is_adamw_on_fp32_masters():
     with opt_ours.fp32_params():
         sd = ours.state_dict()
         assert all(v.dtype == torch.float32 for v in sd.values())
-        assert all(v.dtype == torch.float32 for st in opt_ours.state_dict()["state"].values()
-                   for k, v in st.items() if k != "step")
+        assert all(
+            v.dtype == torch.float32
+            for st in opt_ours.state_dict()["state"].values()
+            for k, v in st.items()
+            if k != "step"
+        )
         first = next(ours.parameters())
         first.data.fill_(0.25)  # as a checkpoint load writes into the masters
     assert first.dtype == torch.bfloat16 and torch.all(first == 0.25)

@@ -26,7 +26,6 @@ _original_add_task_logger = dt_base.add_task_logger
 _original_close_task_logger = dt_base.close_task_logger
 
 
-
 def _one_line(record) -> str:
     # A callable format gets no traceback appended: tracebacks belong in the task's log file,
     # the terminal shows one line per warning or error.
@@ -55,8 +54,11 @@ def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
     # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
     logger.remove()
     logger.add(sys.stderr, **_TERMINAL)
-    logger.add(_guarded(logfile), level="DEBUG",
-               format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}")
+    logger.add(
+        _guarded(logfile),
+        level="DEBUG",
+        format="{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <8} | {name}:{line} - {message}",
+    )
     return logfile
 
 
@@ -70,7 +72,6 @@ def quiet_task_logging() -> None:
     """In the task's own process: route datatrove's per-task logging through the two above."""
     dt_base.add_task_logger = _add_task_logger_quiet
     dt_base.close_task_logger = _close_task_logger_quiet
-
 
 
 class QuietTaskLogs:

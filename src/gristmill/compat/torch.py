@@ -53,5 +53,8 @@ def checkpoint_wrapper(module, **kwargs):
 def attention_ops() -> set:
     """The scaled-dot-product attention kernels (flash, efficient, cuDNN) as aten ops."""
     aten = torch.ops.aten
-    return {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_cudnn_attention.default}
+    return {
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+    }

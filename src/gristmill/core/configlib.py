@@ -17,8 +17,19 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-__all__ = ["ConfigError", "Fraction", "LID176_LABELS", "OMIT_DEFAULT", "Strict", "apply_override", "interpolate",
-           "language_configs", "messages", "omitted_defaults", "with_per_language"]
+__all__ = [
+    "ConfigError",
+    "Fraction",
+    "LID176_LABELS",
+    "OMIT_DEFAULT",
+    "Strict",
+    "apply_override",
+    "interpolate",
+    "language_configs",
+    "messages",
+    "omitted_defaults",
+    "with_per_language",
+]
 
 
 class ConfigError(ValueError):
@@ -66,8 +77,11 @@ OMIT_DEFAULT = {"omit_default": True}
 
 def omitted_defaults(params: BaseModel) -> list[str]:
     """The parameters of `params` marked OMIT_DEFAULT that have their default value."""
-    return [name for name, f in type(params).model_fields.items()
-            if (f.json_schema_extra or {}).get("omit_default") and getattr(params, name) == f.default]
+    return [
+        name
+        for name, f in type(params).model_fields.items()
+        if (f.json_schema_extra or {}).get("omit_default") and getattr(params, name) == f.default
+    ]
 
 
 # --- per-language overrides -------------------------------------------------------------
@@ -75,20 +89,24 @@ def omitted_defaults(params: BaseModel) -> list[str]:
 #: the labels of fastText's lid.176 (what `langid` writes to `language`): the keys
 #: `per_language` accepts, besides `default`. A typo ("cn", "chinese") would otherwise be a
 #: setting that silently never applies.
-LID176_LABELS = frozenset("""
+LID176_LABELS = frozenset(
+    """
 af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co
 cs cv cy da de diq dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi hif
 hr hsb ht hu hy ia id ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo
 lrc lt lv mai mg mhr min mk ml mn mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no oc or os
 pa pam pfl pl pms pnb ps pt qu rm ro ru rue sa sah sc scn sco sd sh si sk sl so sq sr su sv sw ta
 te tg th tk tl tr tt tyv ug uk ur uz vec vep vi vls vo wa war wuu xal xmf yi yo yue zh
-""".split())
+""".split()
+)
 
 #: the `per_language` key whose values apply to every language not listed
 DEFAULT_LANGUAGE = "default"
 
-PER_LANGUAGE_HELP = ("overrides of these parameters by the page's `language` (lid.176 label, or `default` for "
-                     "every other language): {zh: {param: value}}")
+PER_LANGUAGE_HELP = (
+    "overrides of these parameters by the page's `language` (lid.176 label, or `default` for "
+    "every other language): {zh: {param: value}}"
+)
 
 
 def with_per_language(config_cls: type[Strict], fixed: tuple[str, ...] = ()) -> type[Strict]:
@@ -101,8 +119,7 @@ def with_per_language(config_cls: type[Strict], fixed: tuple[str, ...] = ()) -> 
     """
 
     class Config(config_cls):
-        per_language: dict[str, Any] | None = Field(None, description=PER_LANGUAGE_HELP,
-                                                    json_schema_extra=OMIT_DEFAULT)
+        per_language: dict[str, Any] | None = Field(None, description=PER_LANGUAGE_HELP, json_schema_extra=OMIT_DEFAULT)
 
         @model_validator(mode="after")
         def _check_per_language(self):
@@ -183,7 +200,9 @@ def interpolate(node: Any, path: str, errors: list[str]) -> Any:
             value = os.environ.get(m.group(1))
             if value is None or (value == "" and m.group(2) is not None):
                 if m.group(2) is None:
-                    errors.append(f"{path}: environment variable {m.group(1)} is not set (use ${{{m.group(1)}:-default}})")
+                    errors.append(
+                        f"{path}: environment variable {m.group(1)} is not set (use ${{{m.group(1)}:-default}})"
+                    )
                     return m.group(0)
                 return m.group(2)
             return value
@@ -262,8 +281,9 @@ def messages(err: ValidationError, prefix: str, model: type[BaseModel] | None = 
         elif e["type"] == "missing":
             msgs.append(f"{where}: required key is missing")
         elif e["type"] == "per_language":  # one line per problem, each under the step's key path
-            msgs.extend(f"{_loc(prefix, e['loc'])}.{line}" if _loc(prefix, e["loc"]) else line
-                        for line in e["ctx"]["lines"])
+            msgs.extend(
+                f"{_loc(prefix, e['loc'])}.{line}" if _loc(prefix, e["loc"]) else line for line in e["ctx"]["lines"]
+            )
         elif e["type"] == "value_error":
             msgs.append(f"{where}: {str(e['ctx']['error'])}")
         else:

@@ -12,13 +12,13 @@ from datatrove.data import Document
 
 BASE_FIELDS: dict[str, pa.DataType] = {
     "text": pa.large_string(),
-    "id": pa.string(),           # WARC-Record-ID
-    "url": pa.string(),          # WARC-Target-URI
-    "date": pa.string(),         # WARC-Date, ISO 8601 as written by Common Crawl
-    "crawl": pa.string(),        # e.g. CC-MAIN-2014-10, from the warcinfo record's isPartOf
+    "id": pa.string(),  # WARC-Record-ID
+    "url": pa.string(),  # WARC-Target-URI
+    "date": pa.string(),  # WARC-Date, ISO 8601 as written by Common Crawl
+    "crawl": pa.string(),  # e.g. CC-MAIN-2014-10, from the warcinfo record's isPartOf
     "cc_language": pa.string(),  # WARC-Identified-Content-Language when the crawl has it
-    "source": pa.string(),       # the WET file the record came from
-    "offset": pa.int64(),        # byte offset of the record in that file's decompressed WARC stream
+    "source": pa.string(),  # the WET file the record came from
+    "offset": pa.int64(),  # byte offset of the record in that file's decompressed WARC stream
 }
 
 

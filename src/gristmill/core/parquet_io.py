@@ -105,8 +105,13 @@ class ParquetWriter(Step):
     type = "💽 WRITER"
     step_name = "write_parquet"
 
-    def __init__(self, folder: str | Path | None = None, extra_fields: dict[str, pa.DataType] | None = None,
-                 compression: str | None = "zstd", per_language: bool = False):
+    def __init__(
+        self,
+        folder: str | Path | None = None,
+        extra_fields: dict[str, pa.DataType] | None = None,
+        compression: str | None = "zstd",
+        per_language: bool = False,
+    ):
         super().__init__()
         self.folder = Path(folder) if folder is not None else None
         self.schema = schema_for(extra_fields) if extra_fields is not None else None

@@ -66,8 +66,7 @@ class ScoreRecorder:
         #: language -> {"in", "kept", "bytes_in", "bytes_out", "dropped": {reason: n}}
         self.languages: dict[str, dict] = {}
 
-    def add(self, doc, length_before: int, keep: bool, reason: str | None, bytes_in: int,
-            bytes_out: int) -> None:
+    def add(self, doc, length_before: int, keep: bool, reason: str | None, bytes_in: int, bytes_out: int) -> None:
         """One document the step saw; `bytes_in`/`bytes_out` are its UTF-8 size before and
         after the step (`bytes_out` 0 when dropped)."""
         self._count_language(doc, keep, reason, bytes_in, bytes_out)
@@ -109,16 +108,31 @@ class ScoreRecorder:
 
     @staticmethod
     def _sample(doc, h: int, score, keep: bool, reason: str) -> dict:
-        return {"hash": h, "score": None if score is None else float(score), "id": doc.id,
-                "url": doc.metadata.get("url"), "kept": keep, "reason": reason or None,
-                "text": doc.text[:SAMPLE_CHARS]}
+        return {
+            "hash": h,
+            "score": None if score is None else float(score),
+            "id": doc.id,
+            "url": doc.metadata.get("url"),
+            "kept": keep,
+            "reason": reason or None,
+            "text": doc.text[:SAMPLE_CHARS],
+        }
 
     def as_dict(self) -> dict:
-        samples = sorted((s for heap in self._heaps.values() for *_, s in heap),
-                         key=lambda s: (s["reason"] or "", s["hash"]))
-        return {"step": self.step, "score_field": self.score_field, "bins": self.bins, "hist": self.hist,
-                "missing": self.missing, "length_bins": LENGTH_BINS, "length": self.length, "samples": samples,
-                "languages": dict(sorted(self.languages.items()))}
+        samples = sorted(
+            (s for heap in self._heaps.values() for *_, s in heap), key=lambda s: (s["reason"] or "", s["hash"])
+        )
+        return {
+            "step": self.step,
+            "score_field": self.score_field,
+            "bins": self.bins,
+            "hist": self.hist,
+            "missing": self.missing,
+            "length_bins": LENGTH_BINS,
+            "length": self.length,
+            "samples": samples,
+            "languages": dict(sorted(self.languages.items())),
+        }
 
     def write(self, folder: Path, rank: int) -> None:
         write_text_atomic(folder / f"{rank:05d}.json", json.dumps(self.as_dict()))
@@ -138,8 +152,9 @@ def merge(parts: list[dict]) -> dict:
     for p in parts:
         for s in p["samples"]:
             groups.setdefault(s["reason"] or "", []).append(s)
-    out["samples"] = [s for key in sorted(groups) for s in heapq.nsmallest(SAMPLE_SIZE, groups[key],
-                                                                          key=lambda s: s["hash"])]
+    out["samples"] = [
+        s for key in sorted(groups) for s in heapq.nsmallest(SAMPLE_SIZE, groups[key], key=lambda s: s["hash"])
+    ]
     return out
 
 

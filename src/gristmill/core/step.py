@@ -94,8 +94,10 @@ class Step(PipelineStep):
             return
         other = _REGISTRY.get(name)
         if other is not None and (other.__module__, other.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise TypeError(f"step {name!r} of {cls.__module__}.{cls.__qualname__} is already defined by "
-                            f"{other.__module__}.{other.__qualname__}")
+            raise TypeError(
+                f"step {name!r} of {cls.__module__}.{cls.__qualname__} is already defined by "
+                f"{other.__module__}.{other.__qualname__}"
+            )
         _REGISTRY[name] = cls
 
     @classmethod

@@ -333,8 +333,9 @@ class _Members:
             yield _warn(self.reports.pop(0))
 
 
-def iter_wet_records(path_or_fileobj, source_name: str | None = None,
-                     max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[WetEvent]:
+def iter_wet_records(
+    path_or_fileobj, source_name: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES
+) -> Iterator[WetEvent]:
     """Yield, in file order, a WetRecord per conversion record and a BadRecord per problem.
 
     Raises OSError only if the file cannot be opened/read; damage inside it is yielded.
@@ -456,7 +457,9 @@ class WetReader(Step):
                 break
             try:
                 path = self.resolve(source) if self.resolve else source
-                with closing(iter_wet_records(path, source_name=source, max_record_bytes=self.max_record_bytes)) as events:
+                with closing(
+                    iter_wet_records(path, source_name=source, max_record_bytes=self.max_record_bytes)
+                ) as events:
                     for doc in self._documents(events):
                         yield doc
                         n_docs += 1

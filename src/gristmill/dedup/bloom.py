@@ -93,15 +93,16 @@ def _reserve(path: Path, size: int) -> None:
                     f.write(bytes(min(1 << 24, size - done)))
     except OSError as e:
         path.unlink(missing_ok=True)
-        raise OSError(e.errno, f"{path}: cannot reserve {size} bytes for the Bloom filter: "
-                               f"{os.strerror(e.errno)}") from None
+        raise OSError(
+            e.errno, f"{path}: cannot reserve {size} bytes for the Bloom filter: {os.strerror(e.errno)}"
+        ) from None
 
 
 @dataclass
 class BloomMeta:
-    n_blocks: int        # blocks of the whole filter
-    k: int               # bits per item
-    block_lo: int        # this file holds blocks [block_lo, block_hi)
+    n_blocks: int  # blocks of the whole filter
+    k: int  # bits per item
+    block_lo: int  # this file holds blocks [block_lo, block_hi)
     block_hi: int
     capacity: int
     fp_rate: float
@@ -125,9 +126,15 @@ class BloomFilter:
     # --- creating, opening, saving ----------------------------------------------------------
 
     @classmethod
-    def create(cls, path: str | Path, capacity: int, fp_rate: float,
-               block_range: tuple[int, int] | None = None, n_blocks: int | None = None,
-               k: int | None = None) -> "BloomFilter":
+    def create(
+        cls,
+        path: str | Path,
+        capacity: int,
+        fp_rate: float,
+        block_range: tuple[int, int] | None = None,
+        n_blocks: int | None = None,
+        k: int | None = None,
+    ) -> "BloomFilter":
         """A new empty filter (or slice `block_range` of one) sized for capacity and fp_rate."""
         if n_blocks is None or k is None:
             n_blocks, k = size_for(capacity, fp_rate)
@@ -162,14 +169,18 @@ class BloomFilter:
         """OR in the bits of earlier filters' slices (same n_blocks and k) overlapping this one."""
         for o in others:
             if (o.meta.n_blocks, o.meta.k) != (self.meta.n_blocks, self.meta.k):
-                raise ValueError(f"{o.path}: filter has {o.meta.n_blocks} blocks and k={o.meta.k}, "
-                                 f"this run's has {self.meta.n_blocks} and k={self.meta.k}")
+                raise ValueError(
+                    f"{o.path}: filter has {o.meta.n_blocks} blocks and k={o.meta.k}, "
+                    f"this run's has {self.meta.n_blocks} and k={self.meta.k}"
+                )
             lo, hi = max(o.meta.block_lo, self.meta.block_lo), min(o.meta.block_hi, self.meta.block_hi)
             if lo < hi:
-                self.bits[lo - self.meta.block_lo : hi - self.meta.block_lo] |= \
-                    o.bits[lo - o.meta.block_lo : hi - o.meta.block_lo]
+                self.bits[lo - self.meta.block_lo : hi - self.meta.block_lo] |= o.bits[
+                    lo - o.meta.block_lo : hi - o.meta.block_lo
+                ]
         self.meta.items_inserted += sum(
-            o.meta.items_inserted for o in others)  # approximate when slices only partly overlap
+            o.meta.items_inserted for o in others
+        )  # approximate when slices only partly overlap
 
     # --- hashing to positions ----------------------------------------------------------------
 
@@ -227,8 +238,9 @@ class BloomFilter:
     def _local_blocks(self, hashes: np.ndarray) -> np.ndarray:
         blocks = (self.blocks_of(hashes) - _U64(self.meta.block_lo)).astype(np.int64)
         if len(blocks) and (blocks.min() < 0 or blocks.max() >= len(self._arr)):
-            raise ValueError(f"{self.path}: hash outside this slice's blocks "
-                             f"{self.meta.block_lo}..{self.meta.block_hi}")
+            raise ValueError(
+                f"{self.path}: hash outside this slice's blocks {self.meta.block_lo}..{self.meta.block_hi}"
+            )
         return blocks
 
     # --- statistics ----------------------------------------------------------------------------

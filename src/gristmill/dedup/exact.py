@@ -97,8 +97,15 @@ class ExactDedupHash(Step):
     type = "🫂 DEDUP"
     step_name = "exact_dedup_hash"
 
-    def __init__(self, *, granularity: str, n_blocks: int, slices: int, input_folder: Path | None = None,
-                 step_id: str | None = None):
+    def __init__(
+        self,
+        *,
+        granularity: str,
+        n_blocks: int,
+        slices: int,
+        input_folder: Path | None = None,
+        step_id: str | None = None,
+    ):
         super().__init__(step_id=step_id)
         self.granularity, self.n_blocks, self.slices = granularity, n_blocks, slices
         self.input_folder = input_folder and Path(input_folder)
@@ -112,7 +119,9 @@ class ExactDedupHash(Step):
         """Held records up to `spill_records` (32 bytes, twice while sorted), the batch's texts,
         8 bytes per document of order keys."""
         items = estimated_items(work, self.granularity) / max(work.tasks, 1)
-        batch_text = min(BATCH_BYTES, min(BATCH, items) * work.text_bytes / max(estimated_items(work, self.granularity), 1))
+        batch_text = min(
+            BATCH_BYTES, min(BATCH, items) * work.text_bytes / max(estimated_items(work, self.granularity), 1)
+        )
         return int(64 * min(items, self.spill_records) + batch_text + 8 * work.documents_per_task)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
@@ -146,8 +155,9 @@ class ExactDedupHash(Step):
             block = (rec["hi"] % np.uint64(self.n_blocks)).astype(np.int64)
             which = np.searchsorted(bounds, block, side="right") - 1
             for s in range(self.slices):
-                save_npy(self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.part{part:05d}.npy",
-                         rec[which == s])
+                save_npy(
+                    self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.part{part:05d}.npy", rec[which == s]
+                )
             parts.clear()
             total += len(rec)
             held, part = 0, part + 1
@@ -156,8 +166,9 @@ class ExactDedupHash(Step):
             with self.track_time():
                 src, off = sources(doc.metadata.get("source")), doc.metadata.get("offset")
                 if off is None or not 0 <= off < 1 << OFFSET_BITS:
-                    raise ValueError(f"document {doc.id}: no `offset` in [0, 2^40) (the dedup order key needs "
-                                     "source and offset)")
+                    raise ValueError(
+                        f"document {doc.id}: no `offset` in [0, 2^40) (the dedup order key needs source and offset)"
+                    )
                 doc_keys.append(src << OFFSET_BITS | off)
                 for para, norm in _paragraphs(doc.text, self.granularity):
                     item = norm.encode("utf-8")
@@ -180,8 +191,11 @@ class ExactDedupHash(Step):
             self.stat_update("items", value=total)
             sources.save(self.folder, rank)
             if self.input_folder is not None:
-                inputs.save(self.folder / "inputs" / f"task_{rank:05d}.json",
-                            _task_files(self.input_folder, rank, world_size), self.input_folder)
+                inputs.save(
+                    self.folder / "inputs" / f"task_{rank:05d}.json",
+                    _task_files(self.input_folder, rank, world_size),
+                    self.input_folder,
+                )
         return
         yield
 
@@ -190,7 +204,9 @@ def _sort_in_global_order(rec: np.ndarray, names: list[str]) -> np.ndarray:
     """Records sorted by (source, offset, paragraph) in the order every later stage uses: global
     source ranks sort the names, and a task's names in their own sorted order rank the same way,
     so a part sorted here is sorted by the global order key too."""
-    name_rank = np.argsort(np.argsort(np.array(names, dtype=object))).astype(np.int64) if names else np.zeros(0, np.int64)
+    name_rank = (
+        np.argsort(np.argsort(np.array(names, dtype=object))).astype(np.int64) if names else np.zeros(0, np.int64)
+    )
     return rec[np.lexsort((rec["para"], rec["offset"], name_rank[rec["src"].astype(np.int64)]))]
 
 
@@ -206,8 +222,18 @@ class ExactDedupFind(Step):
     type = "🫂 DEDUP"
     step_name = "exact_dedup_find"
 
-    def __init__(self, hash_folder: Path, *, capacity: int, fp_rate: float, n_blocks: int, k: int, slices: int,
-                 filter_from: str | None, step_id: str | None = None):
+    def __init__(
+        self,
+        hash_folder: Path,
+        *,
+        capacity: int,
+        fp_rate: float,
+        n_blocks: int,
+        k: int,
+        slices: int,
+        filter_from: str | None,
+        step_id: str | None = None,
+    ):
         super().__init__(step_id=step_id)
         self.hash_folder = Path(hash_folder)
         self.capacity, self.fp_rate, self.n_blocks, self.k = capacity, fp_rate, n_blocks, k
@@ -233,14 +259,17 @@ class ExactDedupFind(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             ranks, _ = load_ranks(self.hash_folder)
-            parts = [_SortedPart(np.load(f, mmap_mode="r"), ranks[_part_task(f)], _part_task(f))
-                     for f in sorted((self.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))]
+            parts = [
+                _SortedPart(np.load(f, mmap_mode="r"), ranks[_part_task(f)], _part_task(f))
+                for f in sorted((self.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
+            ]
             parts = [p for p in parts if len(p.rec)]
             n = sum(len(p.rec) for p in parts)
             bounds = _slice_bounds(self.n_blocks, self.slices)
             path = self.folder / "filter" / f"slice_{rank:05d}.bloom"
-            bf = BloomFilter.create(path, self.capacity, self.fp_rate, (int(bounds[rank]), int(bounds[rank + 1])),
-                                    self.n_blocks, self.k)
+            bf = BloomFilter.create(
+                path, self.capacity, self.fp_rate, (int(bounds[rank]), int(bounds[rank + 1])), self.n_blocks, self.k
+            )
             if self.filter_from:
                 earlier = sorted(Path(self.filter_from).glob("slice_*.bloom"))
                 if not earlier:
@@ -267,21 +296,29 @@ class ExactDedupFind(Step):
                 for t in np.unique(task[dup]).tolist():
                     sel = dup & (task == t)
                     out = np.empty(int(sel.sum()), dtype=DUP)
-                    out["key"], out["para"], out["hi"], out["lo"] = key[sel], rec["para"][sel], rec["hi"][sel], rec["lo"][sel]
+                    out["key"], out["para"], out["hi"], out["lo"] = (
+                        key[sel],
+                        rec["para"][sel],
+                        rec["hi"][sel],
+                        rec["lo"][sel],
+                    )
                     dups[t].append(out)
                 del rec, task, key, hashes, dup
             bf.save()
             for t in sorted(ranks):  # every hashing task gets a file, maybe empty
-                save_npy(self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy",
-                         np.concatenate(dups[t]) if dups[t] else np.empty(0, dtype=DUP))
+                save_npy(
+                    self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy",
+                    np.concatenate(dups[t]) if dups[t] else np.empty(0, dtype=DUP),
+                )
             fill, est = bf.fill_ratio(), bf.estimated_fp_rate()
         self.stat_update("items", value=n)
         self.stat_update("duplicates", value=n_dup)
         self.stat_update("key_ranges", value=len(cuts) + 1)
         # ppm integers: datatrove's stats sum numbers over tasks; the JSON keeps the exact values
         (self.folder / "filter").mkdir(parents=True, exist_ok=True)
-        (self.folder / "filter" / f"slice_{rank:05d}.stats.json").write_text(json.dumps(
-            {"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est}))
+        (self.folder / "filter" / f"slice_{rank:05d}.stats.json").write_text(
+            json.dumps({"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est})
+        )
         self.stat_update("fill_ppm_sum", value=int(fill * 1e6))
         return
         yield
@@ -331,8 +368,17 @@ def _load_range(parts: list[_SortedPart], lo: int, hi: int) -> tuple[np.ndarray,
 class ExactDedupFilter(Filter):
     step_name = "exact_dedup_filter"
 
-    def __init__(self, hash_folder: Path, find_folder: Path, *, granularity: str, min_doc_chars: int,
-                 min_doc_words: int, input_folder: Path | None = None, step_id: str | None = None):
+    def __init__(
+        self,
+        hash_folder: Path,
+        find_folder: Path,
+        *,
+        granularity: str,
+        min_doc_chars: int,
+        min_doc_words: int,
+        input_folder: Path | None = None,
+        step_id: str | None = None,
+    ):
         super().__init__(step_id=step_id)
         self.hash_folder, self.find_folder, self.granularity = Path(hash_folder), Path(find_folder), granularity
         self.min_doc_chars, self.min_doc_words = min_doc_chars, min_doc_words
@@ -344,8 +390,12 @@ class ExactDedupFilter(Filter):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if self.input_folder is not None:
-            inputs.check(self.hash_folder / "inputs" / f"task_{rank:05d}.json",
-                         _task_files(self.input_folder, rank, world_size), self.input_folder, "exact_dedup_hash")
+            inputs.check(
+                self.hash_folder / "inputs" / f"task_{rank:05d}.json",
+                _task_files(self.input_folder, rank, world_size),
+                self.input_folder,
+                "exact_dedup_hash",
+            )
         self._keys = DocKeys(self.hash_folder, "exact_dedup_hash")
         # the task's duplicates as one array sorted by key: 28 bytes each (dicts of Python ints
         # took ~250), looked up by binary search
@@ -380,11 +430,15 @@ class ExactDedupFilter(Filter):
         """The text to remove is the text that was found duplicate, or the task stops."""
         items = dict(_paragraphs(doc.text, self.granularity))
         found = [items.get(p) for p in paras]
-        ok = None not in found and hash128([t.encode("utf-8") for t in found]).tolist() == [list(h) for h in paras.values()]
+        ok = None not in found and hash128([t.encode("utf-8") for t in found]).tolist() == [
+            list(h) for h in paras.values()
+        ]
         if not ok:
-            raise ValueError(f"{doc.metadata.get('source')} @ {doc.metadata.get('offset')}: document {doc.id} is not "
-                             "the text exact_dedup_hash read; the input changed between stages: run the dedup "
-                             "again from exact_dedup_hash")
+            raise ValueError(
+                f"{doc.metadata.get('source')} @ {doc.metadata.get('offset')}: document {doc.id} is not "
+                "the text exact_dedup_hash read; the input changed between stages: run the dedup "
+                "again from exact_dedup_hash"
+            )
 
 
 class ExactDedup(GlobalStep):
@@ -419,17 +473,49 @@ class ExactDedup(GlobalStep):
         p = self.config
         n_blocks, k = self.sizing()
         slices = min(ctx.tasks, n_blocks)
-        hashed = ctx.stage("exact_dedup_hash", [
-            ParquetReader(ctx.documents),
-            ExactDedupHash(granularity=p.granularity, n_blocks=n_blocks, slices=slices, input_folder=ctx.documents,
-                           step_id=self.name)])
-        found = ctx.stage("exact_dedup_find", [
-            ExactDedupFind(hashed.folder, capacity=p.capacity, fp_rate=p.fp_rate, n_blocks=n_blocks, k=k,
-                           slices=slices, filter_from=p.filter_from, step_id=self.name)], tasks=slices)
+        hashed = ctx.stage(
+            "exact_dedup_hash",
+            [
+                ParquetReader(ctx.documents),
+                ExactDedupHash(
+                    granularity=p.granularity,
+                    n_blocks=n_blocks,
+                    slices=slices,
+                    input_folder=ctx.documents,
+                    step_id=self.name,
+                ),
+            ],
+        )
+        found = ctx.stage(
+            "exact_dedup_find",
+            [
+                ExactDedupFind(
+                    hashed.folder,
+                    capacity=p.capacity,
+                    fp_rate=p.fp_rate,
+                    n_blocks=n_blocks,
+                    k=k,
+                    slices=slices,
+                    filter_from=p.filter_from,
+                    step_id=self.name,
+                )
+            ],
+            tasks=slices,
+        )
         found.pipeline[0].granularity = p.granularity
-        ctx.stage("exact_dedup_filter", [
-            ParquetReader(ctx.documents),
-            ExactDedupFilter(hashed.folder, found.folder, granularity=p.granularity, min_doc_chars=p.min_doc_chars,
-                             min_doc_words=p.min_doc_words, input_folder=ctx.documents, step_id=self.name),
-            ctx.writer(),
-        ])
+        ctx.stage(
+            "exact_dedup_filter",
+            [
+                ParquetReader(ctx.documents),
+                ExactDedupFilter(
+                    hashed.folder,
+                    found.folder,
+                    granularity=p.granularity,
+                    min_doc_chars=p.min_doc_chars,
+                    min_doc_words=p.min_doc_words,
+                    input_folder=ctx.documents,
+                    step_id=self.name,
+                ),
+                ctx.writer(),
+            ],
+        )

@@ -44,15 +44,23 @@ def check(path: Path, files: list[Path], root: Path, first_stage: str) -> None:
     for name in sorted(set(saw) | set(now)):
         file = root / name
         if name not in now:
-            raise ValueError(f"{file}: {first_stage} read this file and it is gone; "
-                             f"the input changed between stages: run the dedup again from {first_stage}")
+            raise ValueError(
+                f"{file}: {first_stage} read this file and it is gone; "
+                f"the input changed between stages: run the dedup again from {first_stage}"
+            )
         if name not in saw:
-            raise ValueError(f"{file}: {first_stage} did not read this file; "
-                             f"the input changed between stages: run the dedup again from {first_stage}")
+            raise ValueError(
+                f"{file}: {first_stage} did not read this file; "
+                f"the input changed between stages: run the dedup again from {first_stage}"
+            )
         a, b = saw[name], now[name]
         if a["rows"] != b["rows"]:
-            raise ValueError(f"{file}: {b['rows']} documents, {first_stage} read {a['rows']}; "
-                             f"the input changed between stages: run the dedup again from {first_stage}")
+            raise ValueError(
+                f"{file}: {b['rows']} documents, {first_stage} read {a['rows']}; "
+                f"the input changed between stages: run the dedup again from {first_stage}"
+            )
         if a["keys"] != b["keys"]:
-            raise ValueError(f"{file}: its documents' (source, offset) differ from what {first_stage} read; "
-                             f"the input changed between stages: run the dedup again from {first_stage}")
+            raise ValueError(
+                f"{file}: its documents' (source, offset) differ from what {first_stage} read; "
+                f"the input changed between stages: run the dedup again from {first_stage}"
+            )

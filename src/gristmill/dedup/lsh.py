@@ -255,4 +255,3 @@ def kept_neighbour(edge_shards: Iterable[callable], rounds: int = 64) -> tuple[n
             else:
                 state[x], kept_for[x] = 2, kept_by
     return nodes, nodes[kept_for]
-

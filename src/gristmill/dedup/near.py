@@ -65,11 +65,27 @@ from gristmill.core.configlib import Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import BASE_TASK_BYTES, GlobalStep, StageContext, Step, Workload
-from gristmill.dedup.lsh import (band_keys, components, kept_neighbour, key_range_bounds, optimal_bands, shard_of, sort_records,
-                                 sorted_band_edges)
+from gristmill.dedup.lsh import (
+    band_keys,
+    components,
+    kept_neighbour,
+    key_range_bounds,
+    optimal_bands,
+    shard_of,
+    sort_records,
+    sorted_band_edges,
+)
 from gristmill.dedup.minhash import MinHasher
-from gristmill.dedup.order import (OFFSET_BITS, DocKeys, SourceTable, check_unique, load_ranks, order_key, save_npy,
-                                   write_json_atomic)
+from gristmill.dedup.order import (
+    OFFSET_BITS,
+    DocKeys,
+    SourceTable,
+    check_unique,
+    load_ranks,
+    order_key,
+    save_npy,
+    write_json_atomic,
+)
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
@@ -145,8 +161,10 @@ class NearDedupSignature(Step):
             rec = np.concatenate(out) if out else np.empty((0, bands), dtype=BAND_REC)
             for b in range(bands):
                 col = rec[:, b]
-                save_npy(self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.part{part:05d}.npy",
-                         col[np.argsort(col["key"], kind="stable")])
+                save_npy(
+                    self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.part{part:05d}.npy",
+                    col[np.argsort(col["key"], kind="stable")],
+                )
             out.clear()
             held, part = 0, part + 1
 
@@ -167,8 +185,10 @@ class NearDedupSignature(Step):
             keys = np.concatenate(order_keys) if order_keys else np.empty(0, np.uint64)
             check_unique(keys, list(sources.index), self.yaml_name)
             sources.save(self.folder, rank)
-            write_json_atomic(self.folder / "lsh.json", {"bands": bands, "rows": rows, "num_perm": self.p.num_perm,
-                                                         "sorted_by_key": True})
+            write_json_atomic(
+                self.folder / "lsh.json",
+                {"bands": bands, "rows": rows, "num_perm": self.p.num_perm, "sorted_by_key": True},
+            )
         return
         yield
 
@@ -267,8 +287,10 @@ class NearDedupBuckets(Step):
         with self.track_time():
             meta = self.sig_folder / "lsh.json"
             if not json.loads(meta.read_text()).get("sorted_by_key"):
-                raise ValueError(f"{meta}: band files not sorted by key (an older near_dedup_signature wrote them); "
-                                 "run near_dedup again with --force")
+                raise ValueError(
+                    f"{meta}: band files not sorted by key (an older near_dedup_signature wrote them); "
+                    "run near_dedup again with --force"
+                )
             task_ranks, rank_of = load_ranks(self.sig_folder)
             bounds = key_range_bounds(self.ranges)
             # a stage planned with one task per pair runs one pair here; fewer tasks run several,
@@ -276,8 +298,9 @@ class NearDedupBuckets(Step):
             for pair in range(rank, self.bands * self.ranges, world_size):
                 b, g = divmod(pair, self.ranges)
                 if b == 0:
-                    _check_shared_sources(self.sig_folder, task_ranks, g, self.ranges,
-                                          sorted(rank_of, key=rank_of.get), self.yaml_name)
+                    _check_shared_sources(
+                        self.sig_folder, task_ranks, g, self.ranges, sorted(rank_of, key=rank_of.get), self.yaml_name
+                    )
                 keys, ords = _load_pair(self.sig_folder, b, bounds[g], bounds[g + 1], task_ranks)
                 self.stat_update("records", value=len(keys))
                 sort_records(keys, ords)
@@ -286,7 +309,9 @@ class NearDedupBuckets(Step):
                 self.stat_update("candidate_edges", value=len(e))
                 shard = shard_of(e[:, 0], self.shards)
                 for s in range(self.shards):
-                    save_npy(self.folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.range_{g:05d}.npy", e[shard == s])
+                    save_npy(
+                        self.folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.range_{g:05d}.npy", e[shard == s]
+                    )
         return
         yield
 
@@ -315,8 +340,9 @@ class NearDedupShingles(Step):
         """(candidate, shard) pairs of its documents (16 bytes), one edge shard while reading
         them, held shingles up to `spill_shingles` (8 bytes, twice while written)."""
         candidates = CANDIDATE_SHARE * work.documents_per_task
-        return int(16 * candidates + 32 * CANDIDATE_SHARE * work.documents / max(self.shards, 1)
-                   + 16 * self.spill_shingles)
+        return int(
+            16 * candidates + 32 * CANDIDATE_SHARE * work.documents / max(self.shards, 1) + 16 * self.spill_shingles
+        )
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
@@ -333,7 +359,11 @@ class NearDedupShingles(Step):
 
             need = [own(np.unique(_shard_edges(self.edge_folder, s))) for s in range(self.shards)]
             nodes = np.concatenate(need) if need else np.empty(0, np.uint64)
-            where = np.concatenate([np.full(len(n), s, np.int32) for s, n in enumerate(need)]) if need else np.empty(0, np.int32)
+            where = (
+                np.concatenate([np.full(len(n), s, np.int32) for s, n in enumerate(need)])
+                if need
+                else np.empty(0, np.int32)
+            )
             order = np.argsort(nodes, kind="stable")
             nodes, where = nodes[order], where[order]
             del need, order
@@ -427,8 +457,15 @@ class NearDedupCluster(Step):
     type = "🫂 DEDUP"
     step_name = "near_dedup_cluster"
 
-    def __init__(self, sig_folder: Path, edge_folder: Path, *, shards: int, removal: str = "kept_neighbour",
-                 step_id: str | None = None):
+    def __init__(
+        self,
+        sig_folder: Path,
+        edge_folder: Path,
+        *,
+        shards: int,
+        removal: str = "kept_neighbour",
+        step_id: str | None = None,
+    ):
         super().__init__(step_id=step_id)
         self.sig_folder, self.edge_folder, self.shards = Path(sig_folder), Path(edge_folder), shards
         self.removal = removal
@@ -510,13 +547,18 @@ class NearDedup(GlobalStep):
         fn_weight: float = Field(0.9, ge=0, le=1, description="weight of false negatives when choosing bands")
         verify: bool = Field(True, description="check candidate pairs' exact Jaccard (drops LSH false positives)")
         removal: Literal["kept_neighbour", "components"] = Field(
-            "kept_neighbour", description="kept_neighbour: a document goes only for a near duplicate "
+            "kept_neighbour",
+            description="kept_neighbour: a document goes only for a near duplicate "
             "(a verified pair) that is kept, earlier in order; components: every document of a connected "
-            "component but its first (datatrove's, NeMo Curator's: chains A~B~C remove C for A, however far)")
+            "component but its first (datatrove's, NeMo Curator's: chains A~B~C remove C for A, however far)",
+        )
         seed: int = Field(1, description="seed of the MinHash permutations")
         key_ranges: int | None = Field(
-            None, ge=1, description="key ranges per band: `near_dedup_buckets` runs bands x key_ranges tasks, "
-            "each holding ~33 bytes x documents / key_ranges (default: ceil(tasks / bands))")
+            None,
+            ge=1,
+            description="key ranges per band: `near_dedup_buckets` runs bands x key_ranges tasks, "
+            "each holding ~33 bytes x documents / key_ranges (default: ceil(tasks / bands))",
+        )
 
         @model_validator(mode="after")
         def _bands_rows(self):
@@ -549,18 +591,30 @@ class NearDedup(GlobalStep):
         # tasks of whole bands (ceil(bands / tasks) each, one at a time), as many processes as
         # the other stages: a small local run does not start a process per band
         pairs = bands * ranges
-        buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(sig.folder, bands=bands, ranges=ranges, shards=tasks,
-                                                                    step_id=self.name)],
-                            tasks=pairs if p.key_ranges or tasks >= bands or ranges > p.ranges(tasks) else tasks)
+        buckets = ctx.stage(
+            "near_dedup_buckets",
+            [NearDedupBuckets(sig.folder, bands=bands, ranges=ranges, shards=tasks, step_id=self.name)],
+            tasks=pairs if p.key_ranges or tasks >= bands or ranges > p.ranges(tasks) else tasks,
+        )
         edges = buckets.folder / "edges"
         if p.verify:
-            sh = ctx.stage("near_dedup_shingles", [
-                ParquetReader(documents),
-                NearDedupShingles(sig.folder, edges, ngram=p.ngram, shards=tasks, step_id=self.name)])
-            ver = ctx.stage("near_dedup_verify", [NearDedupVerify(edges, sh.folder, threshold=p.threshold,
-                                                                  step_id=self.name)])
+            sh = ctx.stage(
+                "near_dedup_shingles",
+                [
+                    ParquetReader(documents),
+                    NearDedupShingles(sig.folder, edges, ngram=p.ngram, shards=tasks, step_id=self.name),
+                ],
+            )
+            ver = ctx.stage(
+                "near_dedup_verify", [NearDedupVerify(edges, sh.folder, threshold=p.threshold, step_id=self.name)]
+            )
             edges = ver.folder / "verified"
-        cl = ctx.stage("near_dedup_cluster", [NearDedupCluster(sig.folder, edges, shards=tasks, removal=p.removal,
-                                                                step_id=self.name)], tasks=1)
-        ctx.stage("near_dedup_filter", [ParquetReader(documents), NearDedupFilter(sig.folder, cl.folder,
-                                                                                   step_id=self.name), ctx.writer()])
+        cl = ctx.stage(
+            "near_dedup_cluster",
+            [NearDedupCluster(sig.folder, edges, shards=tasks, removal=p.removal, step_id=self.name)],
+            tasks=1,
+        )
+        ctx.stage(
+            "near_dedup_filter",
+            [ParquetReader(documents), NearDedupFilter(sig.folder, cl.folder, step_id=self.name), ctx.writer()],
+        )

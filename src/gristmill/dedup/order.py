@@ -47,7 +47,9 @@ class SourceTable:
 
 def load_ranks(folder: Path) -> tuple[dict[int, np.ndarray], dict[str, int]]:
     """({task: local index -> global rank}, {source: global rank}) from `folder/sources/`."""
-    tables = {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in sorted((folder / "sources").glob("task_*.json"))}
+    tables = {
+        int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in sorted((folder / "sources").glob("task_*.json"))
+    }
     names = sorted({s for t in tables.values() for s in t})
     rank = {s: i for i, s in enumerate(names)}
     return {t: np.array([rank[s] for s in names_t], dtype=np.uint64) for t, names_t in tables.items()}, rank
@@ -84,7 +86,8 @@ def shared_key_error(key: int, names: list[str], step: str) -> ValueError:
     return ValueError(
         f"{step}: several documents have (source, offset) = ({names[key >> OFFSET_BITS]!r}, "
         f"{key & ((1 << OFFSET_BITS) - 1)}); dedup names a document by its source and offset, so they "
-        "must be unique (read the WET files again with this version)")
+        "must be unique (read the WET files again with this version)"
+    )
 
 
 def order_key(ranks: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -104,7 +104,9 @@ _MULT: dict[int, np.ndarray] = {}
 def _multipliers(n: int) -> np.ndarray:
     m = _MULT.get(n)
     if m is None:
-        m = np.random.Generator(np.random.PCG64(0x5EED)).integers(0, 1 << 64, size=max(n, 1), dtype=np.uint64) | np.uint64(1)
+        m = np.random.Generator(np.random.PCG64(0x5EED)).integers(
+            0, 1 << 64, size=max(n, 1), dtype=np.uint64
+        ) | np.uint64(1)
         _MULT[n] = m
     return m
 
@@ -119,7 +121,9 @@ def shingle_hashes(word_lists: list[list[str]], n: int = 5) -> tuple[np.ndarray,
     total = int(lens.sum())
     m = _multipliers(n)
     hv = np.zeros(total + n - 1, dtype=np.uint64)
-    hv[:total] = np.fromiter(map(xxhash.xxh3_64_intdigest, chain.from_iterable(word_lists)), dtype=np.uint64, count=total)
+    hv[:total] = np.fromiter(
+        map(xxhash.xxh3_64_intdigest, chain.from_iterable(word_lists)), dtype=np.uint64, count=total
+    )
     g = hv[:total] * m[0]
     for k in range(1, n):
         g += hv[k : k + total] * m[k]

@@ -35,15 +35,26 @@ _POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))
 #: Not "…": C4 drops lines ending with an ellipsis, and an English line ending with "…" stays
 #: dropped.
 SCRIPT_END_PUNCTUATION = (
-    "。", "！", "？", "．", "｡", "」", "』",  # CJK full stop, full-width ! ? ., half-width 。, closing quotes
-    "؟", "۔",                               # Arabic question mark, Urdu full stop
-    "।", "॥",                               # Devanagari (and Bengali, ...) danda, double danda
-    "።", "፧",                               # Ethiopic full stop, question mark
-    "։",                                    # Armenian full stop
-    "။",                                    # Myanmar section mark (full stop)
-    "។", "៕",                               # Khmer khan, bariyoosan
-    "།", "༎",                               # Tibetan shad, nyis shad
-    "\u037e",                               # Greek question mark (";" look-alike)
+    "。",
+    "！",
+    "？",
+    "．",
+    "｡",
+    "」",
+    "』",  # CJK full stop, full-width ! ? ., half-width 。, closing quotes
+    "؟",
+    "۔",  # Arabic question mark, Urdu full stop
+    "।",
+    "॥",  # Devanagari (and Bengali, ...) danda, double danda
+    "።",
+    "፧",  # Ethiopic full stop, question mark
+    "։",  # Armenian full stop
+    "။",  # Myanmar section mark (full stop)
+    "។",
+    "៕",  # Khmer khan, bariyoosan
+    "།",
+    "༎",  # Tibetan shad, nyis shad
+    "\u037e",  # Greek question mark (";" look-alike)
 )
 _SCRIPTS_END = END_PUNCTUATION + SCRIPT_END_PUNCTUATION
 
@@ -63,14 +74,17 @@ class C4Lines(Filter):
     class Config(Strict):
         """As datatrove's C4QualityFilter; -1 disables the numeric rules."""
 
-        split_paragraph: bool = Field(True, description="apply the line rules to lines (C4); false: to sentences, "
-                                      "then joined with spaces")
+        split_paragraph: bool = Field(
+            True, description="apply the line rules to lines (C4); false: to sentences, then joined with spaces"
+        )
         remove_citations: bool = Field(True, description="remove Wikipedia-style citations such as [1]")
         filter_no_terminal_punct: bool = Field(True, description="drop lines without terminal punctuation")
         end_punctuation: list[str] | None = Field(
-            None, description="what a line may end with (default: datatrove's . ? ! \" ', and on pages of other "
+            None,
+            description="what a line may end with (default: datatrove's . ? ! \" ', and on pages of other "
             "languages than English other scripts' sentence-final marks too: 。！？ ؟ ۔ । ॥ ። ...)",
-            json_schema_extra=OMIT_DEFAULT)
+            json_schema_extra=OMIT_DEFAULT,
+        )
         min_num_sentences: int = Field(5, description="drop documents with fewer sentences")
         min_words_per_line: int = Field(3, description="drop lines with fewer words")
         max_word_length: int = Field(1000, description="drop lines with a longer word")
@@ -87,6 +101,7 @@ class C4Lines(Filter):
         # language written without spaces (zh, ja, th, ...): there a whitespace split sees a
         # whole line as one word, so ICU's words are counted (punctuation tokens are not words).
         if language in UNSPACED_LANGUAGES:
+
             def line_words(line: str) -> list[str]:
                 return [w for w in split_words(line, language) if w.strip(PUNCTUATION_CHARS)]
         else:
@@ -107,9 +122,7 @@ class C4Lines(Filter):
                 continue
             if c.remove_citations and "[" in line:  # every citation starts with "["
                 line = CITATION_REGEX.sub("", line)
-            if c.filter_no_terminal_punct and (
-                not line.endswith(end_punctuation) or line.endswith(ELLIPSIS)
-            ):
+            if c.filter_no_terminal_punct and (not line.endswith(end_punctuation) or line.endswith(ELLIPSIS)):
                 line_drops["line-filter-no_terminal_punc"] += 1
                 continue
             if len(line_words(uncited)) < c.min_words_per_line:  # words counted before citations go

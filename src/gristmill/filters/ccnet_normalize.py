@@ -71,8 +71,7 @@ class _CharMap(dict):
     def __missing__(self, cp: int):
         c = chr(cp)
         cat = unicodedata.category(c)
-        value = (None if cat == "Mn" or cp in _NON_PRINTING_SET else "0" if cat == "Nd"
-                 else UNICODE_PUNCT.get(c, c))
+        value = None if cat == "Mn" or cp in _NON_PRINTING_SET else "0" if cat == "Nd" else UNICODE_PUNCT.get(c, c)
         self[cp] = value
         return value
 

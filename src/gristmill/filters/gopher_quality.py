@@ -45,20 +45,32 @@ def language_stop_words(language: str | None) -> frozenset[str] | None:
     try:
         import stopwordsiso  # loaded by the first page of a language other than English
     except ImportError as e:
-        raise ImportError("gopher_quality: pages of languages other than English need their stop words: "
-                          f"pip install stopwordsiso==0.7.1 (pinned in pyproject.toml) ({e})") from None
+        raise ImportError(
+            "gopher_quality: pages of languages other than English need their stop words: "
+            f"pip install stopwordsiso==0.7.1 (pinned in pyproject.toml) ({e})"
+        ) from None
 
     if not stopwordsiso.has_lang(language):
         return None
-    return frozenset(w for w in stopwordsiso.stopwords(language)
-                     if any(map(str.isalpha, w)) and split_words(w, language) == [w])
+    return frozenset(
+        w for w in stopwordsiso.stopwords(language) if any(map(str.isalpha, w)) and split_words(w, language) == [w]
+    )
 
 
 class GopherQuality(Filter):
     yaml_name = "gopher_quality"
-    drop_reasons = ("gopher_short_doc", "gopher_long_doc", "gopher_below_avg_threshold", "gopher_above_avg_threshold",
-                    "gopher_too_many_hashes", "gopher_too_many_ellipsis", "gopher_too_many_bullets",
-                    "gopher_too_many_end_ellipsis", "gopher_below_alpha_threshold", "gopher_enough_stop_words")
+    drop_reasons = (
+        "gopher_short_doc",
+        "gopher_long_doc",
+        "gopher_below_avg_threshold",
+        "gopher_above_avg_threshold",
+        "gopher_too_many_hashes",
+        "gopher_too_many_ellipsis",
+        "gopher_too_many_bullets",
+        "gopher_too_many_end_ellipsis",
+        "gopher_below_alpha_threshold",
+        "gopher_enough_stop_words",
+    )
 
     class Config(Strict):
         """Each threshold, when null or 0, disables its rule (as in datatrove).
@@ -76,12 +88,18 @@ class GopherQuality(Filter):
         max_ellipsis_lines_ratio: float | None = Field(0.3, description="most share of lines ending with an ellipsis")
         max_non_alpha_words_ratio: float | None = Field(0.8, description="least share of words holding a letter")
         alpha_words: Literal["tokens", "whitespace"] = Field(
-            "tokens", description="words of the letter-share rule: `tokens` (datatrove: words and punctuation "
-            "tokens), `whitespace` (the paper: whitespace-separated words)", json_schema_extra=OMIT_DEFAULT)
+            "tokens",
+            description="words of the letter-share rule: `tokens` (datatrove: words and punctuation "
+            "tokens), `whitespace` (the paper: whitespace-separated words)",
+            json_schema_extra=OMIT_DEFAULT,
+        )
         min_stop_words: int | None = Field(2, description="fewest stop words present")
-        stop_words: list[str] | None = Field(None, description="stop-word list for every language (default: the "
-                                             "page's language's: datatrove's for English, stopwords-iso's for "
-                                             "others; a language without a list skips the rule)")
+        stop_words: list[str] | None = Field(
+            None,
+            description="stop-word list for every language (default: the "
+            "page's language's: datatrove's for English, stopwords-iso's for "
+            "others; a language without a list skips the rule)",
+        )
 
     def __init__(self, config: Config | None = None, /, **kwargs):
         super().__init__(config, **kwargs)
@@ -134,10 +152,7 @@ class GopherQuality(Filter):
 
         if c.max_symbol_word_ratio and text.count("#") / n_words > c.max_symbol_word_ratio:
             return False, "gopher_too_many_hashes"
-        if (
-            c.max_symbol_word_ratio
-            and (text.count("...") + text.count("…")) / n_words > c.max_symbol_word_ratio
-        ):
+        if c.max_symbol_word_ratio and (text.count("...") + text.count("…")) / n_words > c.max_symbol_word_ratio:
             return False, "gopher_too_many_ellipsis"
 
         # per line, at C speed: map/sum over str methods instead of a generator

@@ -194,8 +194,15 @@ def _repeated_chars_of_strings(words: list[str], n: int) -> int:
 
 class GopherRepetition(Filter):
     yaml_name = "gopher_repetition"
-    drop_reasons = ("empty", "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
-                    "top_<n>_gram", "duplicated_<n>_n_grams")
+    drop_reasons = (
+        "empty",
+        "dup_para_frac",
+        "dup_para_char_frac",
+        "dup_line_frac",
+        "dup_line_char_frac",
+        "top_<n>_gram",
+        "duplicated_<n>_n_grams",
+    )
 
     class Config(Strict):
         """Fractions, when null or 0, disable their rule (as in datatrove); the n-gram rules are
@@ -206,10 +213,12 @@ class GopherRepetition(Filter):
         dup_line_char_frac: float | None = Field(0.2, description="most share of characters in repeated lines")
         dup_para_char_frac: float | None = Field(0.2, description="most share of characters in repeated paragraphs")
         top_n_grams: tuple[tuple[int, float], ...] = Field(
-            ((2, 0.2), (3, 0.18), (4, 0.16)), description="[n, most share of characters in the top n-gram]")
+            ((2, 0.2), (3, 0.18), (4, 0.16)), description="[n, most share of characters in the top n-gram]"
+        )
         dup_n_grams: tuple[tuple[int, float], ...] = Field(
             ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10)),
-            description="[n, most share of characters in repeated n-grams]")
+            description="[n, most share of characters in repeated n-grams]",
+        )
 
         @field_validator("top_n_grams", "dup_n_grams")
         @classmethod

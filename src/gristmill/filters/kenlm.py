@@ -91,14 +91,15 @@ class KenLM(ModelFilter):
     language_fixed = ("models", "default_language", "cutoffs", "keep_buckets")
 
     class Config(Strict):
-        models: dict[str, str] = Field({"en": "models/kenlm/en.arpa.bin"},
-                                       description="language -> KenLM .arpa or binary")
+        models: dict[str, str] = Field(
+            {"en": "models/kenlm/en.arpa.bin"}, description="language -> KenLM .arpa or binary"
+        )
         default_language: str | None = Field(None, description="language of documents without langid's `language`")
         max_perplexity: float | None = Field(None, gt=0, description="drop documents with a higher perplexity")
-        keep_buckets: list[Literal["head", "middle", "tail"]] | None = Field(None,
-                                                                             description="CCNet buckets to keep")
+        keep_buckets: list[Literal["head", "middle", "tail"]] | None = Field(None, description="CCNet buckets to keep")
         cutoffs: dict[str, tuple[float, float]] | None = Field(
-            None, description="[head, middle] cut-offs per language (default: the model's .stats.json)")
+            None, description="[head, middle] cut-offs per language (default: the model's .stats.json)"
+        )
 
         @field_validator("models")
         @classmethod
@@ -130,8 +131,10 @@ class KenLM(ModelFilter):
             given = (c.cutoffs or {}).get(lang)
             cut = (float(given[0]), float(given[1])) if given else read_cutoffs(path)
             if cut is None and self.keep_buckets is not None:
-                raise ModelError(f"kenlm.keep_buckets needs bucket cut-offs for {lang!r}: {stats_path(path)} is "
-                                 f"missing (written by `pipeline kenlm train`); or give `cutoffs: {{{lang}: [a, b]}}`")
+                raise ModelError(
+                    f"kenlm.keep_buckets needs bucket cut-offs for {lang!r}: {stats_path(path)} is "
+                    f"missing (written by `pipeline kenlm train`); or give `cutoffs: {{{lang}: [a, b]}}`"
+                )
             if cut is not None:
                 self.cutoffs[lang] = cut
 

@@ -66,8 +66,11 @@ def doc_perplexities(model, texts) -> np.ndarray:
 def _summary(pps: np.ndarray) -> dict:
     if not len(pps):
         return {"documents": 0}
-    return {"documents": int(len(pps)), "mean": float(pps.mean()),
-            "percentiles": {str(p): float(np.percentile(pps, p)) for p in PERCENTILES}}
+    return {
+        "documents": int(len(pps)),
+        "mean": float(pps.mean()),
+        "percentiles": {str(p): float(np.percentile(pps, p)) for p in PERCENTILES},
+    }
 
 
 def train(
@@ -114,8 +117,10 @@ def train(
                 f.write("\n".join(lines) + "\n")
         if n_tokens == 0:
             raise ValueError(f"no training text in {inputs}")
-        log(f"corpus: {n_train:,} documents, {n_lines:,} lines, {n_tokens:,} tokens for training; "
-            f"{n_held:,} documents held out")
+        log(
+            f"corpus: {n_train:,} documents, {n_lines:,} lines, {n_tokens:,} tokens for training; "
+            f"{n_held:,} documents held out"
+        )
         arpa = Path(tmp) / "model.arpa"
         # --skip_symbols: <s>, </s>, <unk> in the text are whitespace, not an error.
         # --discount_fallback: small corpora (tests, WikiText-2) can lack the counts of counts that
@@ -126,8 +131,23 @@ def train(
         with open(corpus, "rb") as fin, open(arpa, "wb") as fout:
             _run(cmd, stdin=fin, stdout=fout, what="lmplz")
         tmp_bin = Path(tmp) / "model.bin"
-        _run([build_binary, "-q", str(quantize), "-b", str(backoff_bits), "-S", memory, "-T", tmp,
-              "trie", str(arpa), str(tmp_bin)], what="build_binary")
+        _run(
+            [
+                build_binary,
+                "-q",
+                str(quantize),
+                "-b",
+                str(backoff_bits),
+                "-S",
+                memory,
+                "-T",
+                tmp,
+                "trie",
+                str(arpa),
+                str(tmp_bin),
+            ],
+            what="build_binary",
+        )
         model = load_kenlm(tmp_bin)
         held_pps = doc_perplexities(model, held)
         if cutoff_sample:
@@ -141,23 +161,35 @@ def train(
         stats = {
             "model": output.name,
             "model_sha256": hashlib.sha256(tmp_bin.read_bytes()).hexdigest(),
-            "order": order, "prune": list(prune), "quantize": [quantize, backoff_bits], "structure": "trie",
+            "order": order,
+            "prune": list(prune),
+            "quantize": [quantize, backoff_bits],
+            "structure": "trie",
             "normalization": "ccnet (lower, strip accents, digits to 0, unicode punctuation)",
             "tokenization": "whitespace tokens of the normalised text (CCNet: SentencePiece)",
-            "inputs": [str(p) for p in inputs], "detokenize": detokenize, "seed": seed,
+            "inputs": [str(p) for p in inputs],
+            "detokenize": detokenize,
+            "seed": seed,
             "train": {"documents": n_train, "lines": n_lines, "tokens": n_tokens},
             "heldout_fraction": heldout,
             "heldout": _summary(held_pps),
-            "cutoffs": {"head": lo, "middle": hi, "percentiles": list(cutoff_percentiles), "sample": ref_name,
-                        "sample_documents": int(len(ref_pps))},
+            "cutoffs": {
+                "head": lo,
+                "middle": hi,
+                "percentiles": list(cutoff_percentiles),
+                "sample": ref_name,
+                "sample_documents": int(len(ref_pps)),
+            },
             "train_seconds": round(time.perf_counter() - t0, 1),
         }
         stats_path(output).write_text(json.dumps(stats, indent=2) + "\n")
         Path(f"{output}.report.md").write_text(_report(stats))
         os.replace(tmp_bin, output)  # last: a model file present means its sidecar is too
-    log(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB), {stats_path(output).name}, {output.name}.report.md: "
+    log(
+        f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB), {stats_path(output).name}, {output.name}.report.md: "
         f"held-out median perplexity {stats['heldout'].get('percentiles', {}).get('50', float('nan')):.0f}, "
-        f"cut-offs head < {lo:.0f} <= middle < {hi:.0f} <= tail, {stats['train_seconds']} s")
+        f"cut-offs head < {lo:.0f} <= middle < {hi:.0f} <= tail, {stats['train_seconds']} s"
+    )
     return stats
 
 
@@ -165,13 +197,13 @@ def _report(s: dict) -> str:
     h = s["heldout"]
     rows = "\n".join(f"| p{p} | {v:.1f} |" for p, v in h.get("percentiles", {}).items())
     c = s["cutoffs"]
-    return f"""# KenLM model {s['model']}
+    return f"""# KenLM model {s["model"]}
 
-- order {s['order']}, pruning {s['prune']}, {s['structure']} quantised to {s['quantize'][0]}/{s['quantize'][1]} bits
-- trained on {s['train']['documents']:,} documents, {s['train']['lines']:,} lines, {s['train']['tokens']:,} tokens
-  from {', '.join(s['inputs'])} (detokenize: {s['detokenize']})
-- {s['normalization']}; {s['tokenization']}
-- held-out: {h['documents']:,} documents ({s['heldout_fraction']:.0%} by hash, never seen by lmplz)
+- order {s["order"]}, pruning {s["prune"]}, {s["structure"]} quantised to {s["quantize"][0]}/{s["quantize"][1]} bits
+- trained on {s["train"]["documents"]:,} documents, {s["train"]["lines"]:,} lines, {s["train"]["tokens"]:,} tokens
+  from {", ".join(s["inputs"])} (detokenize: {s["detokenize"]})
+- {s["normalization"]}; {s["tokenization"]}
+- held-out: {h["documents"]:,} documents ({s["heldout_fraction"]:.0%} by hash, never seen by lmplz)
 
 ## Held-out document perplexity
 
@@ -181,8 +213,8 @@ def _report(s: dict) -> str:
 
 ## Buckets (`keep_buckets` in the `kenlm` step)
 
-head < {c['head']:.1f} <= middle < {c['middle']:.1f} <= tail — percentiles {c['percentiles']} of
-{c['sample_documents']:,} documents of {c['sample']}.
+head < {c["head"]:.1f} <= middle < {c["middle"]:.1f} <= tail — percentiles {c["percentiles"]} of
+{c["sample_documents"]:,} documents of {c["sample"]}.
 """
 
 
@@ -196,9 +228,21 @@ def cmd_kenlm_train(args, console) -> int:
 
 
 def _train_from_args(args, console) -> None:
-    train(args.inputs, args.output, order=args.order, prune=args.prune, memory=args.memory, heldout=args.heldout,
-          detokenize=args.detokenize, cutoff_sample=args.cutoff_sample, cutoff_percentiles=tuple(args.percentiles),
-          quantize=args.quantize, backoff_bits=args.backoff_bits, seed=args.seed, log=console.print)
+    train(
+        args.inputs,
+        args.output,
+        order=args.order,
+        prune=args.prune,
+        memory=args.memory,
+        heldout=args.heldout,
+        detokenize=args.detokenize,
+        cutoff_sample=args.cutoff_sample,
+        cutoff_percentiles=tuple(args.percentiles),
+        quantize=args.quantize,
+        backoff_bits=args.backoff_bits,
+        seed=args.seed,
+        log=console.print,
+    )
 
 
 def add_parser(sub) -> None:
@@ -209,14 +253,27 @@ def add_parser(sub) -> None:
     t.add_argument("inputs", nargs="+", help="text files (a paragraph per line), WET files, or Parquet files/folders")
     t.add_argument("--output", "-o", required=True, help="model path, e.g. models/kenlm/en.arpa.bin")
     t.add_argument("--order", type=int, default=5)
-    t.add_argument("--prune", type=int, nargs="+", default=[0, 0, 1],
-                   help="lmplz --prune thresholds per order (default: drop singleton 3-grams and up)")
+    t.add_argument(
+        "--prune",
+        type=int,
+        nargs="+",
+        default=[0, 0, 1],
+        help="lmplz --prune thresholds per order (default: drop singleton 3-grams and up)",
+    )
     t.add_argument("--memory", "-S", default="20%", help="lmplz/build_binary memory, e.g. 2G or 20%%")
     t.add_argument("--heldout", type=float, default=0.1, help="fraction of documents held out for evaluation")
-    t.add_argument("--detokenize", choices=["none", "wikitext"], default="none",
-                   help="undo WikiText's tokenisation of text files first")
-    t.add_argument("--cutoff-sample", nargs="+", metavar="PATH",
-                   help="documents to compute bucket cut-offs on, CCNet-style (default: the held-out part)")
+    t.add_argument(
+        "--detokenize",
+        choices=["none", "wikitext"],
+        default="none",
+        help="undo WikiText's tokenisation of text files first",
+    )
+    t.add_argument(
+        "--cutoff-sample",
+        nargs="+",
+        metavar="PATH",
+        help="documents to compute bucket cut-offs on, CCNet-style (default: the held-out part)",
+    )
     t.add_argument("--percentiles", type=float, nargs=2, default=[30, 60], metavar=("HEAD", "MIDDLE"))
     t.add_argument("--quantize", type=int, default=8, help="build_binary -q (probability bits)")
     t.add_argument("--backoff-bits", type=int, default=8, help="build_binary -b (backoff bits)")

@@ -46,8 +46,11 @@ class LangId(ModelFilter):
     class Config(Strict):
         model: str = Field("models/lid.176.ftz", description="fastText LID model: path or http(s) URL")
         languages: list[str] | None = Field(["en"], description="languages to keep; null keeps all")
-        min_score: Fraction = Field(0.65, description="minimum probability of the top language (per language: "
-                                    "`per_language: {zh: {min_score: 0.5}}`)")
+        min_score: Fraction = Field(
+            0.65,
+            description="minimum probability of the top language (per language: "
+            "`per_language: {zh: {min_score: 0.5}}`)",
+        )
 
     @classmethod
     def build(cls, config: Config, ctx: BuildContext, step_id: str | None = None) -> LangId:
@@ -74,7 +77,7 @@ class LangId(ModelFilter):
         labels, scores = self.model.predict([d.text.replace("\n", " ") for d in docs], k=1)
         results: list[FilterResult] = []
         for doc, label, score in zip(docs, labels, scores):
-            lang = label[0][len(LABEL_PREFIX):] if label else "unknown"
+            lang = label[0][len(LABEL_PREFIX) :] if label else "unknown"
             prob = float(score[0]) if len(score) else 0.0
             doc.metadata["language"] = lang
             doc.metadata["language_score"] = prob

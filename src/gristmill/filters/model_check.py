@@ -96,6 +96,7 @@ def unchanged(checked: Checked) -> str:
 
 # --- fastText ---------------------------------------------------------------------------------
 
+
 class _Walk:
     """Reads fixed-size fields of a mapped file, failing with the section being read."""
 
@@ -104,8 +105,10 @@ class _Walk:
 
     def take(self, n: int, section: str) -> int:
         if n < 0 or self.pos + n > self.size:
-            raise ModelError(f"the file ends at byte {self.size:,}, inside the {section},"
-                             f" which needs at least {self.pos + max(n, 0):,} bytes")
+            raise ModelError(
+                f"the file ends at byte {self.size:,}, inside the {section},"
+                f" which needs at least {self.pos + max(n, 0):,} bytes"
+            )
         start, self.pos = self.pos, self.pos + n
         return start
 
@@ -211,8 +214,13 @@ def trial_load(code: str, path: Path, library: str) -> dict:
     limit = 2 * size + (2 << 30)
     timeout = 60 + size / 20e6
     try:
-        res = subprocess.run([sys.executable, "-c", code, str(path), str(limit), json.dumps(sys.path)],
-                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            [sys.executable, "-c", code, str(path), str(limit), json.dumps(sys.path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         raise ModelError(f"{library} did not load it within {timeout:.0f} s") from None
     if res.returncode < 0:
@@ -248,8 +256,9 @@ def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
         with open(path, "rb") as f:
             head = f.read(16)
         if head[:4] != FASTTEXT_MAGIC.to_bytes(4, "little"):
-            raise ModelError(f"{path}: not a fastText model (it starts with {head!r}, not fastText's magic"
-                             f" number){expected}")
+            raise ModelError(
+                f"{path}: not a fastText model (it starts with {head!r}, not fastText's magic number){expected}"
+            )
         try:
             layout = fasttext_layout(path)
         except ModelError as e:
@@ -261,8 +270,10 @@ def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     digest.update(chunk)
             if digest.hexdigest() != known[1]:
-                raise ModelError(f"{path}: corrupt fastText model (its sha256 is {digest.hexdigest()[:12]}...,"
-                                 f" not the published file's){expected}")
+                raise ModelError(
+                    f"{path}: corrupt fastText model (its sha256 is {digest.hexdigest()[:12]}...,"
+                    f" not the published file's){expected}"
+                )
         try:
             info = trial_load(_FASTTEXT_TRIAL, path, "fastText")
         except ModelError as e:
@@ -275,11 +286,12 @@ def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
 
 # --- KenLM ------------------------------------------------------------------------------------
 
+
 def kenlm_binary_layout(path: Path) -> dict:
     """Header and vocabulary-list checks of a KenLM binary; raises ModelError (reason only)."""
     size = path.stat().st_size
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:len(_KENLM_INCOMPLETE)] == _KENLM_INCOMPLETE:
+        if buf[: len(_KENLM_INCOMPLETE)] == _KENLM_INCOMPLETE:
             raise ModelError("build_binary did not finish writing it")
         # Sanity block (magic padded to 56 bytes, test values), then order, probing multiplier,
         # model type, has_vocabulary, search version, and one uint64 count per order.
@@ -299,7 +311,7 @@ def kenlm_binary_layout(path: Path) -> dict:
                 prev = buf.rfind(b"\0", 0, pos)
                 found += 1
                 if found == counts[0]:
-                    if buf[prev + 1:pos] != b"<unk>":
+                    if buf[prev + 1 : pos] != b"<unk>":
                         raise ModelError(f"its vocabulary list of {counts[0]:,} words is cut or damaged")
                     break
                 if prev < 0:

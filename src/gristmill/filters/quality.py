@@ -56,7 +56,9 @@ class Quality(ModelFilter):
         self.model_path = self.checked.path
         labels = self.checked.info["labels"]
         if c.label not in labels:
-            raise ModelError(f"{self.model_path}: no label {c.label!r} in this classifier (it has {labels}); set `label`")
+            raise ModelError(
+                f"{self.model_path}: no label {c.label!r} in this classifier (it has {labels}); set `label`"
+            )
         self.label = c.label
         self.min_score = c.min_score
 

@@ -53,8 +53,16 @@ def binary_metrics(pos: np.ndarray, neg: np.ndarray, threshold: float) -> dict:
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"threshold": threshold, "precision": precision, "recall": recall, "f1": f1,
-            "tp": tp, "fp": fp, "fn": fn, "tn": len(neg) - fp}
+    return {
+        "threshold": threshold,
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": len(neg) - fp,
+    }
 
 
 def _collect(paths, detokenize: str, min_words: int) -> dict[int, str]:
@@ -100,8 +108,10 @@ def train(
         del neg[h]
     n = min(len(pos), len(neg), max_per_class or 1 << 62)
     if n < 10:
-        raise ValueError(f"too few documents to train on: {len(pos)} positives, {len(neg)} negatives "
-                         f"of >= {min_words} words after dedup")
+        raise ValueError(
+            f"too few documents to train on: {len(pos)} positives, {len(neg)} negatives "
+            f"of >= {min_words} words after dedup"
+        )
     chosen = {HQ: [pos[h] for h in _seeded_order(pos, seed)[:n]], LQ: [neg[h] for h in _seeded_order(neg, seed)[:n]]}
     split = {"train": [], "heldout": []}
     for label, texts in chosen.items():
@@ -109,17 +119,28 @@ def train(
             split["heldout" if is_heldout(t, heldout, seed) else "train"].append((label, t))
     # a seeded, input-order-independent shuffle: fastText's SGD sees examples in file order
     split["train"].sort(key=lambda lt: xxhash.xxh3_64_intdigest(lt[1].encode("utf-8"), seed=seed + 2))
-    log(f"documents: {len(pos):,} positives, {len(neg):,} negatives distinct (>= {min_words} words; "
+    log(
+        f"documents: {len(pos):,} positives, {len(neg):,} negatives distinct (>= {min_words} words; "
         f"{len(both)} in both dropped from negatives); {n:,} per class; "
-        f"{len(split['train']):,} train, {len(split['heldout']):,} held out")
+        f"{len(split['train']):,} train, {len(split['heldout']):,} held out"
+    )
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="quality-train-", dir=output.parent) as tmp:
         train_file = Path(tmp) / "train.txt"
         train_file.write_text("".join(f"{label} {prepare(t)}\n" for label, t in split["train"]), encoding="utf-8")
-        model = fasttext.train_supervised(input=str(train_file), epoch=epoch, lr=lr, dim=dim, wordNgrams=word_ngrams,
-                                          minCount=min_count, bucket=bucket, seed=seed, thread=thread,
-                                          verbose=0)
+        model = fasttext.train_supervised(
+            input=str(train_file),
+            epoch=epoch,
+            lr=lr,
+            dim=dim,
+            wordNgrams=word_ngrams,
+            minCount=min_count,
+            bucket=bucket,
+            seed=seed,
+            thread=thread,
+            verbose=0,
+        )
     tmp_model = Path(f"{output}.tmp")
     model.save_model(str(tmp_model))
 
@@ -133,25 +154,40 @@ def train(
     report = {
         "model": output.name,
         "labels": [HQ, LQ],
-        "positives": [str(p) for p in positives], "negatives": [str(p) for p in negatives],
-        "detokenize": detokenize, "min_words": min_words,
+        "positives": [str(p) for p in positives],
+        "negatives": [str(p) for p in negatives],
+        "detokenize": detokenize,
+        "min_words": min_words,
         "distinct": {"positives": len(pos), "negatives": len(neg), "in_both": len(both)},
-        "per_class": n, "train_examples": len(split["train"]),
+        "per_class": n,
+        "train_examples": len(split["train"]),
         "heldout": {"fraction": heldout, "positives": int(is_pos.sum()), "negatives": int((~is_pos).sum())},
-        "params": {"seed": seed, "thread": thread, "epoch": epoch, "lr": lr, "dim": dim, "wordNgrams": word_ngrams,
-                   "minCount": min_count, "bucket": bucket},
+        "params": {
+            "seed": seed,
+            "thread": thread,
+            "epoch": epoch,
+            "lr": lr,
+            "dim": dim,
+            "wordNgrams": word_ngrams,
+            "minCount": min_count,
+            "bucket": bucket,
+        },
         "metrics": {**binary_metrics(p_scores, n_scores, threshold), "roc_auc": roc_auc(p_scores, n_scores)},
-        "histogram": {"bins": bins.round(2).tolist(),
-                      "positives": np.histogram(p_scores, bins)[0].tolist(),
-                      "negatives": np.histogram(n_scores, bins)[0].tolist()},
+        "histogram": {
+            "bins": bins.round(2).tolist(),
+            "positives": np.histogram(p_scores, bins)[0].tolist(),
+            "negatives": np.histogram(n_scores, bins)[0].tolist(),
+        },
         "train_seconds": round(time.perf_counter() - t0, 1),
     }
     Path(f"{output}.report.json").write_text(json.dumps(report, indent=2) + "\n")
     Path(f"{output}.report.txt").write_text(_text_report(report))
     os.replace(tmp_model, output)  # last: a model file present means its reports are too
     m = report["metrics"]
-    log(f"wrote {output}: held-out ROC AUC {m['roc_auc']:.4f}, precision {m['precision']:.3f}, "
-        f"recall {m['recall']:.3f}, F1 {m['f1']:.3f} at {threshold} ({report['train_seconds']} s)")
+    log(
+        f"wrote {output}: held-out ROC AUC {m['roc_auc']:.4f}, precision {m['precision']:.3f}, "
+        f"recall {m['recall']:.3f}, F1 {m['f1']:.3f} at {threshold} ({report['train_seconds']} s)"
+    )
     return report
 
 
@@ -174,10 +210,25 @@ def _text_report(r: dict) -> str:
 
 
 def cmd_quality_train(args, console) -> int:
-    train(args.positives, args.negatives, args.output, detokenize=args.detokenize, min_words=args.min_words,
-          max_per_class=args.max_per_class, heldout=args.heldout, threshold=args.threshold, seed=args.seed,
-          thread=args.thread, epoch=args.epoch, lr=args.lr, dim=args.dim, word_ngrams=args.word_ngrams,
-          min_count=args.min_count, bucket=args.bucket, log=console.print)
+    train(
+        args.positives,
+        args.negatives,
+        args.output,
+        detokenize=args.detokenize,
+        min_words=args.min_words,
+        max_per_class=args.max_per_class,
+        heldout=args.heldout,
+        threshold=args.threshold,
+        seed=args.seed,
+        thread=args.thread,
+        epoch=args.epoch,
+        lr=args.lr,
+        dim=args.dim,
+        word_ngrams=args.word_ngrams,
+        min_count=args.min_count,
+        bucket=args.bucket,
+        log=console.print,
+    )
     return 0
 
 
@@ -189,8 +240,12 @@ def add_parser(sub) -> None:
     t.add_argument("--positives", nargs="+", required=True, help="reference text: text files or Parquet files/folders")
     t.add_argument("--negatives", nargs="+", required=True, help="crawl documents: WET files or a run's output Parquet")
     t.add_argument("--output", "-o", required=True, help="model path, e.g. models/quality/en.bin")
-    t.add_argument("--detokenize", choices=["none", "wikitext"], default="none",
-                   help="undo WikiText's tokenisation of the positives' text files")
+    t.add_argument(
+        "--detokenize",
+        choices=["none", "wikitext"],
+        default="none",
+        help="undo WikiText's tokenisation of the positives' text files",
+    )
     t.add_argument("--min-words", type=int, default=20, help="ignore shorter documents (headings, menus)")
     t.add_argument("--max-per-class", type=int)
     t.add_argument("--heldout", type=float, default=0.2)
@@ -202,6 +257,10 @@ def add_parser(sub) -> None:
     t.add_argument("--dim", type=int, default=64)
     t.add_argument("--word-ngrams", type=int, default=2)
     t.add_argument("--min-count", type=int, default=2)
-    t.add_argument("--bucket", type=int, default=100_000,
-                   help="hash buckets for word n-grams (fastText's 2M default makes a 500 MB model)")
+    t.add_argument(
+        "--bucket",
+        type=int,
+        default=100_000,
+        help="hash buckets for word n-grams (fastText's 2M default makes a 500 MB model)",
+    )
     t.set_defaults(func=cmd_quality_train)

@@ -38,28 +38,140 @@ from gristmill.core.files import write_text_atomic
 from gristmill.filters.c4_lines import C4Lines, end_punctuation_for
 from gristmill.filters.gopher_quality import GopherQuality, language_stop_words
 from gristmill.filters.gopher_repetition import GopherRepetition, _repeated_chars_of_strings, _top_chars_of_strings
-from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_lines, split_paragraphs, split_sentences, split_words
+from gristmill.text.words import (
+    PUNCTUATION_CHARS,
+    UNSPACED_LANGUAGES,
+    split_lines,
+    split_paragraphs,
+    split_sentences,
+    split_words,
+)
 
 __all__ = ["RULES", "UDHR_FILES", "Rule", "calibrate", "chunks", "read_udhr"]
 
 #: lid.176 label -> the UDHR file (ISO 639-3 name, in udhr2.zip) of that language
 UDHR_FILES = {
-    "af": "afr", "am": "amh", "ar": "arb", "ast": "ast", "az": "azj_latn", "bcl": "bcl", "be": "bel", "bg": "bul",
-    "bn": "ben", "bo": "bod", "br": "bre", "bs": "bos_latn", "ca": "cat", "ceb": "ceb", "ckb": "ckb", "co": "cos",
-    "cs": "ces", "cy": "cym", "da": "dan", "de": "deu", "dv": "div", "el": "ell_monotonic", "eml": "eml", "en": "eng",
-    "eo": "epo", "es": "spa", "et": "est", "eu": "eus", "fa": "pes_1", "fi": "fin", "fr": "fra", "fy": "fri",
-    "ga": "gle", "gd": "gla", "gl": "glg", "gn": "gug", "gu": "guj", "he": "heb", "hi": "hin", "hr": "hrv",
-    "hsb": "hsb", "ht": "hat_kreyol", "hu": "hun", "hy": "hye", "ia": "ina", "id": "ind", "ilo": "ilo", "io": "ido",
-    "is": "isl", "it": "ita", "ja": "jpn", "jv": "jav", "ka": "kat", "kk": "kaz", "km": "khm", "kn": "kan",
-    "ko": "kor", "ky": "kir", "la": "lat", "lb": "ltz", "lo": "lao", "lt": "lit", "lv": "lav", "mai": "mai",
-    "mg": "plt", "min": "min", "mk": "mkd", "ml": "mal", "mn": "khk", "mr": "mar", "ms": "mly_latn", "mt": "mlt",
-    "my": "mya", "nds": "nds", "ne": "nep", "nl": "nld", "nn": "nno", "no": "nob", "oc": "prv", "os": "oss",
-    "pa": "pan", "pam": "pam", "pl": "pol", "pnb": "pnb", "ps": "pbu", "pt": "por_PT", "qu": "quz", "rm": "roh",
-    "ro": "ron", "ru": "rus", "sa": "san", "sah": "sah", "sco": "sco", "sk": "slk", "sl": "slv", "so": "som",
-    "sq": "als", "sr": "srp_cyrl", "su": "sun", "sv": "swe", "sw": "swh", "ta": "tam", "tg": "tgk", "th": "tha",
-    "tk": "tuk_latn", "tl": "tgl", "tr": "tur", "tt": "tat", "tyv": "tyv", "ug": "uig_arab", "uk": "ukr",
-    "ur": "urd", "uz": "uzn_latn", "vec": "vec", "vep": "vep", "vi": "vie", "wa": "wln", "war": "war", "yi": "ydd",
-    "yo": "yor", "zh": "cmn_hans",
+    "af": "afr",
+    "am": "amh",
+    "ar": "arb",
+    "ast": "ast",
+    "az": "azj_latn",
+    "bcl": "bcl",
+    "be": "bel",
+    "bg": "bul",
+    "bn": "ben",
+    "bo": "bod",
+    "br": "bre",
+    "bs": "bos_latn",
+    "ca": "cat",
+    "ceb": "ceb",
+    "ckb": "ckb",
+    "co": "cos",
+    "cs": "ces",
+    "cy": "cym",
+    "da": "dan",
+    "de": "deu",
+    "dv": "div",
+    "el": "ell_monotonic",
+    "eml": "eml",
+    "en": "eng",
+    "eo": "epo",
+    "es": "spa",
+    "et": "est",
+    "eu": "eus",
+    "fa": "pes_1",
+    "fi": "fin",
+    "fr": "fra",
+    "fy": "fri",
+    "ga": "gle",
+    "gd": "gla",
+    "gl": "glg",
+    "gn": "gug",
+    "gu": "guj",
+    "he": "heb",
+    "hi": "hin",
+    "hr": "hrv",
+    "hsb": "hsb",
+    "ht": "hat_kreyol",
+    "hu": "hun",
+    "hy": "hye",
+    "ia": "ina",
+    "id": "ind",
+    "ilo": "ilo",
+    "io": "ido",
+    "is": "isl",
+    "it": "ita",
+    "ja": "jpn",
+    "jv": "jav",
+    "ka": "kat",
+    "kk": "kaz",
+    "km": "khm",
+    "kn": "kan",
+    "ko": "kor",
+    "ky": "kir",
+    "la": "lat",
+    "lb": "ltz",
+    "lo": "lao",
+    "lt": "lit",
+    "lv": "lav",
+    "mai": "mai",
+    "mg": "plt",
+    "min": "min",
+    "mk": "mkd",
+    "ml": "mal",
+    "mn": "khk",
+    "mr": "mar",
+    "ms": "mly_latn",
+    "mt": "mlt",
+    "my": "mya",
+    "nds": "nds",
+    "ne": "nep",
+    "nl": "nld",
+    "nn": "nno",
+    "no": "nob",
+    "oc": "prv",
+    "os": "oss",
+    "pa": "pan",
+    "pam": "pam",
+    "pl": "pol",
+    "pnb": "pnb",
+    "ps": "pbu",
+    "pt": "por_PT",
+    "qu": "quz",
+    "rm": "roh",
+    "ro": "ron",
+    "ru": "rus",
+    "sa": "san",
+    "sah": "sah",
+    "sco": "sco",
+    "sk": "slk",
+    "sl": "slv",
+    "so": "som",
+    "sq": "als",
+    "sr": "srp_cyrl",
+    "su": "sun",
+    "sv": "swe",
+    "sw": "swh",
+    "ta": "tam",
+    "tg": "tgk",
+    "th": "tha",
+    "tk": "tuk_latn",
+    "tl": "tgl",
+    "tr": "tur",
+    "tt": "tat",
+    "tyv": "tyv",
+    "ug": "uig_arab",
+    "uk": "ukr",
+    "ur": "urd",
+    "uz": "uzn_latn",
+    "vec": "vec",
+    "vep": "vep",
+    "vi": "vie",
+    "wa": "wln",
+    "war": "war",
+    "yi": "ydd",
+    "yo": "yor",
+    "zh": "cmn_hans",
 }
 
 
@@ -91,6 +203,7 @@ def _per_word(count: Callable[[str], int]) -> Callable[[str, str], float | None]
     def stat(text: str, lang: str) -> float | None:
         words = split_words(text, lang)
         return count(text) / len(words) if words else None
+
     return stat
 
 
@@ -98,6 +211,7 @@ def _line_share(test: Callable[[str], bool]) -> Callable[[str, str], float | Non
     def stat(text: str, lang: str) -> float | None:
         lines = text.splitlines()
         return sum(map(test, lines)) / len(lines) if lines else None
+
     return stat
 
 
@@ -108,6 +222,7 @@ def _dup_frac(split: Callable[[str], list[str]], chars: bool) -> Callable[[str, 
         if chars:
             return (sum(map(len, parts)) - sum(map(len, distinct))) / len(text) if text else None
         return (len(parts) - len(distinct)) / len(parts) if parts else None
+
     return stat
 
 
@@ -116,12 +231,14 @@ def _top_ngram(n: int) -> Callable[[str, str], float | None]:
     def stat(text: str, lang: str) -> float | None:
         top = _top_chars_of_strings(split_words(text, lang), n) if text else None
         return top / len(text) if top is not None else None
+
     return stat
 
 
 def _dup_ngrams(n: int) -> Callable[[str, str], float | None]:
     def stat(text: str, lang: str) -> float | None:
         return _repeated_chars_of_strings(split_words(text, lang), n) / len(text) if text else None
+
     return stat
 
 
@@ -143,8 +260,13 @@ def _sentences(text: str, lang: str, min_words: int = 3) -> float | None:
     """c4_lines' sentence count: sentences of the lines that end a sentence and hold enough words."""
     ends = end_punctuation_for(lang)
     lines = [line.strip() for line in text.splitlines()]
-    return float(sum(len(split_sentences(line)) for line in lines
-                     if line.endswith(ends) and len(_line_words(line, lang)) >= min_words))
+    return float(
+        sum(
+            len(split_sentences(line))
+            for line in lines
+            if line.endswith(ends) and len(_line_words(line, lang)) >= min_words
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -158,7 +280,7 @@ class Rule:
     stat: Callable[[str, str], float | None | list[float]]
     integer: bool = False
     n: int | None = None  # the n of an n-gram rule: its entry in the [n, fraction] list
-    lines: bool = False   # the statistic is per line (the rule removes lines, not documents)
+    lines: bool = False  # the statistic is per line (the rule removes lines, not documents)
     #: a count that grows with the document (words, sentences): what share a threshold removes
     #: depends on how the reference was cut, so the threshold is scaled by the ratio of the
     #: medians over the same (parallel) documents instead: Chinese says in 30 ICU words what
@@ -176,8 +298,12 @@ class Rule:
         return value
 
 
-_DEFAULTS = {"gopher_quality": GopherQuality.Config(), "gopher_repetition": GopherRepetition.Config(),
-             "c4_lines": C4Lines.Config()}
+_DEFAULTS = {
+    "gopher_quality": GopherQuality.Config(),
+    "gopher_repetition": GopherRepetition.Config(),
+    "c4_lines": C4Lines.Config(),
+}
+
 
 def _doc_words(text: str, lang: str) -> float | None:
     return float(len(_content(split_words(text, lang))))
@@ -191,8 +317,7 @@ RULES: tuple[Rule, ...] = (
     Rule("gopher_quality", "max_non_alpha_words_ratio", "min", _alpha_share),
     Rule("gopher_quality", "min_stop_words", "min", _stop_words, integer=True),
     Rule("gopher_quality", "max_bullet_lines_ratio", "max", _line_share(lambda s: s.lstrip().startswith(("•", "-")))),
-    Rule("gopher_quality", "max_ellipsis_lines_ratio", "max",
-         _line_share(lambda s: s.rstrip().endswith(("...", "…")))),
+    Rule("gopher_quality", "max_ellipsis_lines_ratio", "max", _line_share(lambda s: s.rstrip().endswith(("...", "…")))),
     Rule("gopher_repetition", "dup_line_frac", "max", _dup_frac(split_lines, chars=False)),
     Rule("gopher_repetition", "dup_para_frac", "max", _dup_frac(split_paragraphs, chars=False)),
     Rule("gopher_repetition", "dup_line_char_frac", "max", _dup_frac(split_lines, chars=True)),
@@ -311,8 +436,9 @@ class Result:
     documents: int
 
 
-def calibrate(references: dict[str, list[str]], english: list[str], rules=RULES,
-              progress: Callable[[str], None] | None = None) -> list[Result]:
+def calibrate(
+    references: dict[str, list[str]], english: list[str], rules=RULES, progress: Callable[[str], None] | None = None
+) -> list[Result]:
     """One Result per rule and language of `references` ({lid label: documents})."""
     results = []
     english_values = {rule: _values(rule, english, "en") for rule in rules}
@@ -388,16 +514,19 @@ def cmd_calibrate(args, console) -> int:
     if languages is not None:
         missing = sorted(set(languages) - set(references))
         if missing:
-            raise ConfigError(f"--languages: no reference text for {', '.join(missing)} (UDHR has none: "
-                              f"give --reference LANG=FILE)")
+            raise ConfigError(
+                f"--languages: no reference text for {', '.join(missing)} (UDHR has none: give --reference LANG=FILE)"
+            )
     results = calibrate(references, english)
     table = calibration_table(results)
-    header = (f"# Written by `pipeline calibrate` (gristmill.pipeline.calibrate): thresholds that remove the same share\n"
-              f"# of each language's reference text as the English defaults remove of English reference text.\n"
-              f"# Reference: {', '.join(filter(None, [args.udhr, *args.english, *args.reference]))}; "
-              f"{len(english)} English documents, about {round(statistics.mean(len(v) for v in references.values()))}"
-              f" per language (cut at blank lines).\n"
-              f"# Use it as `calibration: {args.output}` in a run config; a step's own per_language wins.\n")
+    header = (
+        f"# Written by `pipeline calibrate` (gristmill.pipeline.calibrate): thresholds that remove the same share\n"
+        f"# of each language's reference text as the English defaults remove of English reference text.\n"
+        f"# Reference: {', '.join(filter(None, [args.udhr, *args.english, *args.reference]))}; "
+        f"{len(english)} English documents, about {round(statistics.mean(len(v) for v in references.values()))}"
+        f" per language (cut at blank lines).\n"
+        f"# Use it as `calibration: {args.output}` in a run config; a step's own per_language wins.\n"
+    )
     write_text_atomic(Path(args.output), header + yaml.safe_dump(table, sort_keys=True, allow_unicode=True))
     t = Table("rule", "English default", "share it removes", "languages: min", "median", "max", "zh", "ar")
     by_rule: dict[str, dict[str, Result]] = {}
@@ -407,28 +536,53 @@ def cmd_calibrate(args, console) -> int:
         first = next(iter(row.values()))
         values = sorted(r.threshold for r in row.values())
         share = "(scaled)" if first.rule.length else f"{first.english_share:.2f}"
-        t.add_row(name, str(first.default), share, f"{values[0]:g}", f"{statistics.median(values):g}", f"{values[-1]:g}",
-                  *[str(row[lang].threshold) if lang in row else "-" for lang in ("zh", "ar")])
+        t.add_row(
+            name,
+            str(first.default),
+            share,
+            f"{values[0]:g}",
+            f"{statistics.median(values):g}",
+            f"{values[-1]:g}",
+            *[str(row[lang].threshold) if lang in row else "-" for lang in ("zh", "ar")],
+        )
     console.print(t)
     n_values = sum(len(v) for step in table.values() for v in step["per_language"].values())
     calibrated = sorted({r.language for r in results})
     thin = sorted(set(references) - set(calibrated) - {"en"})
-    console.print(f"wrote {args.output}: {len(calibrated)} languages, {n_values} values differing from the English "
-                  f"defaults" + (f"; not calibrated (under {MIN_DOCUMENTS} documents): {', '.join(thin)}" if thin else ""))
+    console.print(
+        f"wrote {args.output}: {len(calibrated)} languages, {n_values} values differing from the English "
+        f"defaults" + (f"; not calibrated (under {MIN_DOCUMENTS} documents): {', '.join(thin)}" if thin else "")
+    )
     return 0
 
 
 def add_parser(sub) -> None:
     """`pipeline calibrate ...` (registered by cli.py)."""
-    c = sub.add_parser("calibrate", help="per-language thresholds of the heuristic filters from reference text "
-                                         "(the share the English defaults remove)")
-    c.add_argument("--udhr", help="the UDHR zip (udhr2.zip, one file per language), e.g. "
-                                  "../shared/data/corpus/multi/udhr2.zip")
-    c.add_argument("--reference", action="append", default=[], metavar="LANG=FILE",
-                   help="reference text of a language (UTF-8, documents separated by blank lines); repeatable")
-    c.add_argument("--english", action="append", default=[], metavar="FILE",
-                   help="more English reference text (e.g. WikiText), documents separated by blank lines")
+    c = sub.add_parser(
+        "calibrate",
+        help="per-language thresholds of the heuristic filters from reference text "
+        "(the share the English defaults remove)",
+    )
+    c.add_argument(
+        "--udhr", help="the UDHR zip (udhr2.zip, one file per language), e.g. ../shared/data/corpus/multi/udhr2.zip"
+    )
+    c.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="LANG=FILE",
+        help="reference text of a language (UTF-8, documents separated by blank lines); repeatable",
+    )
+    c.add_argument(
+        "--english",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="more English reference text (e.g. WikiText), documents separated by blank lines",
+    )
     c.add_argument("--no-udhr-english", action="store_true", help="do not use UDHR's English file as reference")
     c.add_argument("--languages", help="comma-separated lid.176 labels (default: every language with reference text)")
-    c.add_argument("--output", "-o", required=True, help="calibration YAML to write, e.g. configs/calibration/udhr.yaml")
+    c.add_argument(
+        "--output", "-o", required=True, help="calibration YAML to write, e.g. configs/calibration/udhr.yaml"
+    )
     c.set_defaults(func=cmd_calibrate)

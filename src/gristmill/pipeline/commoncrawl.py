@@ -45,8 +45,7 @@ USER_AGENT = "gristmill/0.1 (+https://commoncrawl.org/terms-of-use)"
 CHUNK = 1 << 20
 # Errors that say "the network or the server hiccupped", worth another try. Deliberately not
 # bare OSError: a full disk while writing the .part must fail at once, not be retried 8 times.
-_TRANSIENT = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError,
-              ssl.SSLError)
+_TRANSIENT = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError)
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 GZIP_MAGIC = b"\x1f\x8b"
 # Input slice per inflate call: at a member's end the decoder copies the rest of its input into
@@ -127,8 +126,9 @@ def gzip_problem(path: str | os.PathLike, starts_with: bytes = b"") -> tuple[str
                     if GZIP_MAGIC.startswith(data):  # the file ends one byte into a member
                         return "truncated", f"ends inside the gzip member at byte {base:,}"
                 if not data.startswith(GZIP_MAGIC, i):
-                    return "trailing", (f"bytes after the last gzip member, from byte {base + i:,}, "
-                                       f"starting {_snippet(data[i:])}")
+                    return "trailing", (
+                        f"bytes after the last gzip member, from byte {base + i:,}, starting {_snippet(data[i:])}"
+                    )
                 d, member = isal_zlib.decompressobj(31), base + i
             elif i == len(data):
                 base, data, i = base + len(data), f.read(CHUNK), 0
@@ -202,8 +202,14 @@ class Fetcher:
     by S3 do not all come back in the same second; a server's Retry-After wins (also capped).
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, retries: int = 8, backoff: float = 1.0,
-                 max_backoff: float = 60, timeout: float = 60):
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike,
+        retries: int = 8,
+        backoff: float = 1.0,
+        max_backoff: float = 60,
+        timeout: float = 60,
+    ):
         self.cache_dir = Path(cache_dir)
         self.retries = retries
         self.backoff = backoff
@@ -257,8 +263,10 @@ class Fetcher:
         if problem is None:
             _mark(dest)
             return
-        logger.warning(f"{dest}: the cached copy of {url} is bad "
-                       f"({_describe(problem, dest.stat().st_size, None)}); removing it and downloading again")
+        logger.warning(
+            f"{dest}: the cached copy of {url} is bad "
+            f"({_describe(problem, dest.stat().st_size, None)}); removing it and downloading again"
+        )
         _marker(dest).unlink(missing_ok=True)
         dest.unlink()
 
@@ -281,15 +289,15 @@ class Fetcher:
                     best, attempt = size, 0
                 attempt += 1
                 if attempt > self.retries:
-                    raise DownloadError(
-                        f"giving up on {url} after {attempt} attempts: {err}") from None
+                    raise DownloadError(f"giving up on {url} after {attempt} attempts: {err}") from None
                 delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
                 if err.wait is not None:
                     wait = min(self.max_backoff, err.wait)
                 else:
                     wait = delay * random.uniform(0.5, 1.0)
-                logger.warning(f"retrying {url}: {err} (attempt {attempt}/{self.retries}, "
-                               f"have {size} bytes), waiting {wait:.2f}s")
+                logger.warning(
+                    f"retrying {url}: {err} (attempt {attempt}/{self.retries}, have {size} bytes), waiting {wait:.2f}s"
+                )
                 time.sleep(wait)
 
     def _attempt(self, url: str, part: Path, dest: Path) -> None:
@@ -345,8 +353,7 @@ class Fetcher:
         if _wants_gzip(url):
             _mark(dest)
 
-    def _http_error(self, url: str, err: urllib.error.HTTPError, part: Path, dest: Path,
-                    offset: int) -> None:
+    def _http_error(self, url: str, err: urllib.error.HTTPError, part: Path, dest: Path, offset: int) -> None:
         try:
             body = err.read(4096).decode("utf-8", "replace")
         except Exception:  # noqa: BLE001 - the body is only a hint; the status decides
@@ -372,21 +379,31 @@ def _listing_entries(raw: bytes, where: str) -> list[str]:
     try:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
-        what = (f"starting {_snippet(raw)} instead of gzip" if not raw.startswith(GZIP_MAGIC)
-                else f"that do not decompress to UTF-8 text ({e})")
+        what = (
+            f"starting {_snippet(raw)} instead of gzip"
+            if not raw.startswith(GZIP_MAGIC)
+            else f"that do not decompress to UTF-8 text ({e})"
+        )
         raise ValueError(f"{where}: not a WET paths listing: {len(raw):,} bytes {what}") from None
     lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     entries = [e for _, e in lines]
     bad = [(n, e) for n, e in lines if not _LISTING_LINE.fullmatch(e) or ".." in e.split("/")]
     if bad or not entries:
         first = f"line {bad[0][0]} is {bad[0][1][:80]!r}" if bad else "it is empty"
-        raise ValueError(f"{where}: not a WET paths listing: {first}, expected crawl-data/...wet.gz"
-                         + (f" ({len(bad):,} of {len(entries):,} lines are not such paths)" if bad else ""))
+        raise ValueError(
+            f"{where}: not a WET paths listing: {first}, expected crawl-data/...wet.gz"
+            + (f" ({len(bad):,} of {len(entries):,} lines are not such paths)" if bad else "")
+        )
     return entries
 
 
-def list_wet_paths(base_url: str | os.PathLike, crawl: str, files: int | None = None,
-                   paths: list[str] | None = None, fetcher: Fetcher | None = None) -> list[str]:
+def list_wet_paths(
+    base_url: str | os.PathLike,
+    crawl: str,
+    files: int | None = None,
+    paths: list[str] | None = None,
+    fetcher: Fetcher | None = None,
+) -> list[str]:
     """WET files of `crawl` under `base_url`: the first `files` of the listing, the named
     `paths` (in the order given), or all of them. Remote bases give URLs, local bases paths.
 
@@ -418,18 +435,16 @@ def list_wet_paths(base_url: str | os.PathLike, crawl: str, files: int | None = 
         known, chosen, missing = set(entries), [], []
         for p in paths:
             rel = str(p).strip()
-            rel = rel[len(base):] if rel.startswith(base + "/") else rel
+            rel = rel[len(base) :] if rel.startswith(base + "/") else rel
             rel = rel.lstrip("/")
             (chosen if rel in known else missing).append(rel)
         if missing:
-            raise ValueError(f"not in the {crawl} WET listing ({base}/{listing_rel}): "
-                             + ", ".join(missing))
+            raise ValueError(f"not in the {crawl} WET listing ({base}/{listing_rel}): " + ", ".join(missing))
         # A file named twice would be processed twice, i.e. its documents duplicated.
         chosen = list(dict.fromkeys(chosen))
     elif files is not None:
         if files > len(entries):
-            logger.warning(f"asked for {files} WET files of {crawl}; "
-                           f"the listing has only {len(entries)}")
+            logger.warning(f"asked for {files} WET files of {crawl}; the listing has only {len(entries)}")
         chosen = entries[:files]
     else:
         chosen = entries
@@ -439,6 +454,8 @@ def list_wet_paths(base_url: str | os.PathLike, crawl: str, files: int | None = 
     out = [str(Path(base) / rel) for rel in chosen]
     absent = [p for p in out if not Path(p).is_file()]
     if absent:
-        raise FileNotFoundError(f"listed but absent from the local mirror: {', '.join(absent[:5])}"
-                                + (f" (+{len(absent) - 5} more)" if len(absent) > 5 else ""))
+        raise FileNotFoundError(
+            f"listed but absent from the local mirror: {', '.join(absent[:5])}"
+            + (f" (+{len(absent) - 5} more)" if len(absent) > 5 else "")
+        )
     return out

@@ -74,8 +74,12 @@ def describe_exit(returncode: int, error: str) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        hint = {"SIGKILL": " (killed: out of memory?)", "SIGSEGV": " (segmentation fault in native code)",
-                "SIGBUS": " (bus error: a memory-mapped file truncated?)", "SIGABRT": " (aborted in native code)"}
+        hint = {
+            "SIGKILL": " (killed: out of memory?)",
+            "SIGSEGV": " (segmentation fault in native code)",
+            "SIGBUS": " (bus error: a memory-mapped file truncated?)",
+            "SIGABRT": " (aborted in native code)",
+        }
         return f"was killed by {name}{hint.get(name, '')}"
     if error:
         return f"failed: {error}"
@@ -155,8 +159,10 @@ def _task_main() -> None:
     os._exit(code)  # no atexit work: nothing of the task is left to tidy
 
 
-_TASK_CMD = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-             "from gristmill.pipeline.executors import _task_main; _task_main()")
+_TASK_CMD = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+    "from gristmill.pipeline.executors import _task_main; _task_main()"
+)
 
 
 def _stop(tasks) -> None:
@@ -213,7 +219,9 @@ class LocalExecutor(RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
         Raises TaskFailed for the first task that dies or fails (after stopping the others) and
         Interrupted on SIGTERM/SIGHUP; KeyboardInterrupt passes through, tasks stopped.
         """
-        ranks = deque(self.get_incomplete_ranks(range(self.local_rank_offset, self.local_rank_offset + self.local_tasks)))
+        ranks = deque(
+            self.get_incomplete_ranks(range(self.local_rank_offset, self.local_rank_offset + self.local_tasks))
+        )
         if not ranks:
             return
         self.save_executor_as_json()
@@ -237,8 +245,9 @@ class LocalExecutor(RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
                         slots.append(task.slot)
                         if not self.is_rank_completed(task.rank) and failure is None:
                             error = task.error.decode("utf-8", "replace").strip()
-                            failure = TaskFailed(task.rank, describe_exit(task.proc.returncode, error),
-                                                 self.task_log(task.rank))
+                            failure = TaskFailed(
+                                task.rank, describe_exit(task.proc.returncode, error), self.task_log(task.rank)
+                            )
                     for task in running:
                         task.drain()
                     if on_poll:
@@ -255,9 +264,20 @@ class LocalExecutor(RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
         status_r, status_w = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _TASK_CMD, json.dumps(sys.path), executor_file, str(rank), str(slot),
-                 str(os.getpid()), str(status_w)],
-                stdin=subprocess.DEVNULL, pass_fds=(status_w,), process_group=0,
+                [
+                    sys.executable,
+                    "-c",
+                    _TASK_CMD,
+                    json.dumps(sys.path),
+                    executor_file,
+                    str(rank),
+                    str(slot),
+                    str(os.getpid()),
+                    str(status_w),
+                ],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(status_w,),
+                process_group=0,
             )
         except BaseException:
             os.close(status_r)

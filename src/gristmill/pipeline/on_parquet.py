@@ -20,8 +20,14 @@ from gristmill.pipeline.stats import merge_stage
 
 def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int = 1, workers: int = 1) -> list[Stage]:
     cls = registered_steps()[step]
-    cfg = from_dict({"run_dir": str(run_dir), "executor": {"tasks": tasks, "workers": workers},
-                     "input": {"paths": [str(input_folder)]}, "output": {"dropped_sample": 0}})
+    cfg = from_dict(
+        {
+            "run_dir": str(run_dir),
+            "executor": {"tasks": tasks, "workers": workers},
+            "input": {"paths": [str(input_folder)]},
+            "output": {"dropped_sample": 0},
+        }
+    )
     # the memory models' input: Parquet (zstd) holds text about as densely as gzipped WET
     size = sum(f.stat().st_size for f in Path(input_folder).rglob("*.parquet"))
     ctx = PlanContext(cfg, make_fetcher(cfg), documents=Path(input_folder), input_size=size)

@@ -28,8 +28,16 @@ from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.tokenize.stages import Tokenize
 
-__all__ = ["MemoryEstimate", "PlanContext", "Stage", "estimate_memory", "input_bytes", "make_fetcher", "plan",
-           "resolve_sources"]
+__all__ = [
+    "MemoryEstimate",
+    "PlanContext",
+    "Stage",
+    "estimate_memory",
+    "input_bytes",
+    "make_fetcher",
+    "plan",
+    "resolve_sources",
+]
 
 #: What a gigabyte of compressed WET holds, for estimates made before anything is read (upper
 #: figures, so memory estimates err high): Common Crawl's ~3e9 documents in ~90,000 files of
@@ -68,8 +76,10 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
             raise ConfigError(f"input.paths[{i}]: no file matches {pattern!r}")
         folders = [m for m in matches if Path(m).is_dir()]
         if folders:
-            raise ConfigError(f"input.paths[{i}]: {folders[0]} is a directory, not a WET file;"
-                              f" give the files, e.g. {str(Path(folders[0]) / '*.warc.wet.gz')!r}")
+            raise ConfigError(
+                f"input.paths[{i}]: {folders[0]} is a directory, not a WET file;"
+                f" give the files, e.g. {str(Path(folders[0]) / '*.warc.wet.gz')!r}"
+            )
         for m in matches:
             real = os.path.realpath(m)
             if real in seen:
@@ -112,11 +122,16 @@ class MemoryEstimate:
 
     def message(self) -> str:
         gb = 1 << 30
-        hint = (f"; {self.largest.name} holds the most: raise {self.largest.memory_setting}"
-                if self.largest is not None else "")
-        return (f"stage {self.stage.label}: a task is estimated to need {self.bytes / gb:.2f} GB "
-                f"({self.stage.work.documents:.3g} documents over {self.stage.tasks} tasks), more than the "
-                f"{self.limit / gb:.2f} GB of {self.limit_setting}{hint}")
+        hint = (
+            f"; {self.largest.name} holds the most: raise {self.largest.memory_setting}"
+            if self.largest is not None
+            else ""
+        )
+        return (
+            f"stage {self.stage.label}: a task is estimated to need {self.bytes / gb:.2f} GB "
+            f"({self.stage.work.documents:.3g} documents over {self.stage.tasks} tasks), more than the "
+            f"{self.limit / gb:.2f} GB of {self.limit_setting}{hint}"
+        )
 
 
 def _task_memory_limit(cfg: RunConfig, stage: Stage) -> tuple[int, str]:
@@ -125,13 +140,18 @@ def _task_memory_limit(cfg: RunConfig, stage: Stage) -> tuple[int, str]:
         over = ex.slurm.stages.get(stage.name)
         mem = (over and over.mem_per_cpu_gb) or ex.slurm.mem_per_cpu_gb
         cpus = (over and over.cpus_per_task) or ex.slurm.cpus_per_task
-        where = (f"executor.slurm.stages.{stage.name}.mem_per_cpu_gb" if over and over.mem_per_cpu_gb
-                 else "executor.slurm.mem_per_cpu_gb")
+        where = (
+            f"executor.slurm.stages.{stage.name}.mem_per_cpu_gb"
+            if over and over.mem_per_cpu_gb
+            else "executor.slurm.mem_per_cpu_gb"
+        )
         return int(mem * cpus * (1 << 30)), f"{where} x cpus_per_task"
     if ex.memory_gb_per_task is not None:
         return int(ex.memory_gb_per_task * (1 << 30)), "executor.memory_gb_per_task"
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return total // max(min(ex.workers, stage.tasks), 1), f"this machine's memory / {min(ex.workers, stage.tasks)} workers"
+    return total // max(
+        min(ex.workers, stage.tasks), 1
+    ), f"this machine's memory / {min(ex.workers, stage.tasks)} workers"
 
 
 def estimate_memory(cfg: RunConfig, stages: list[Stage]) -> list[MemoryEstimate]:
@@ -205,8 +225,9 @@ class PlanContext:
     def stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
         index = len(self.stages) + 1
         folder = self.run_dir / f"{index:02d}_{name}"
-        stage = Stage(index, name, folder, pipeline, tasks or self.tasks, self.cfg.executor.workers,
-                      [s.name for s in pipeline])
+        stage = Stage(
+            index, name, folder, pipeline, tasks or self.tasks, self.cfg.executor.workers, [s.name for s in pipeline]
+        )
         stage.work = self.workload(stage.tasks)
         fields = dict(self.fields)
         for step in pipeline:
@@ -215,8 +236,9 @@ class PlanContext:
             if isinstance(step, Filter):  # every filter of every stage, dedup's too, the same way
                 step.scores_folder = str(folder / "scores" / step.name)
                 if self.cfg.output.dropped_sample > 0:
-                    step.dropped = DroppedSampler(folder / "dropped" / step.name, self.cfg.output.dropped_sample,
-                                                  fields)
+                    step.dropped = DroppedSampler(
+                        folder / "dropped" / step.name, self.cfg.output.dropped_sample, fields
+                    )
             if isinstance(step, ParquetWriter):  # the documents that leave this stage
                 step.bind(stage.output, fields, self.compression)
                 self.documents, self.fields, self.final_writer = stage.output, fields, step
@@ -227,8 +249,12 @@ class PlanContext:
         """The first step of a stage: the WET reader before any stage, then the last output."""
         if self.documents is None:
             cfg = self.cfg
-            return WetReader(self._sources(), resolve=self.fetcher.local_path,
-                             limit=cfg.input.limit, max_record_bytes=cfg.input.max_record_bytes)
+            return WetReader(
+                self._sources(),
+                resolve=self.fetcher.local_path,
+                limit=cfg.input.limit,
+                max_record_bytes=cfg.input.max_record_bytes,
+            )
         return ParquetReader(self.documents)
 
 
@@ -246,8 +272,9 @@ def _stream_stage(ctx: PlanContext, steps: list[Step]) -> None:
     ctx.stage("curate" if not ctx.stages else "filter", [ctx.read_documents(), *steps, ctx.writer()])
 
 
-def plan(cfg: RunConfig, *, input_size: float | None = None, sources: list[str] | None = None,
-         check_memory: bool = True) -> list[Stage]:
+def plan(
+    cfg: RunConfig, *, input_size: float | None = None, sources: list[str] | None = None, check_memory: bool = True
+) -> list[Stage]:
     """The run's stages. Refuses (ConfigError naming stage, estimate and setting) a stage whose
     tasks are estimated to need more memory than a task has."""
     ctx = PlanContext(cfg, make_fetcher(cfg), input_size=input_size, sources=sources)

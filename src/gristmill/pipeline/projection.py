@@ -25,7 +25,14 @@ from pathlib import Path
 
 from gristmill.config import RunConfig
 from gristmill.core.step import Stage
-from gristmill.pipeline.planner import CC_WET_FILE_BYTES, estimate_memory, input_bytes, make_fetcher, plan, resolve_sources
+from gristmill.pipeline.planner import (
+    CC_WET_FILE_BYTES,
+    estimate_memory,
+    input_bytes,
+    make_fetcher,
+    plan,
+    resolve_sources,
+)
 
 CALIBRATION_FILE = "scale_calibration.json"
 
@@ -81,8 +88,16 @@ class StageModel:
     def fit(cls, config: str, points: list[dict]) -> StageModel:
         gb = [p["input_gb"] for p in points]
         top = max(points, key=lambda p: p["input_gb"])
-        return cls(config, _fit(gb, [p["cpu_s"] or 0 for p in points]), top["max_rss_mb"] or 0, top["input_gb"],
-                   _fit(gb, [p["disk_mb"] for p in points]), len(points), max(top["tasks"], 1), top["cpu_s"] or 0.0)
+        return cls(
+            config,
+            _fit(gb, [p["cpu_s"] or 0 for p in points]),
+            top["max_rss_mb"] or 0,
+            top["input_gb"],
+            _fit(gb, [p["disk_mb"] for p in points]),
+            len(points),
+            max(top["tasks"], 1),
+            top["cpu_s"] or 0.0,
+        )
 
 
 def stage_models(calibration: dict, sizes: set[float] | None = None) -> dict[tuple, list[StageModel]]:
@@ -91,8 +106,11 @@ def stage_models(calibration: dict, sizes: set[float] | None = None) -> dict[tup
     out: dict[tuple, list[StageModel]] = {}
     for name, cfg in calibration["configs"].items():
         for stage, entry in cfg["stages"].items():
-            pts = [p for p in entry["points"] if p["cpu_s"] is not None
-                   and (sizes is None or any(abs(p["nominal_gb"] - s) < 1e-9 for s in sizes))]
+            pts = [
+                p
+                for p in entry["points"]
+                if p["cpu_s"] is not None and (sizes is None or any(abs(p["nominal_gb"] - s) < 1e-9 for s in sizes))
+            ]
             if pts:
                 out.setdefault((stage, _steps_key(entry["steps"])), []).append(StageModel.fit(name, pts))
     return out
@@ -116,8 +134,15 @@ class StageProjection:
         return self.estimate_bytes <= self.limit_bytes
 
 
-def project(cfg: RunConfig, stages: list[Stage], gb: float, calibration: dict, cores: int | None,
-            prefer: str | None = None, sizes: set[float] | None = None) -> list[StageProjection]:
+def project(
+    cfg: RunConfig,
+    stages: list[Stage],
+    gb: float,
+    calibration: dict,
+    cores: int | None,
+    prefer: str | None = None,
+    sizes: set[float] | None = None,
+) -> list[StageProjection]:
     models = stage_models(calibration, sizes)
     estimates = {e.stage.label: e for e in estimate_memory(cfg, stages)}
     preferred = prefer or _best_config(stages, models)
@@ -185,34 +210,51 @@ def _fmt_mb(mb: float | None) -> str:
     return f"{mb / 1e3:.1f} GB" if mb >= 1000 else f"{mb:.0f} MB"
 
 
-def render(projections: list[StageProjection], gb: float, cores: int | None, slurm: bool) -> tuple[list[str], list[list[str]], list[str]]:
+def render(
+    projections: list[StageProjection], gb: float, cores: int | None, slurm: bool
+) -> tuple[list[str], list[list[str]], list[str]]:
     """(header, rows, footer lines) of the projection table."""
     header = ["stage", "tasks", "CPU-h", "wall", "mem/task", "limit", "measured", "disk", "from"]
     rows = []
     for p in projections:
         flag = "" if p.fits else " ✗"
-        rows.append([p.stage.label, str(p.stage.tasks), "—" if p.cpu_s is None else _fmt_h(p.cpu_s / 3600),
-                     _fmt_s(p.wall_s), _fmt_mb(p.estimate_bytes / 1e6) + flag, _fmt_mb(p.limit_bytes / 1e6),
-                     "—" if p.model is None else _fmt_mb(p.rss_mb), _fmt_mb(p.disk_mb),
-                     "—" if p.model is None else p.model.config])
+        rows.append(
+            [
+                p.stage.label,
+                str(p.stage.tasks),
+                "—" if p.cpu_s is None else _fmt_h(p.cpu_s / 3600),
+                _fmt_s(p.wall_s),
+                _fmt_mb(p.estimate_bytes / 1e6) + flag,
+                _fmt_mb(p.limit_bytes / 1e6),
+                "—" if p.model is None else _fmt_mb(p.rss_mb),
+                _fmt_mb(p.disk_mb),
+                "—" if p.model is None else p.model.config,
+            ]
+        )
     known = [p for p in projections if p.cpu_s is not None]
     cpu = sum(p.cpu_s for p in known)
     wall = sum(p.wall_s for p in known)
     disk = sum(p.disk_mb for p in known)
     where = "every task of a stage at once (Slurm)" if slurm and cores is None else f"{cores or 1} cores"
-    footer = [f"input: {gb:,.0f} GB of compressed WET (~{gb * 300_000:.3g} documents at 300k per GB)",
-              "mem/task: the steps' memory models (upper bounds; ✗: over the limit); measured: the largest "
-              "task's peak RSS in the calibration run of the same stage (config: from); CPU-h, wall and disk: "
-              "lines through the calibration runs",
-              f"total: {_fmt_h(cpu / 3600)} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
-              f"(stage folders, token shards included)"]
+    footer = [
+        f"input: {gb:,.0f} GB of compressed WET (~{gb * 300_000:.3g} documents at 300k per GB)",
+        "mem/task: the steps' memory models (upper bounds; ✗: over the limit); measured: the largest "
+        "task's peak RSS in the calibration run of the same stage (config: from); CPU-h, wall and disk: "
+        "lines through the calibration runs",
+        f"total: {_fmt_h(cpu / 3600)} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
+        f"(stage folders, token shards included)",
+    ]
     missing = [p.stage.label for p in projections if p.cpu_s is None]
     if missing:
-        footer.append(f"not calibrated (no projection; run benchmarks/scale_run.py with this config): {', '.join(missing)}")
+        footer.append(
+            f"not calibrated (no projection; run benchmarks/scale_run.py with this config): {', '.join(missing)}"
+        )
     over = [p for p in projections if not p.fits]
     for p in over:
-        footer.append(f"✗ {p.stage.label}: needs ~{_fmt_mb(p.estimate_bytes / 1e6)} per task, "
-                      f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}")
+        footer.append(
+            f"✗ {p.stage.label}: needs ~{_fmt_mb(p.estimate_bytes / 1e6)} per task, "
+            f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}"
+        )
     return header, rows, footer
 
 

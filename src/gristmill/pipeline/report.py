@@ -18,8 +18,15 @@ from pathlib import Path
 import yaml
 
 from gristmill.core.scores import bin_edges
-from gristmill.pipeline.stats import (funnel, language_funnel, language_summary, languages, load_scores, merge_run,
-                                      top_domains)
+from gristmill.pipeline.stats import (
+    funnel,
+    language_funnel,
+    language_summary,
+    languages,
+    load_scores,
+    merge_run,
+    top_domains,
+)
 
 KEPT, DROPPED, BEFORE, AFTER, LINE = "#3b7dd8", "#e0703a", "#9aa5b1", "#3b7dd8", "#c0392b"
 
@@ -60,23 +67,35 @@ def bar_chart(items: list[tuple[str, float]], title: str = "", color: str = KEPT
     row, left, top = 20, 210, 26 if title else 6
     h = top + row * max(len(items), 1) + 8
     vmax = max((v for _, v in items), default=0) or 1
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" viewBox="0 0 {width} {h}" '
-             f'font-family="sans-serif" font-size="12">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" viewBox="0 0 {width} {h}" '
+        f'font-family="sans-serif" font-size="12">'
+    ]
     if title:
         parts.append(f'<text x="4" y="16" font-weight="bold">{esc(title)}</text>')
     for i, (label, v) in enumerate(items):
         y = top + i * row
         w = (width - left - 70) * v / vmax
-        parts.append(f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{esc(str(label)[:34])}</text>'
-                     f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" fill="{color}"/>'
-                     f'<text x="{left + w + 4:.1f}" y="{y + 14}">{esc(f"{v:,.0f}")}</text>')
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 14}" text-anchor="end">{esc(str(label)[:34])}</text>'
+            f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" fill="{color}"/>'
+            f'<text x="{left + w + 4:.1f}" y="{y + 14}">{esc(f"{v:,.0f}")}</text>'
+        )
     parts.append("</svg>")
     return Figure("".join(parts))
 
 
-def histogram(edges: list[float], series: dict[str, list[int]], title: str = "", log_x: bool = False,
-              threshold: float | None = None, threshold_label: str = "", colors: dict[str, str] | None = None,
-              width: int = 560, height: int = 230) -> Figure:
+def histogram(
+    edges: list[float],
+    series: dict[str, list[int]],
+    title: str = "",
+    log_x: bool = False,
+    threshold: float | None = None,
+    threshold_label: str = "",
+    colors: dict[str, str] | None = None,
+    width: int = 560,
+    height: int = 230,
+) -> Figure:
     """Overlaid step histograms over shared bin `edges` (log10 x axis if `log_x`), a red line at
     `threshold`."""
     colors = colors or {}
@@ -88,11 +107,13 @@ def histogram(edges: list[float], series: dict[str, list[int]], title: str = "",
     ymax = max((max(c) for c in series.values() if c), default=0) or 1
     X = lambda x: ml + (x - x0) / (x1 - x0) * pw  # noqa: E731
     Y = lambda y: mt + ph - y / ymax * ph  # noqa: E731
-    p = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-         f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
-         f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
-         f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>']
+    p = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
+        f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
+        f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>',
+    ]
     for frac in (0, 0.5, 1):
         y = ymax * frac
         p.append(f'<text x="{ml - 4}" y="{Y(y) + 4:.1f}" text-anchor="end">{_fmt(y)}</text>')
@@ -110,22 +131,29 @@ def histogram(edges: list[float], series: dict[str, list[int]], title: str = "",
         pts.append(f"{X(xs[-1]):.1f},{Y(0):.1f}")
         p.append(f'<polygon points="{" ".join(pts)}" fill="{color}" fill-opacity="0.35" stroke="{color}"/>')
         label = f"{name} ({sum(counts):,})"
-        p.append(f'<rect x="{legend_x - 150}" y="{mt + 2 + 14 * k}" width="10" height="10" fill="{color}"/>'
-                 f'<text x="{legend_x - 136}" y="{mt + 11 + 14 * k}">{esc(label)}</text>')
+        p.append(
+            f'<rect x="{legend_x - 150}" y="{mt + 2 + 14 * k}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{legend_x - 136}" y="{mt + 11 + 14 * k}">{esc(label)}</text>'
+        )
     if threshold is not None and (threshold > 0 or not log_x):
         tx = math.log10(threshold) if log_x else threshold
         if x0 <= tx <= x1:
-            p.append(f'<line x1="{X(tx):.1f}" y1="{mt}" x2="{X(tx):.1f}" y2="{mt + ph}" stroke="{LINE}" '
-                     f'stroke-width="2" stroke-dasharray="5,3"/>'
-                     f'<text x="{width - 4}" y="15" text-anchor="end" fill="{LINE}">- - {esc(threshold_label)} '
-                     f'{_fmt(threshold)}</text>')
-    p.append(f'<text x="{ml + pw / 2}" y="{height - 4}" text-anchor="middle" fill="#555">'
-             f'{"log scale" if log_x else ""}</text></svg>')
+            p.append(
+                f'<line x1="{X(tx):.1f}" y1="{mt}" x2="{X(tx):.1f}" y2="{mt + ph}" stroke="{LINE}" '
+                f'stroke-width="2" stroke-dasharray="5,3"/>'
+                f'<text x="{width - 4}" y="15" text-anchor="end" fill="{LINE}">- - {esc(threshold_label)} '
+                f"{_fmt(threshold)}</text>"
+            )
+    p.append(
+        f'<text x="{ml + pw / 2}" y="{height - 4}" text-anchor="middle" fill="#555">'
+        f"{'log scale' if log_x else ''}</text></svg>"
+    )
     return Figure("".join(p))
 
 
-def line_chart(series: dict[str, list[tuple[float, float]]], title: str = "", width: int = 560,
-               height: int = 230) -> Figure:
+def line_chart(
+    series: dict[str, list[tuple[float, float]]], title: str = "", width: int = 560, height: int = 230
+) -> Figure:
     ml, mr, mt, mb = 48, 12, 26, 30
     pw, ph = width - ml - mr, height - mt - mb
     pts_all = [pt for s in series.values() for pt in s]
@@ -136,20 +164,24 @@ def line_chart(series: dict[str, list[tuple[float, float]]], title: str = "", wi
     xmax, ymax = (xmax if xmax > xmin else xmin + 1), (ymax if ymax > ymin else ymin + 1)
     X = lambda x: ml + (x - xmin) / (xmax - xmin) * pw  # noqa: E731
     Y = lambda y: mt + ph - (y - ymin) / (ymax - ymin) * ph  # noqa: E731
-    p = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-         f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
-         f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
-         f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>',
-         f'<text x="{ml - 4}" y="{Y(ymax) + 4:.1f}" text-anchor="end">{_fmt(ymax)}</text>',
-         f'<text x="{ml - 4}" y="{Y(ymin) + 4:.1f}" text-anchor="end">{_fmt(ymin)}</text>',
-         f'<text x="{ml}" y="{mt + ph + 14}">{_fmt(xmin)}</text>',
-         f'<text x="{ml + pw}" y="{mt + ph + 14}" text-anchor="end">{_fmt(xmax)}</text>']
+    p = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
+        f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
+        f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>',
+        f'<text x="{ml - 4}" y="{Y(ymax) + 4:.1f}" text-anchor="end">{_fmt(ymax)}</text>',
+        f'<text x="{ml - 4}" y="{Y(ymin) + 4:.1f}" text-anchor="end">{_fmt(ymin)}</text>',
+        f'<text x="{ml}" y="{mt + ph + 14}">{_fmt(xmin)}</text>',
+        f'<text x="{ml + pw}" y="{mt + ph + 14}" text-anchor="end">{_fmt(xmax)}</text>',
+    ]
     for k, (name, pts) in enumerate(series.items()):
         color = [KEPT, DROPPED, LINE][k % 3]
-        p.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
-                 f'points="{" ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in pts)}"/>'
-                 f'<text x="{ml + pw - 100}" y="{mt + 12 + 14 * k}" fill="{color}">{esc(name)}</text>')
+        p.append(
+            f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
+            f'points="{" ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in pts)}"/>'
+            f'<text x="{ml + pw - 100}" y="{mt + 12 + 14 * k}" fill="{color}">{esc(name)}</text>'
+        )
     p.append("</svg>")
     return Figure("".join(p))
 
@@ -170,7 +202,7 @@ def thresholds(run_dir: Path) -> dict[str, tuple[float, str]]:
     for i, spec in enumerate(cfg.get("steps") or []):
         if not isinstance(spec, dict) or len(spec) != 1:
             continue
-        (name, params), = spec.items()
+        ((name, params),) = spec.items()
         if name in THRESHOLDS and isinstance(params, dict):
             key, label = THRESHOLDS[name]
             value = params.get(key)
@@ -181,16 +213,25 @@ def thresholds(run_dir: Path) -> dict[str, tuple[float, str]]:
 
 def score_figure(step: str, rec: dict, threshold: tuple[float, str] | None = None) -> Figure:
     field = rec["score_field"]
-    return histogram(bin_edges(rec["bins"]), {"kept": rec["hist"]["kept"], "dropped": rec["hist"]["dropped"]},
-                     title=f"{step}: {field}" + (" (documents without a score not shown)" if any(rec["missing"].values()) else ""),
-                     log_x=rec["bins"]["scale"] == "log", threshold=threshold[0] if threshold else None,
-                     threshold_label=threshold[1] if threshold else "", colors={"kept": KEPT, "dropped": DROPPED})
+    return histogram(
+        bin_edges(rec["bins"]),
+        {"kept": rec["hist"]["kept"], "dropped": rec["hist"]["dropped"]},
+        title=f"{step}: {field}" + (" (documents without a score not shown)" if any(rec["missing"].values()) else ""),
+        log_x=rec["bins"]["scale"] == "log",
+        threshold=threshold[0] if threshold else None,
+        threshold_label=threshold[1] if threshold else "",
+        colors={"kept": KEPT, "dropped": DROPPED},
+    )
 
 
 def length_figure(step: str, rec: dict) -> Figure:
-    return histogram(bin_edges(rec["length_bins"]), {"before": rec["length"]["before"], "after (kept)": rec["length"]["after"]},
-                     title=f"{step}: document length (characters)", log_x=True,
-                     colors={"before": BEFORE, "after (kept)": AFTER})
+    return histogram(
+        bin_edges(rec["length_bins"]),
+        {"before": rec["length"]["before"], "after (kept)": rec["length"]["after"]},
+        title=f"{step}: document length (characters)",
+        log_x=True,
+        colors={"before": BEFORE, "after (kept)": AFTER},
+    )
 
 
 def token_stats(run_dir: Path) -> dict | None:
@@ -267,8 +308,10 @@ window.addEventListener('load', function () {
 
 def _table(headers: list[str], rows: list[list], left: int = 1) -> str:
     head = "".join(f'<th class="{"l" if i < left else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{esc(v)}</td>' for i, v in enumerate(r))
-                   + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{esc(v)}</td>' for i, v in enumerate(r)) + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -276,48 +319,84 @@ def _sample_html(s: dict) -> str:
     score = "-" if s.get("score") is None else f"{s['score']:.4g}"
     lines = "\n".join((s.get("text") or "").splitlines()[:5])
     cls = "doc kept" if s["kept"] else "doc"
-    return (f'<div class="{cls}"><b>{esc("kept" if s["kept"] else s.get("reason"))}</b> · score {esc(score)} · '
-            f'<span class="muted">{esc(s.get("url"))}</span><pre>{esc(lines)}</pre></div>')
+    return (
+        f'<div class="{cls}"><b>{esc("kept" if s["kept"] else s.get("reason"))}</b> · score {esc(score)} · '
+        f'<span class="muted">{esc(s.get("url"))}</span><pre>{esc(lines)}</pre></div>'
+    )
 
 
 def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
     """The per-language section: one line per language (read, kept, dropped per filter), a bar
     chart of kept documents, and for the largest languages their funnel and drops by reason."""
-    out = ['<section id="by-language"><h2>Per language: kept and dropped</h2>'
-           '<p class="muted">Languages as langid labelled them; documents dropped before langid, or in a run '
-           'without it, are under "unknown". Per step, the languages add up to the funnel above.</p>']
+    out = [
+        '<section id="by-language"><h2>Per language: kept and dropped</h2>'
+        '<p class="muted">Languages as langid labelled them; documents dropped before langid, or in a run '
+        'without it, are under "unknown". Per step, the languages add up to the funnel above.</p>'
+    ]
     summary = language_summary(by_lang)
     if not summary:
         out.append('<p class="muted">No filter recorded languages in this run directory.</p></section>')
         return "\n".join(out)
     filters = [r.step for r in rows if r.kind == "filter"]
     filters = list(dict.fromkeys(filters))  # a dedup filter's step id may repeat over its stages
-    table = [[x["language"], f"{x['read']:,}", f"{x['kept']:,}",
-              f"{x['kept_share']:.1%}" if x["kept_share"] is not None else "-", f"{x['bytes_kept']:,}",
-              *(f"{x['drops_by_step'].get(f, 0):,}" for f in filters)] for x in summary]
-    out.append(_table(["language", "read", "kept", "kept %", "bytes kept", *(f"dropped by {f}" for f in filters)],
-                      table))
+    table = [
+        [
+            x["language"],
+            f"{x['read']:,}",
+            f"{x['kept']:,}",
+            f"{x['kept_share']:.1%}" if x["kept_share"] is not None else "-",
+            f"{x['bytes_kept']:,}",
+            *(f"{x['drops_by_step'].get(f, 0):,}" for f in filters),
+        ]
+        for x in summary
+    ]
+    out.append(
+        _table(["language", "read", "kept", "kept %", "bytes kept", *(f"dropped by {f}" for f in filters)], table)
+    )
     top = [(x["language"], x["kept"]) for x in summary[:20]]
     read = [(x["language"], x["read"]) for x in summary[:20]]
-    out.append(f'<div class="grid">{bar_chart(read, "documents read per language", BEFORE)}'
-               f'{bar_chart(top, "documents kept per language", KEPT)}</div>')
+    out.append(
+        f'<div class="grid">{bar_chart(read, "documents read per language", BEFORE)}'
+        f"{bar_chart(top, 'documents kept per language', KEPT)}</div>"
+    )
     for x in summary[:detailed]:
         lang = x["language"]
         lrows = [(t, r) for t, r in zip(rows, by_lang[lang]) if t.docs_in or t.docs_out]
-        drops = [[r.step, k, f"{v:,}", f"{v / r.docs_in:.1%}" if r.docs_in else "-"]
-                 for _, r in lrows for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])]
-        out.append(f'<details data-language="{esc(lang)}"><summary>{esc(lang)}: {x["read"]:,} read, '
-                   f'{x["kept"]:,} kept</summary>')
-        out.append(_table(["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out"],
-                          [[r.stage, r.step, f"{r.docs_in:,}", f"{r.docs_out:,}",
-                            f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-", f"{r.bytes_in:,}",
-                            f"{r.bytes_out:,}"] for _, r in lrows], left=2))
+        drops = [
+            [r.step, k, f"{v:,}", f"{v / r.docs_in:.1%}" if r.docs_in else "-"]
+            for _, r in lrows
+            for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])
+        ]
+        out.append(
+            f'<details data-language="{esc(lang)}"><summary>{esc(lang)}: {x["read"]:,} read, '
+            f"{x['kept']:,} kept</summary>"
+        )
+        out.append(
+            _table(
+                ["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out"],
+                [
+                    [
+                        r.stage,
+                        r.step,
+                        f"{r.docs_in:,}",
+                        f"{r.docs_out:,}",
+                        f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-",
+                        f"{r.bytes_in:,}",
+                        f"{r.bytes_out:,}",
+                    ]
+                    for _, r in lrows
+                ],
+                left=2,
+            )
+        )
         if drops:
             out.append(_table(["step", "reason", "documents", f"share of {lang} step input"], drops, left=2))
         out.append("</details>")
     if len(summary) > detailed:
-        out.append(f'<p class="muted">{len(summary) - detailed} more languages: '
-                   f"<code>pipeline stats RUN_DIR --language LANG</code>.</p>")
+        out.append(
+            f'<p class="muted">{len(summary) - detailed} more languages: '
+            f"<code>pipeline stats RUN_DIR --language LANG</code>.</p>"
+        )
     out.append("</section>")
     return "\n".join(out)
 
@@ -329,20 +408,40 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
     scores = load_scores(run_dir)
     thr = thresholds(run_dir)
     rows = funnel(merged)
-    out = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>gristmill report: "
-           f"{esc(run_dir.name)}</title><style>{CSS}</style></head><body>",
-           f"<h1>gristmill report: {esc(run_dir)}</h1>"]
+    out = [
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>gristmill report: "
+        f"{esc(run_dir.name)}</title><style>{CSS}</style></head><body>",
+        f"<h1>gristmill report: {esc(run_dir)}</h1>",
+    ]
     incomplete = [s for s in merged["stages"] if s["tasks_completed"] < s["tasks"]]
     for s in incomplete:
         out.append(f'<p class="muted">{esc(s["label"])}: {s["tasks_completed"]}/{s["tasks"]} tasks complete</p>')
 
     # funnel
     out.append('<section id="funnel"><h2>Funnel</h2>')
-    out.append(_table(["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time s", "MB/s"],
-                      [[r.stage, r.step, f"{r.docs_in:,}", f"{r.docs_out:,}",
-                        f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-", f"{r.bytes_in:,}", f"{r.bytes_out:,}",
-                        f"{r.time_s:.2f}", f"{r.mb_per_s:.1f}" if r.mb_per_s else "-"] for r in rows], left=2))
-    out.append(f'<div class="grid">{bar_chart([(r.step, r.docs_out) for r in rows], "documents out of each step")}</div>')
+    out.append(
+        _table(
+            ["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time s", "MB/s"],
+            [
+                [
+                    r.stage,
+                    r.step,
+                    f"{r.docs_in:,}",
+                    f"{r.docs_out:,}",
+                    f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-",
+                    f"{r.bytes_in:,}",
+                    f"{r.bytes_out:,}",
+                    f"{r.time_s:.2f}",
+                    f"{r.mb_per_s:.1f}" if r.mb_per_s else "-",
+                ]
+                for r in rows
+            ],
+            left=2,
+        )
+    )
+    out.append(
+        f'<div class="grid">{bar_chart([(r.step, r.docs_out) for r in rows], "documents out of each step")}</div>'
+    )
     out.append("</section>")
 
     # drops by reason
@@ -384,10 +483,15 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
 
     # domains
     dom = top_domains(scores)
-    out.append('<section id="domains"><h2>Top domains</h2><p class="muted">Counted in the sampled documents '
-               "(up to 50 kept by the last filter and 50 per drop reason, chosen by hash of the document id), "
-               "not in all documents.</p><div class=grid>")
-    out.append(str(bar_chart(dom["kept"], "kept (sampled)", KEPT)) + str(bar_chart(dom["dropped"], "dropped (sampled)", DROPPED)))
+    out.append(
+        '<section id="domains"><h2>Top domains</h2><p class="muted">Counted in the sampled documents '
+        "(up to 50 kept by the last filter and 50 per drop reason, chosen by hash of the document id), "
+        "not in all documents.</p><div class=grid>"
+    )
+    out.append(
+        str(bar_chart(dom["kept"], "kept (sampled)", KEPT))
+        + str(bar_chart(dom["dropped"], "dropped (sampled)", DROPPED))
+    )
     out.append("</div></section>")
 
     # dedup
@@ -397,8 +501,10 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
         out.append('<section id="dedup"><h2>Deduplication</h2>')
         for name, sizes in clusters:
             items = [(f"{size} docs", n) for size, n in sorted(sizes.items(), key=lambda kv: int(kv[0]))]
-            out.append(f"<h3>{esc(name)}: near-duplicate clusters by size</h3>"
-                       + str(bar_chart(items, "clusters of each size (documents per cluster)", DROPPED)))
+            out.append(
+                f"<h3>{esc(name)}: near-duplicate clusters by size</h3>"
+                + str(bar_chart(items, "clusters of each size (documents per cluster)", DROPPED))
+            )
         for name, c in dd:
             out.append(f"<h3>{esc(name)}</h3>" + _table(["counter", "value"], [[k, f"{v:,}"] for k, v in c.items()]))
         out.append("</section>")
@@ -409,15 +515,29 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
         import numpy as np
 
         out.append('<section id="tokens"><h2>Tokens</h2>')
-        out.append(_table(["split", "documents", "tokens"], [[s, f"{v['documents']:,}", f"{v['tokens']:,}"]
-                                                            for s, v in tok["splits"].items()]))
+        out.append(
+            _table(
+                ["split", "documents", "tokens"],
+                [[s, f"{v['documents']:,}", f"{v['tokens']:,}"] for s, v in tok["splits"].items()],
+            )
+        )
         lengths = tok["lengths"]
         if len(lengths):
             top = max(1.0, math.log10(max(int(lengths.max()), 1)) + 0.25)
             edges_log = np.linspace(0, top, 25)
             counts, _ = np.histogram(np.log10(np.maximum(lengths, 1)), bins=edges_log)
-            out.append("<div class=grid>" + str(histogram([10**e for e in edges_log], {"documents": counts.tolist()},
-                                                          "document length (tokens)", log_x=True)) + "</div>")
+            out.append(
+                "<div class=grid>"
+                + str(
+                    histogram(
+                        [10**e for e in edges_log],
+                        {"documents": counts.tolist()},
+                        "document length (tokens)",
+                        log_x=True,
+                    )
+                )
+                + "</div>"
+            )
         out.append("</section>")
 
     # training
@@ -430,8 +550,10 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
         out.append("</div></section>")
 
     # samples
-    out.append('<section id="samples"><h2>Sampled documents</h2><p class="muted">Per filter and reason, documents '
-               "chosen by the smallest hash of their id (first lines of up to 300 characters).</p>")
+    out.append(
+        '<section id="samples"><h2>Sampled documents</h2><p class="muted">Per filter and reason, documents '
+        "chosen by the smallest hash of their id (first lines of up to 300 characters).</p>"
+    )
     for label, steps in scores.items():
         for step, rec in steps.items():
             groups: dict[str, list] = {}
@@ -440,8 +562,10 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
             out.append(f"<h3>{esc(label)} / {esc(step)}</h3>")
             for reason in sorted(groups, key=lambda g: (g == "kept", g)):
                 docs = groups[reason]
-                out.append(f"<details{' open' if reason != 'kept' else ''}><summary>{esc(reason)} "
-                           f"({len(docs)} sampled)</summary>")
+                out.append(
+                    f"<details{' open' if reason != 'kept' else ''}><summary>{esc(reason)} "
+                    f"({len(docs)} sampled)</summary>"
+                )
                 out.extend(_sample_html(s) for s in docs[:samples_per_reason])
                 out.append("</details>")
     out.append("</section>")

@@ -53,8 +53,9 @@ def _flatten(node, prefix="") -> dict[str, object]:
 
 def config_differences(old: dict, new: dict) -> list[str]:
     a, b = _flatten(old), _flatten(new)
-    keys = sorted(k for k in set(a) | set(b)
-                  if a.get(k, "<unset>") != b.get(k, "<unset>") and not k.startswith(_OUTPUT_NEUTRAL))
+    keys = sorted(
+        k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>") and not k.startswith(_OUTPUT_NEUTRAL)
+    )
     return [f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}" for k in keys]
 
 
@@ -68,8 +69,10 @@ def check_location(run_dir: Path) -> None:
     where = Path(os.path.abspath(run_dir))
     home = Path(os.path.abspath(Path.home()))
     if where == Path(where.anchor) or where == home or where in home.parents:
-        raise ConfigError(f"run_dir {run_dir}: refusing to use {where} as a run directory "
-                          "(the filesystem root, your home directory or one above it); name a folder of its own")
+        raise ConfigError(
+            f"run_dir {run_dir}: refusing to use {where} as a run directory "
+            "(the filesystem root, your home directory or one above it); name a folder of its own"
+        )
     if where.exists() and not where.is_dir():
         raise ConfigError(f"run_dir {run_dir}: exists and is not a directory")
     for parent in where.parents:  # `runs/x` where `runs` is a file: say so, not NotADirectoryError
@@ -80,9 +83,11 @@ def check_location(run_dir: Path) -> None:
     foreign = _foreign_entries(run_dir) if where.is_dir() and not is_run_dir(where) else []
     if foreign:
         # Never suggest --force here: the directory holds files gristmill did not write.
-        raise ConfigError(f"{run_dir} exists, is not empty and is not a gristmill run directory"
-                          f" (it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''});"
-                          " choose a new or empty --run-dir")
+        raise ConfigError(
+            f"{run_dir} exists, is not empty and is not a gristmill run directory"
+            f" (it holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''});"
+            " choose a new or empty --run-dir"
+        )
 
 
 def _foreign_entries(run_dir: Path) -> list[str]:
@@ -105,9 +110,11 @@ def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
                 if not isinstance(old, dict):
                     raise ValueError(f"expected a mapping, got {type(old).__name__}")
             except (yaml.YAMLError, ValueError, UnicodeDecodeError) as e:
-                raise ConfigError(f"{config_path}: unreadable ({str(e).splitlines()[0]}); the earlier run"
-                                  " cannot be checked against this configuration. Use --force to start"
-                                  " this run directory over, or another --run-dir") from None
+                raise ConfigError(
+                    f"{config_path}: unreadable ({str(e).splitlines()[0]}); the earlier run"
+                    " cannot be checked against this configuration. Use --force to start"
+                    " this run directory over, or another --run-dir"
+                ) from None
             diffs = config_differences(old, resolved)
             if diffs:
                 raise ConfigError(
@@ -132,8 +139,11 @@ def clear(run_dir: Path) -> list[str]:
         name = child.name
         if name == LOCK_NAME:
             continue
-        ours = name in _OWN_FILES or name.endswith(".tmp") or (
-            child.is_dir() and not child.is_symlink() and (name in _OWN_FOLDERS or _STAGE_FOLDER.match(name)))
+        ours = (
+            name in _OWN_FILES
+            or name.endswith(".tmp")
+            or (child.is_dir() and not child.is_symlink() and (name in _OWN_FOLDERS or _STAGE_FOLDER.match(name)))
+        )
         if not ours:
             kept.append(name)
         elif child.is_dir() and not child.is_symlink():
@@ -144,11 +154,7 @@ def clear(run_dir: Path) -> list[str]:
 
 
 def write_plan(run_dir: Path, stages) -> None:
-    plan = {
-        "stages": [
-            {"label": s.label, "name": s.name, "tasks": s.tasks, "steps": s.step_names} for s in stages
-        ]
-    }
+    plan = {"stages": [{"label": s.label, "name": s.name, "tasks": s.tasks, "steps": s.step_names} for s in stages]}
     (run_dir / "plan.json").write_text(json.dumps(plan, indent=2))
 
 

@@ -44,9 +44,11 @@ def _run_stage(stage: Stage, console: Console) -> None:
             signum = getattr(e, "signum", signal.SIGINT)
             merge_stage(stage.folder)
             progress.stop()
-            console.print(f"[red]interrupted[/] ({signal.Signals(signum).name}) stage {stage.label}: running tasks"
-                          f" stopped, {rd.completed_tasks(stage.folder)} of {stage.tasks} tasks complete and kept."
-                          " Re-run the same command to finish the missing tasks.")
+            console.print(
+                f"[red]interrupted[/] ({signal.Signals(signum).name}) stage {stage.label}: running tasks"
+                f" stopped, {rd.completed_tasks(stage.folder)} of {stage.tasks} tasks complete and kept."
+                " Re-run the same command to finish the missing tasks."
+            )
             raise SystemExit(128 + signum) from None
         poll()
     if error or rd.completed_tasks(stage.folder) < stage.tasks:
@@ -88,8 +90,14 @@ def follow_slurm(run_dir: Path, stages: list[Stage], jobs: dict[str, str], conso
     """`--wait`: progress per stage until the chain's jobs have left the queue."""
     from gristmill.pipeline.slurm_state import wait_until_gone
 
-    with Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
-                  TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("tasks"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         bars = {s.label: progress.add_task(s.label, total=s.tasks) for s in stages}
 
         def poll():
@@ -100,8 +108,13 @@ def follow_slurm(run_dir: Path, stages: list[Stage], jobs: dict[str, str], conso
         poll()
 
 
-def run(cfg: RunConfig, force: bool = False, console: Console | None = None, wait: bool = False,
-        command: list[str] | None = None) -> dict:
+def run(
+    cfg: RunConfig,
+    force: bool = False,
+    console: Console | None = None,
+    wait: bool = False,
+    command: list[str] | None = None,
+) -> dict:
     """Run (local) or submit (Slurm; `wait` follows the jobs to the end) every stage of `cfg`.
 
     `command` is the argv that started the run; `pipeline status` shows it as the way to resume.
@@ -115,8 +128,15 @@ def run(cfg: RunConfig, force: bool = False, console: Console | None = None, wai
         return _run_locked(cfg, stages, run_dir, force, console, wait, command)
 
 
-def _run_locked(cfg: RunConfig, stages: list[Stage], run_dir: Path, force: bool, console: Console, wait: bool,
-                command: list[str] | None) -> dict:
+def _run_locked(
+    cfg: RunConfig,
+    stages: list[Stage],
+    run_dir: Path,
+    force: bool,
+    console: Console,
+    wait: bool,
+    command: list[str] | None,
+) -> dict:
     resumed = rd.prepare(run_dir, cfg.resolved(), force)
     rd.write_plan(run_dir, stages)
     if command:
@@ -135,8 +155,10 @@ def _run_locked(cfg: RunConfig, stages: list[Stage], run_dir: Path, force: bool,
         if not missing and cfg.train is not None and not rd.training_complete(run_dir):
             raise StageFailed(f"train: did not finish; see `pipeline status {run_dir}`")
         if missing:
-            raise StageFailed(f"stage {missing[0].label}: {missing[0].tasks - rd.completed_tasks(missing[0].folder)}"
-                              f" of {missing[0].tasks} tasks did not complete; see `pipeline status {run_dir}`")
+            raise StageFailed(
+                f"stage {missing[0].label}: {missing[0].tasks - rd.completed_tasks(missing[0].folder)}"
+                f" of {missing[0].tasks} tasks did not complete; see `pipeline status {run_dir}`"
+            )
         _summary(merged, run_dir, started, console)
         return merged
     try:
@@ -163,8 +185,10 @@ def _run_locked(cfg: RunConfig, stages: list[Stage], run_dir: Path, force: bool,
         if code == EXIT_INPUT:  # the token shards or a checkpoint cannot be used: re-running will not help
             raise StageFailed("train: stopped before training on unusable input; see the line above.")
         if code:
-            raise StageFailed(f"train: exited with code {code}; see above. Re-run the same command to resume"
-                              f" from the last checkpoint in {run_dir / 'train' / 'checkpoints'}.")
+            raise StageFailed(
+                f"train: exited with code {code}; see above. Re-run the same command to resume"
+                f" from the last checkpoint in {run_dir / 'train' / 'checkpoints'}."
+            )
     return merged
 
 

@@ -17,8 +17,7 @@ _FIELD = re.compile(r"(\w+)=(\S*)")
 def job_states(job_id: str) -> Counter:
     """Counts of array-task states of one job, e.g. {"RUNNING": 2, "PENDING": 6}; empty if gone."""
     try:
-        out = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return Counter()
     states: Counter = Counter()
@@ -51,8 +50,14 @@ def wait_until_gone(job_ids: list[str], poll_s: float = 2.0, on_poll=None) -> No
     import time
 
     while True:
-        live = [j for j in job_ids if any(s in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED",
-                                                  "SUSPENDED", "RESIZING") for s in job_states(j))]
+        live = [
+            j
+            for j in job_ids
+            if any(
+                s in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED", "RESIZING")
+                for s in job_states(j)
+            )
+        ]
         if on_poll:
             on_poll()
         if not live:

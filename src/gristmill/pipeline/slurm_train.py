@@ -53,23 +53,29 @@ def train_script(cfg: RunConfig, run_dir: Path, depends_on: str | None) -> str:
         lines.append(f"#SBATCH --{key}={value}" if value else f"#SBATCH --{key}")
     if depends_on:
         lines.append(f"#SBATCH --dependency=afterok:{depends_on}")
-    env = slurm.env_command or (f"source {shlex.quote(slurm.venv_path or default_venv_activate() or '')}"
-                                if (slurm.venv_path or default_venv_activate()) else "")
+    env = slurm.env_command or (
+        f"source {shlex.quote(slurm.venv_path or default_venv_activate() or '')}"
+        if (slurm.venv_path or default_venv_activate())
+        else ""
+    )
     preempt = out / "PREEMPT"
     python = shlex.quote(sys.executable)
-    torchrun = (f"{python} -m gristmill.trainer.torchrun --nnodes=$SLURM_NNODES --nproc-per-node={nproc}"
-                " --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID"
-                if nodes > 1 else f"{python} -m gristmill.trainer.torchrun --standalone --nproc-per-node={nproc}")
+    torchrun = (
+        f"{python} -m gristmill.trainer.torchrun --nnodes=$SLURM_NNODES --nproc-per-node={nproc}"
+        " --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 --rdzv-id=$SLURM_JOB_ID"
+        if nodes > 1
+        else f"{python} -m gristmill.trainer.torchrun --standalone --nproc-per-node={nproc}"
+    )
     lines += [
         env,
         "set -u",
         f"export {PREEMPT_ENV}={shlex.quote(str(preempt))}",
         f"rm -f {shlex.quote(str(preempt))}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-" + str(max(1, cpus // nproc)) + "}",
-        "HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
+        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'echo "train job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"',
         # the trap runs when the shell is in `wait`: ask for a checkpoint, let training write it, requeue
-        f"trap 'echo \"SIGUSR1: checkpoint and requeue\"; touch {shlex.quote(str(preempt))}; wait $PID;"
+        f'trap \'echo "SIGUSR1: checkpoint and requeue"; touch {shlex.quote(str(preempt))}; wait $PID;'
         " scontrol requeue $SLURM_JOB_ID; exit 0' USR1",
         f"srun --kill-on-bad-exit=1 {torchrun} -m gristmill.trainer.train {shlex.quote(str(resolved))}"
         f" --out {shlex.quote(str(out))} &",

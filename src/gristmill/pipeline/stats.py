@@ -125,12 +125,30 @@ def _row(stage: str, step: dict) -> FunnelRow:
         bad = {k.removeprefix("bad_"): v for k, v in c.items() if k.startswith("bad_")}
         skipped = {k: v for k, v in c.items() if k.startswith("skipped_")}
         docs = c.get("documents", 0)
-        return FunnelRow(stage, name, "reader", docs + sum(bad.values()), docs, c.get("bytes", 0),
-                         c.get("bytes", 0), step["time_s"], {**bad, **skipped})
+        return FunnelRow(
+            stage,
+            name,
+            "reader",
+            docs + sum(bad.values()),
+            docs,
+            c.get("bytes", 0),
+            c.get("bytes", 0),
+            step["time_s"],
+            {**bad, **skipped},
+        )
     if "FILTER" in kind:
         drops = {k.removeprefix("dropped_"): v for k, v in c.items() if k.startswith("dropped_")}
-        return FunnelRow(stage, name, "filter", c.get("total", 0), c.get("forwarded", 0), c.get("bytes_in", 0),
-                         c.get("bytes_out", 0), step["time_s"], drops)
+        return FunnelRow(
+            stage,
+            name,
+            "filter",
+            c.get("total", 0),
+            c.get("forwarded", 0),
+            c.get("bytes_in", 0),
+            c.get("bytes_out", 0),
+            step["time_s"],
+            drops,
+        )
     docs, size = c.get("documents", c.get("total", 0)), c.get("bytes", 0)
     return FunnelRow(stage, name, "writer" if "WRITER" in kind else "step", docs, docs, size, size, step["time_s"])
 
@@ -194,8 +212,13 @@ def _cells(d_in: dict, d_out: dict, b_in: dict, b_out: dict, drops: dict) -> dic
 
 def _unlabelled(row: FunnelRow) -> dict[str, dict]:
     unknown = lambda n: {UNKNOWN: n} if n else {}  # noqa: E731
-    return _cells(unknown(row.docs_in), unknown(row.docs_out), unknown(row.bytes_in), unknown(row.bytes_out),
-                  {r: {UNKNOWN: n} for r, n in row.drops.items() if n})
+    return _cells(
+        unknown(row.docs_in),
+        unknown(row.docs_out),
+        unknown(row.bytes_in),
+        unknown(row.bytes_out),
+        {r: {UNKNOWN: n} for r, n in row.drops.items() if n},
+    )
 
 
 def _from_record(rec: dict[str, dict]) -> dict[str, dict]:
@@ -229,8 +252,7 @@ def language_cells(merged: dict, scores: dict[str, dict] | None = None) -> list[
     scores = load_scores(Path(merged["run_dir"])) if scores is None else scores
     rows = funnel(merged)
     cells: list[dict[str, dict] | None] = [None] * len(rows)
-    records = [scores.get(r.stage, {}).get(r.step, {}).get("languages") if r.kind == "filter" else None
-               for r in rows]
+    records = [scores.get(r.stage, {}).get(r.step, {}).get("languages") if r.kind == "filter" else None for r in rows]
     # the first filter that saw labelled documents (langid, or a stage reading labelled Parquet)
     first = next((i for i, rec in enumerate(records) if rec and set(rec) - {UNKNOWN}), None)
     if first is not None:
@@ -242,8 +264,13 @@ def language_cells(merged: dict, scores: dict[str, dict] | None = None) -> list[
             if sum(docs.values()) != r.docs_out:  # a row that is not in the documents' path
                 break
             out_size = _sizes(size, r.bytes_out)
-            cells[i] = _passed(docs, out_size, r.docs_in - r.docs_out, r.bytes_in - sum(out_size.values()),
-                               {reason: {UNKNOWN: n} for reason, n in r.drops.items() if n})
+            cells[i] = _passed(
+                docs,
+                out_size,
+                r.docs_in - r.docs_out,
+                r.bytes_in - sum(out_size.values()),
+                {reason: {UNKNOWN: n} for reason, n in r.drops.items() if n},
+            )
             docs = {k: v.get("docs_in", 0) for k, v in cells[i].items() if v.get("docs_in")}
             size = {k: v.get("bytes_in", 0) for k, v in cells[i].items() if v.get("bytes_in")}
             i -= 1
@@ -251,17 +278,25 @@ def language_cells(merged: dict, scores: dict[str, dict] | None = None) -> list[
     for i, r in enumerate(rows):
         if cells[i] is None and records[i] is not None:
             cells[i] = _from_record(records[i])
-        elif (cells[i] is None and r.kind != "filter" and current
-              and r.docs_in == r.docs_out == sum(current[0].values()) > 0):
-            cells[i] = _cells(current[0], current[0], _sizes(current[1], r.bytes_in), _sizes(current[1], r.bytes_out), {})
+        elif (
+            cells[i] is None
+            and r.kind != "filter"
+            and current
+            and r.docs_in == r.docs_out == sum(current[0].values()) > 0
+        ):
+            cells[i] = _cells(
+                current[0], current[0], _sizes(current[1], r.bytes_in), _sizes(current[1], r.bytes_out), {}
+            )
         elif cells[i] is None:  # no record (a run from before languages were counted), or rows we cannot follow
             cells[i] = _unlabelled(r)
         # only readers and filters change which documents flow on; a phase of dedup or tokenize
         # reads them (or only their keys) without passing them on
         if r.kind in ("reader", "filter"):
             c = cells[i]
-            current = ({k: v["docs_out"] for k, v in c.items() if v.get("docs_out")},
-                       {k: v["bytes_out"] for k, v in c.items() if v.get("bytes_out")})
+            current = (
+                {k: v["docs_out"] for k, v in c.items() if v.get("docs_out")},
+                {k: v["bytes_out"] for k, v in c.items() if v.get("bytes_out")},
+            )
     return cells
 
 
@@ -273,8 +308,10 @@ def language_funnel(merged: dict, scores: dict[str, dict] | None = None) -> dict
     first_in = lambda lang: next((c[lang].get("docs_in", 0) for c in cells if lang in c), 0)  # noqa: E731
     out = {}
     for lang in sorted(langs, key=lambda la: (-first_in(la), la)):
-        out[lang] = [LanguageRow(r.stage, r.step, r.kind, **{k: v for k, v in c.get(lang, {}).items()})
-                     for r, c in zip(rows, cells)]
+        out[lang] = [
+            LanguageRow(r.stage, r.step, r.kind, **{k: v for k, v in c.get(lang, {}).items()})
+            for r, c in zip(rows, cells)
+        ]
     return out
 
 
@@ -290,23 +327,30 @@ def language_summary(by_language: dict[str, list[LanguageRow]]) -> list[dict]:
         for r in rows:
             if sum(r.drops.values()):
                 drops[r.step] = drops.get(r.step, 0) + sum(r.drops.values())
-        out.append({"language": lang, "read": read, "kept": last.docs_out if last else 0,
-                    "bytes_kept": last.bytes_out if last else 0,
-                    "kept_share": (last.docs_out / read) if read and last else None,
-                    "drops_by_step": drops})
+        out.append(
+            {
+                "language": lang,
+                "read": read,
+                "kept": last.docs_out if last else 0,
+                "bytes_kept": last.bytes_out if last else 0,
+                "kept_share": (last.docs_out / read) if read and last else None,
+                "drops_by_step": drops,
+            }
+        )
     return out
 
 
 def as_json(merged: dict, language: str | None = None) -> dict:
     by_lang = language_funnel(merged)
     if language is not None:
-        return {"run_dir": merged["run_dir"], "language": language,
-                "funnel": [asdict(r) for r in by_lang[language]]}
+        return {"run_dir": merged["run_dir"], "language": language, "funnel": [asdict(r) for r in by_lang[language]]}
     return {
         "run_dir": merged["run_dir"],
         "stages": [{k: s[k] for k in ("label", "tasks", "tasks_completed")} for s in merged["stages"]],
         "funnel": [{**asdict(r), "mb_per_s": r.mb_per_s} for r in funnel(merged)],
         "languages": languages(merged),
-        "by_language": {s["language"]: {**s, "funnel": [asdict(r) for r in by_lang[s["language"]]]}
-                        for s in language_summary(by_lang)},
+        "by_language": {
+            s["language"]: {**s, "funnel": [asdict(r) for r in by_lang[s["language"]]]}
+            for s in language_summary(by_lang)
+        },
     }

@@ -34,11 +34,21 @@ def reference(shipped_only: bool = False) -> list[dict]:
     for name, cls in registered_steps().items():
         if shipped_only and cls.__module__ not in STEP_MODULES:
             continue
-        params = [{"name": p, "default": _default(f), "description": f.description or ""}
-                  for p, f in cls.Config.model_fields.items()]
-        out.append({"name": name, "module": cls.__module__, "summary": _summary(cls),
-                    "kind": "streaming" if cls.streamable else "global (plans its own stages)",
-                    "writes": sorted(cls.output_fields), "drops": list(cls.drop_reasons), "params": params})
+        params = [
+            {"name": p, "default": _default(f), "description": f.description or ""}
+            for p, f in cls.Config.model_fields.items()
+        ]
+        out.append(
+            {
+                "name": name,
+                "module": cls.__module__,
+                "summary": _summary(cls),
+                "kind": "streaming" if cls.streamable else "global (plans its own stages)",
+                "writes": sorted(cls.output_fields),
+                "drops": list(cls.drop_reasons),
+                "params": params,
+            }
+        )
     return out
 
 

@@ -75,6 +75,10 @@ def stage_usage(stage_folder: Path) -> StageUsage | None:
             continue
     if not rows:
         return None
-    return StageUsage(len(rows), sum(r["cpu_s"] for r in rows), max(r["wall_s"] for r in rows),
-                      max(r["max_rss_mb"] for r in rows),
-                      max(r.get("end", 0) for r in rows) - min(r.get("start", 0) for r in rows))
+    return StageUsage(
+        len(rows),
+        sum(r["cpu_s"] for r in rows),
+        max(r["wall_s"] for r in rows),
+        max(r["max_rss_mb"] for r in rows),
+        max(r.get("end", 0) for r in rows) - min(r.get("start", 0) for r in rows),
+    )

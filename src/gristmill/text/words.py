@@ -80,9 +80,7 @@ _ALNUM = _bmp_class(rf"[[\p{{L}}\p{{N}}\p{{M}}]--{_IDEOGRAPHIC}--{_SYLLABIC}]")
 # what a word of an unspaced script is made of (see _SCRIPT_RUNS): its script's characters and
 # the Common/Inherited letters and marks written inside such words (the katakana length mark
 # "ー" of "ページ", the half-width voicing mark "ﾞ")
-_SCRIPT_WORD_CHARS = _bmp_class(
-    rf"[{_IDEOGRAPHIC}{_SYLLABIC}[[\p{{L}}\p{{M}}]&&[\p{{Common}}\p{{Inherited}}]]]"
-)
+_SCRIPT_WORD_CHARS = _bmp_class(rf"[{_IDEOGRAPHIC}{_SYLLABIC}[[\p{{L}}\p{{M}}]&&[\p{{Common}}\p{{Inherited}}]]]")
 ASTRAL_CHARS = "\U00010000-\U0010ffff"
 del _BMP
 

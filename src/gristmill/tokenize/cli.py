@@ -54,8 +54,10 @@ def cmd_tokenizer_train(args, console: Console) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(tok.to_str(pretty=True))
     mb = sum(len(t.encode("utf-8")) for t in sample) / 1e6
-    console.print(f"[bold green]done[/] {out}: vocab {tok.get_vocab_size()}, trained on {len(sample):,} documents"
-                  f" ({mb:.1f} MB) in {time.perf_counter() - t0:.1f} s, sha256 {tokenizer.sha256_file(out)[:16]}")
+    console.print(
+        f"[bold green]done[/] {out}: vocab {tok.get_vocab_size()}, trained on {len(sample):,} documents"
+        f" ({mb:.1f} MB) in {time.perf_counter() - t0:.1f} s, sha256 {tokenizer.sha256_file(out)[:16]}"
+    )
     return 0
 
 
@@ -86,17 +88,30 @@ def cmd_tokens_inspect(args, console: Console) -> int:
     for col in ("split", "shards", "documents", "tokens", "tokens/doc"):
         t.add_column(col, justify="left" if col == "split" else "right")
     for split, s in m["splits"].items():
-        t.add_row(split, f"{s['shards']:,}", f"{s['documents']:,}", f"{s['tokens']:,}",
-                  f"{s['tokens'] / s['documents']:.0f}" if s["documents"] else "-")
+        t.add_row(
+            split,
+            f"{s['shards']:,}",
+            f"{s['documents']:,}",
+            f"{s['tokens']:,}",
+            f"{s['tokens'] / s['documents']:.0f}" if s["documents"] else "-",
+        )
     tot = m["totals"]
-    t.add_row("all", f"{len(m['shards']):,}", f"{tot['documents']:,}", f"{tot['tokens']:,}",
-              f"{tot['tokens'] / tot['documents']:.0f}" if tot["documents"] else "-")
+    t.add_row(
+        "all",
+        f"{len(m['shards']):,}",
+        f"{tot['documents']:,}",
+        f"{tot['tokens']:,}",
+        f"{tot['tokens'] / tot['documents']:.0f}" if tot["documents"] else "-",
+    )
     out.print(t)
     tk = m["tokenizer"]
-    out.print(f"tokenizer {tk['file']} ({tk['source']}), vocab {tk['vocab_size']:,}, eos {tk['eos_id']},"
-              f" bos {tk['bos_id']}, dtype {m['dtype']}, engine {tk.get('engine', '?')}, seed {m['seed']},"
-              f" val fraction {m['split']['val_fraction']}" + (", sha256 verified" if args.verify else "")
-              + f", every id < {tk['vocab_size']:,}")
+    out.print(
+        f"tokenizer {tk['file']} ({tk['source']}), vocab {tk['vocab_size']:,}, eos {tk['eos_id']},"
+        f" bos {tk['bos_id']}, dtype {m['dtype']}, engine {tk.get('engine', '?')}, seed {m['seed']},"
+        f" val fraction {m['split']['val_fraction']}"
+        + (", sha256 verified" if args.verify else "")
+        + f", every id < {tk['vocab_size']:,}"
+    )
     split = args.split or (toks.splits[0] if toks.splits else None)
     if split:
         shard = toks.shards(split)[0]
@@ -124,24 +139,34 @@ def cmd_tokens_export(args, console: Console) -> int:
             f.write(tokens.tobytes())  # already little-endian uint16/uint32
             n += len(tokens)
     tmp.replace(out)
-    console.print(f"[bold green]done[/] {out}: {n:,} {toks.dtype} tokens of split {args.split}"
-                  f" ({out.stat().st_size / 1e6:.1f} MB); read with np.memmap({str(out)!r}, dtype=np.{toks.dtype},"
-                  " mode='r')")
+    console.print(
+        f"[bold green]done[/] {out}: {n:,} {toks.dtype} tokens of split {args.split}"
+        f" ({out.stat().st_size / 1e6:.1f} MB); read with np.memmap({str(out)!r}, dtype=np.{toks.dtype},"
+        " mode='r')"
+    )
     return 0
 
 
 def add_parsers(sub) -> None:
-    tz = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer").add_subparsers(dest="tok_cmd", required=True)
+    tz = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer").add_subparsers(
+        dest="tok_cmd", required=True
+    )
     tr = tz.add_parser("train", help="train a byte-level BPE on Parquet documents or text files")
     tr.add_argument("inputs", nargs="+", help="Parquet files/folders (a `text` column) or text files")
     tr.add_argument("--vocab-size", type=int, required=True)
     tr.add_argument("--min-frequency", type=int, default=2)
-    tr.add_argument("--sample-bytes", type=int, default=100_000_000,
-                    help="train on the documents with the smallest id hash up to this many bytes")
+    tr.add_argument(
+        "--sample-bytes",
+        type=int,
+        default=100_000_000,
+        help="train on the documents with the smallest id hash up to this many bytes",
+    )
     tr.add_argument("-o", "--output", required=True, help="tokenizer.json to write")
     tr.set_defaults(func=cmd_tokenizer_train)
 
-    tk = sub.add_parser("tokens", help="inspect or export token shards").add_subparsers(dest="tokens_cmd", required=True)
+    tk = sub.add_parser("tokens", help="inspect or export token shards").add_subparsers(
+        dest="tokens_cmd", required=True
+    )
     ins = tk.add_parser("inspect", help="totals, a decoded sample and the document length histogram")
     ins.add_argument("dir", help="a token directory or a run directory holding tokens/")
     ins.add_argument("--split", help="split for the sample and histogram (default: all for the histogram)")

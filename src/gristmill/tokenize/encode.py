@@ -34,8 +34,12 @@ def tiktoken_from_hf(tok, name: str = "gristmill") -> FastPath:
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
         return FastPath(None, f"model is {model.get('type')}, not BPE")
-    if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
-            or model.get("byte_fallback"):
+    if (
+        model.get("dropout")
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+        or model.get("byte_fallback")
+    ):
         return FastPath(None, "BPE with dropout, subword affixes or byte fallback")
     if spec.get("normalizer"):
         return FastPath(None, f"has a normalizer ({spec['normalizer'].get('type')})")
@@ -45,10 +49,16 @@ def tiktoken_from_hf(tok, name: str = "gristmill") -> FastPath:
         pattern = GPT2_PATTERN
     elif pre.get("type") == "Sequence":
         parts = pre.get("pretokenizers", [])
-        if (len(parts) == 2 and parts[0].get("type") == "Split" and "Regex" in parts[0].get("pattern", {})
-                and parts[0].get("behavior") == "Isolated" and not parts[0].get("invert")
-                and parts[1].get("type") == "ByteLevel" and not parts[1].get("use_regex", True)
-                and not parts[1].get("add_prefix_space")):
+        if (
+            len(parts) == 2
+            and parts[0].get("type") == "Split"
+            and "Regex" in parts[0].get("pattern", {})
+            and parts[0].get("behavior") == "Isolated"
+            and not parts[0].get("invert")
+            and parts[1].get("type") == "ByteLevel"
+            and not parts[1].get("use_regex", True)
+            and not parts[1].get("add_prefix_space")
+        ):
             pattern = parts[0]["pattern"]["Regex"]
     if pattern is None:
         return FastPath(None, "pre-tokenizer is not byte-level with a regex tiktoken can run")
@@ -85,7 +95,7 @@ def hf_encode_batch(tok, texts: Sequence[str]) -> list[list[int]]:
 def compare(tok, encoding, texts: Sequence[str], batch: int = 256) -> tuple[int, int | None]:
     """(documents compared, index of the first whose ids differ or None)."""
     for start in range(0, len(texts), batch):
-        chunk = list(texts[start:start + batch])
+        chunk = list(texts[start : start + batch])
         hf = hf_encode_batch(tok, chunk)
         tk = encoding.encode_ordinary_batch(chunk, num_threads=1)
         for i, (a, b) in enumerate(zip(hf, tk)):

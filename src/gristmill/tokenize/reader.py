@@ -38,7 +38,7 @@ class Shard:
     documents: int
     num_tokens: int
     table: pa.Table = field(repr=False)
-    tokens: np.ndarray = field(repr=False)   # zero-copy view
+    tokens: np.ndarray = field(repr=False)  # zero-copy view
     offsets: np.ndarray = field(repr=False)  # document boundaries, relative to `tokens`
 
     @property
@@ -46,7 +46,7 @@ class Shard:
         return self.table.column("id").to_pylist()
 
     def document(self, i: int) -> np.ndarray:
-        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
 
 class TokenDir:
@@ -95,8 +95,10 @@ class TokenDir:
             raise TokenShardError(f"{path}: shard listed in manifest.json is missing")
         digest = sha256_file(path)
         if digest != entry["sha256"]:
-            raise TokenShardError(f"{path}: sha256 {digest} does not match manifest.json ({entry['sha256']}):"
-                                  " the shard is truncated, modified or from another run")
+            raise TokenShardError(
+                f"{path}: sha256 {digest} does not match manifest.json ({entry['sha256']}):"
+                " the shard is truncated, modified or from another run"
+            )
         self._verified.add(entry["path"])
 
     # --- access ---------------------------------------------------------------------------
@@ -116,10 +118,15 @@ class TokenDir:
         except (OSError, pa.ArrowInvalid) as e:
             raise TokenShardError(f"{path}: not a readable Arrow IPC file: {e}") from None
         kind = table.schema.field("tokens").type if "tokens" in table.schema.names else None
-        if kind is None or not (pa.types.is_large_list(kind) or pa.types.is_list(kind)) \
-                or kind.value_type != pa.from_numpy_dtype(self.dtype):
-            raise TokenShardError(f"{path}: expected a `tokens` column of large_list<{self.dtype}> (the dtype in"
-                                  f" manifest.json), found {kind or 'no such column'}")
+        if (
+            kind is None
+            or not (pa.types.is_large_list(kind) or pa.types.is_list(kind))
+            or kind.value_type != pa.from_numpy_dtype(self.dtype)
+        ):
+            raise TokenShardError(
+                f"{path}: expected a `tokens` column of large_list<{self.dtype}> (the dtype in"
+                f" manifest.json), found {kind or 'no such column'}"
+            )
         if table.num_rows and table.column("tokens").num_chunks != 1:
             table = table.combine_chunks()  # copies; gristmill writes one batch per shard
         col = table.column("tokens").chunk(0) if table.num_rows else None
@@ -129,15 +136,19 @@ class TokenDir:
             offsets = col.offsets.to_numpy()
             tokens = col.values.to_numpy(zero_copy_only=True)
             if offsets[0] != 0:
-                tokens, offsets = tokens[offsets[0]:], offsets - offsets[0]
+                tokens, offsets = tokens[offsets[0] :], offsets - offsets[0]
         if tokens.dtype != self.dtype:
             raise TokenShardError(f"{path}: tokens are {tokens.dtype}, manifest.json says {self.dtype}")
-        if entry.get("documents") is not None and (table.num_rows != entry["documents"]
-                                                    or int(offsets[-1]) != entry["tokens"]):
-            raise TokenShardError(f"{path}: holds {table.num_rows} documents / {int(offsets[-1])} tokens,"
-                                  f" manifest.json says {entry['documents']} / {entry['tokens']}")
-        shard = Shard(path, entry.get("split", "?"), table.num_rows, int(offsets[-1]), table, tokens[: offsets[-1]],
-                      offsets)
+        if entry.get("documents") is not None and (
+            table.num_rows != entry["documents"] or int(offsets[-1]) != entry["tokens"]
+        ):
+            raise TokenShardError(
+                f"{path}: holds {table.num_rows} documents / {int(offsets[-1])} tokens,"
+                f" manifest.json says {entry['documents']} / {entry['tokens']}"
+            )
+        shard = Shard(
+            path, entry.get("split", "?"), table.num_rows, int(offsets[-1]), table, tokens[: offsets[-1]], offsets
+        )
         self._open[name] = shard
         return shard
 
@@ -153,7 +164,8 @@ class TokenDir:
                 raise TokenShardError(
                     f"{shard.path}: token id {int(shard.tokens[pos])} (document {doc}, token {pos - int(shard.offsets[doc])};"
                     f" largest id {int(shard.tokens.max())}) is not below the vocabulary size {self.vocab_size} of"
-                    " manifest.json: the shard was written with another tokenizer, or is corrupt")
+                    " manifest.json: the shard was written with another tokenizer, or is corrupt"
+                )
 
     def shards(self, split: str = "train") -> list[Shard]:
         return [self.shard(e) for e in self.entries(split)]
@@ -191,6 +203,7 @@ def resolve_dir(path: str | Path) -> Path:
 
 def _check_manifest(mf: Path, m: dict) -> None:
     """The keys readers index, so that a damaged manifest is one message instead of a KeyError."""
+
     def bad(key: str, expected: str):
         raise TokenShardError(f"{mf}: {key}: expected {expected}")
 
@@ -205,8 +218,9 @@ def _check_manifest(mf: Path, m: dict) -> None:
     if not isinstance(tok.get("file"), str):
         bad("tokenizer.file", "a file name")
     splits = m.get("splits")
-    if not isinstance(splits, dict) or not all(isinstance(v, dict) and isinstance(v.get("shards"), int)
-                                               for v in splits.values()):
+    if not isinstance(splits, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("shards"), int) for v in splits.values()
+    ):
         bad("splits", "an object of split → {shards, documents, tokens}")
     shards = m.get("shards")
     if not isinstance(shards, list):
@@ -225,16 +239,19 @@ def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> Toke
     root = resolve_dir(path)
     mf = root / "manifest.json"
     if not mf.is_file():
-        raise TokenShardError(f"{mf}: not found (a token directory holds manifest.json; run `pipeline run` with a"
-                              " `tokenize:` section)")
+        raise TokenShardError(
+            f"{mf}: not found (a token directory holds manifest.json; run `pipeline run` with a `tokenize:` section)"
+        )
     try:
         manifest = json.loads(mf.read_text())
     except ValueError as e:
         raise TokenShardError(f"{mf}: not valid JSON: {e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         got = manifest if isinstance(manifest, dict) else {}
-        raise TokenShardError(f"{mf}: format {got.get('format')!r} version {got.get('version')!r};"
-                              f" this reader reads {FORMAT!r} version {VERSION}")
+        raise TokenShardError(
+            f"{mf}: format {got.get('format')!r} version {got.get('version')!r};"
+            f" this reader reads {FORMAT!r} version {VERSION}"
+        )
     _check_manifest(mf, manifest)
     tokdir = TokenDir(root, manifest, verify)
     tok_file = root / manifest["tokenizer"]["file"]

@@ -46,13 +46,21 @@ def token_dtype(vocab_size: int) -> pa.DataType:
 
 
 def shard_schema(dtype: pa.DataType) -> pa.Schema:
-    return pa.schema([pa.field("tokens", pa.large_list(pa.field("item", dtype, nullable=False)), nullable=False),
-                      pa.field("id", pa.string())])
+    return pa.schema(
+        [
+            pa.field("tokens", pa.large_list(pa.field("item", dtype, nullable=False)), nullable=False),
+            pa.field("id", pa.string()),
+        ]
+    )
 
 
 def intermediate_schema(dtype: pa.DataType) -> pa.Schema:
-    return shard_schema(dtype).append(pa.field("val", pa.bool_())).append(pa.field("key", pa.uint64())) \
+    return (
+        shard_schema(dtype)
+        .append(pa.field("val", pa.bool_()))
+        .append(pa.field("key", pa.uint64()))
         .append(pa.field("tie", pa.uint64()))
+    )
 
 
 def is_val(doc_id: str, val_fraction: float) -> bool:
@@ -90,13 +98,16 @@ class IntermediateWriter:
         if not ids:
             return
         tokens = tokens_array(token_lists, self.eos_id, self.dtype)
-        batch = pa.record_batch([
-            tokens,
-            pa.array(ids, pa.string()),
-            pa.array([is_val(i, self.val_fraction) for i in ids], pa.bool_()),
-            pa.array([shuffle_key(i, self.seed) for i in ids], pa.uint64()),
-            pa.array([xxhash.xxh3_64_intdigest(t) for t in texts], pa.uint64()),
-        ], schema=self.schema)
+        batch = pa.record_batch(
+            [
+                tokens,
+                pa.array(ids, pa.string()),
+                pa.array([is_val(i, self.val_fraction) for i in ids], pa.bool_()),
+                pa.array([shuffle_key(i, self.seed) for i in ids], pa.uint64()),
+                pa.array([xxhash.xxh3_64_intdigest(t) for t in texts], pa.uint64()),
+            ],
+            schema=self.schema,
+        )
         self._writer.write_batch(batch)
         self.documents += len(ids)
         self.tokens += len(tokens.values)
@@ -116,8 +127,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_shard(path: Path, values: np.ndarray, lengths: np.ndarray, ids: list[str], dtype: pa.DataType,
-                split: str) -> None:
+def write_shard(
+    path: Path, values: np.ndarray, lengths: np.ndarray, ids: list[str], dtype: pa.DataType, split: str
+) -> None:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, type=dtype))
@@ -146,8 +158,9 @@ class BucketedWriter:
     holds one encode batch in memory.
     """
 
-    def __init__(self, root: Path, rank: int, buckets: int, dtype: pa.DataType, eos_id: int, seed: int,
-                 val_fraction: float):
+    def __init__(
+        self, root: Path, rank: int, buckets: int, dtype: pa.DataType, eos_id: int, seed: int, val_fraction: float
+    ):
         self.root, self.rank, self.buckets = Path(root), rank, buckets
         self.dtype, self.eos_id, self.seed, self.val_fraction = dtype, eos_id, seed, val_fraction
         self.writers: dict[int, IntermediateWriter] = {}
@@ -160,8 +173,13 @@ class BucketedWriter:
         for b in sorted(parts):
             w = self.writers.get(b)
             if w is None:
-                w = self.writers[b] = IntermediateWriter(bucket_dir(self.root, b) / f"{self.rank:05d}.arrow",
-                                                         self.dtype, self.eos_id, self.seed, self.val_fraction)
+                w = self.writers[b] = IntermediateWriter(
+                    bucket_dir(self.root, b) / f"{self.rank:05d}.arrow",
+                    self.dtype,
+                    self.eos_id,
+                    self.seed,
+                    self.val_fraction,
+                )
             rows = parts[b]
             before = w.tokens
             w.write([ids[i] for i in rows], [texts[i] for i in rows], [token_lists[i] for i in rows])
@@ -220,8 +238,10 @@ class SortedBucket:
             where.append((u, r))
             per_unit.setdefault(u, []).append(r)
         # ids: one take per record batch instead of every id as a Python string
-        taken = {u: dict(zip(rs, self.units[u].column("id").take(pa.array(rs, pa.int64())).to_pylist()))
-                 for u, rs in per_unit.items()}
+        taken = {
+            u: dict(zip(rs, self.units[u].column("id").take(pa.array(rs, pa.int64())).to_pylist()))
+            for u, rs in per_unit.items()
+        }
         return chunk_vals, chunk_lens, [taken[u][r] for u, r in where]
 
 
@@ -244,8 +264,14 @@ def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
             while pos < len(cum):
                 cur = open_[split]
                 if cur is None:
-                    cur = open_[split] = {"path": f"{split}-{len(done[split]):05d}.arrow", "split": split,
-                                          "owner": b, "documents": 0, "tokens": 0, "pieces": []}
+                    cur = open_[split] = {
+                        "path": f"{split}-{len(done[split]):05d}.arrow",
+                        "split": split,
+                        "owner": b,
+                        "documents": 0,
+                        "tokens": 0,
+                        "pieces": [],
+                    }
                 before = int(cum[pos - 1]) if pos else 0
                 # the first document at or after pos that brings the open shard to shard_tokens
                 stop = int(np.searchsorted(cum, before + shard_tokens - cur["tokens"], side="left")) + 1
@@ -264,8 +290,9 @@ def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
     return {"buckets": buckets, "shard_tokens": shard_tokens, "shards": done["train"] + done["val"]}
 
 
-def write_planned_shards(root: Path, plan: dict, owner: int, out_dir: Path, dtype: pa.DataType,
-                         progress=None) -> list[dict]:
+def write_planned_shards(
+    root: Path, plan: dict, owner: int, out_dir: Path, dtype: pa.DataType, progress=None
+) -> list[dict]:
     """Write the planned shards that start in bucket `owner` into `out_dir`; their manifest entries.
 
     Memory: the sorted index of one bucket at a time (`SortedBucket`) plus one shard's tokens.
@@ -292,16 +319,32 @@ def write_planned_shards(root: Path, plan: dict, owner: int, out_dir: Path, dtyp
         tmp = out_dir / (shard["path"] + ".tmp")
         write_shard(tmp, values, np.asarray(chunk_lens, dtype=np.int64), chunk_ids, dtype, shard["split"])
         os.replace(tmp, out_dir / shard["path"])
-        entries.append({"path": shard["path"], "split": shard["split"], "documents": len(chunk_ids),
-                        "tokens": int(len(values)), "sha256": sha256_file(out_dir / shard["path"])})
+        entries.append(
+            {
+                "path": shard["path"],
+                "split": shard["split"],
+                "documents": len(chunk_ids),
+                "tokens": int(len(values)),
+                "sha256": sha256_file(out_dir / shard["path"]),
+            }
+        )
         if progress:
             progress(entries[-1])
     return entries
 
 
-def finish_tokens(shard_files: Path, entries: list[dict], out_dir: Path, *, tokenizer_file: Path,
-                  tokenizer_meta: dict, dtype: pa.DataType, seed: int, val_fraction: float,
-                  shard_tokens: int) -> dict:
+def finish_tokens(
+    shard_files: Path,
+    entries: list[dict],
+    out_dir: Path,
+    *,
+    tokenizer_file: Path,
+    tokenizer_meta: dict,
+    dtype: pa.DataType,
+    seed: int,
+    val_fraction: float,
+    shard_tokens: int,
+) -> dict:
     """Build `out_dir` (shards + manifest + tokenizer) from the shard tasks' files.
 
     `entries` are in manifest order. Shard files are hard-linked (copied where links fail), so the
@@ -322,8 +365,11 @@ def finish_tokens(shard_files: Path, entries: list[dict], out_dir: Path, *, toke
     splits = {}
     for split in ("train", "val"):
         mine = [s for s in shards if s["split"] == split]
-        splits[split] = {"shards": len(mine), "documents": sum(s["documents"] for s in mine),
-                         "tokens": sum(s["tokens"] for s in mine)}
+        splits[split] = {
+            "shards": len(mine),
+            "documents": sum(s["documents"] for s in mine),
+            "tokens": sum(s["tokens"] for s in mine),
+        }
     manifest = {
         "format": FORMAT,
         "version": VERSION,

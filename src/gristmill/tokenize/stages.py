@@ -101,8 +101,14 @@ class TokenizerSampleStep(Step):
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp")
             keys = [_sample_key(Document(text=t, id=i)) for i, t in entries]
-            pq.write_table(pa.table({"key": keys, "id": [e[0] for e in entries], "text": [e[1] for e in entries]},
-                                    schema=SAMPLE_SCHEMA), tmp, compression="zstd", row_group_size=SAMPLE_ROW_GROUP)
+            pq.write_table(
+                pa.table(
+                    {"key": keys, "id": [e[0] for e in entries], "text": [e[1] for e in entries]}, schema=SAMPLE_SCHEMA
+                ),
+                tmp,
+                compression="zstd",
+                row_group_size=SAMPLE_ROW_GROUP,
+            )
             os.replace(tmp, out)
         self.stat_update("documents", value=len(entries))
         return
@@ -121,8 +127,9 @@ def read_samples(folder: Path, budget_bytes: int):
     (key, id), merged in that order and read lazily, up to `budget_bytes` and every document
     sharing the last key. `hash_sample` over them is the one-pass selection over all documents;
     the task reads ~budget_bytes plus one row group per file, not every task's whole sample."""
-    merged = heapq.merge(*(_sample_rows(f) for f in sorted(Path(folder).glob("sample_*.parquet"))),
-                         key=lambda r: (r[0], r[1]))
+    merged = heapq.merge(
+        *(_sample_rows(f) for f in sorted(Path(folder).glob("sample_*.parquet"))), key=lambda r: (r[0], r[1])
+    )
     total, last = 0, None
     for key, i, text in merged:
         if total >= budget_bytes and key != last:
@@ -166,8 +173,9 @@ class TokenizerStep(Step):
         p = self.params
         train = p.get("train")
         with self.track_time():
-            docs = (read_samples(self.sample_folder, p["sample_bytes"]) if self.sample_folder is not None
-                    else (data or []))
+            docs = (
+                read_samples(self.sample_folder, p["sample_bytes"]) if self.sample_folder is not None else (data or [])
+            )
             sample = hash_sample(docs, p["sample_bytes"])
             self.stat_update("documents", value=len(sample))
             self.stat_update("bytes", value=sum(len(t.encode("utf-8")) for t in sample))
@@ -175,8 +183,9 @@ class TokenizerStep(Step):
                 tok = tokenizer.train(sample, train["vocab_size"], train["min_frequency"], length=len(sample))
             else:
                 tok = tokenizer.load(p["path"], p.get("pattern"))
-            info = tokenizer.special_ids(tok, p["eos_token"], p.get("bos_token"), p.get("pad_token"),
-                                         where=p.get("path") or "trained tokenizer")
+            info = tokenizer.special_ids(
+                tok, p["eos_token"], p.get("bos_token"), p.get("pad_token"), where=p.get("path") or "trained tokenizer"
+            )
             engine, reason, checked = "hf", "", 0
             if p["engine"] != "hf":
                 fast = encode.tiktoken_from_hf(tok)
@@ -192,9 +201,16 @@ class TokenizerStep(Step):
                     raise ValueError(f"tokenize.tokenizer.engine is tiktoken but it cannot be used: {reason}")
         self.output.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.output / "tokenizer.json", tok.to_str(pretty=True))
-        meta = {"engine": engine, "engine_reason": reason, "checked_documents": checked,
-                "source": p.get("path") or "trained", "vocab_size": info.vocab_size, "eos_id": info.eos_id,
-                "bos_id": info.bos_id, "pad_id": info.pad_id}
+        meta = {
+            "engine": engine,
+            "engine_reason": reason,
+            "checked_documents": checked,
+            "source": p.get("path") or "trained",
+            "vocab_size": info.vocab_size,
+            "eos_id": info.eos_id,
+            "bos_id": info.bos_id,
+            "pad_id": info.pad_id,
+        }
         if train:
             meta["trained"] = {**train, "sample_documents": len(sample)}
         write_text_atomic(self.output / "engine.json", json.dumps(meta, indent=2))
@@ -209,8 +225,9 @@ class EncodeStep(Step):
     type = "🔤 TOKENIZER"
     step_name = "encode"
 
-    def __init__(self, tokenizer_folder: Path, *, seed: int, val_fraction: float, threads: int, batch_docs: int,
-                 buckets: int = 1):
+    def __init__(
+        self, tokenizer_folder: Path, *, seed: int, val_fraction: float, threads: int, batch_docs: int, buckets: int = 1
+    ):
         super().__init__()
         self.tokenizer_folder = Path(tokenizer_folder)
         self.seed, self.val_fraction, self.threads, self.batch_docs = seed, val_fraction, threads, batch_docs
@@ -231,8 +248,15 @@ class EncodeStep(Step):
 
         meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
         encoder = Encoder.from_file(self.tokenizer_folder / "tokenizer.json", meta["engine"], self.threads)
-        writer = BucketedWriter(self.output, rank, self.buckets, token_dtype(meta["vocab_size"]), meta["eos_id"],
-                                self.seed, self.val_fraction)
+        writer = BucketedWriter(
+            self.output,
+            rank,
+            self.buckets,
+            token_dtype(meta["vocab_size"]),
+            meta["eos_id"],
+            self.seed,
+            self.val_fraction,
+        )
         batch = []
 
         def flush():
@@ -312,7 +336,9 @@ class ShardStep(Step):
         """~55 bytes per document of its bucket (keys, lengths, order), one shard's tokens, and the
         bucket's encoded tokens, memory-mapped but resident once read (~1 byte per byte of text:
         ~4 bytes per token of ~4 characters)."""
-        return int(55 * work.documents / max(work.tasks, 1) + 4 * self.shard_tokens + work.text_bytes / max(work.tasks, 1))
+        return int(
+            55 * work.documents / max(work.tasks, 1) + 4 * self.shard_tokens + work.text_bytes / max(work.tasks, 1)
+        )
 
     @property
     def output(self) -> Path:
@@ -327,8 +353,9 @@ class ShardStep(Step):
         if plan["buckets"] != world_size:
             raise ValueError(f"{plan_file}: planned for {plan['buckets']} shard tasks, this stage runs {world_size}")
         with self.track_time():
-            entries = write_planned_shards(self.encoded, plan, rank, self.output / "shards",
-                                           token_dtype(meta["vocab_size"]))
+            entries = write_planned_shards(
+                self.encoded, plan, rank, self.output / "shards", token_dtype(meta["vocab_size"])
+            )
         write_text_atomic(self.output / f"{rank:05d}.json", json.dumps(entries))
         self.stat_update("documents", value=sum(e["documents"] for e in entries))
         self.stat_update("tokens", value=sum(e["tokens"] for e in entries))
@@ -343,8 +370,17 @@ class ManifestStep(Step):
     type = "🔤 TOKENIZER"
     step_name = "manifest"
 
-    def __init__(self, plan_folder: Path, shard_folder: Path, tokenizer_folder: Path, tokens_dir: Path, *, seed: int,
-                 val_fraction: float, shard_tokens: int):
+    def __init__(
+        self,
+        plan_folder: Path,
+        shard_folder: Path,
+        tokenizer_folder: Path,
+        tokens_dir: Path,
+        *,
+        seed: int,
+        val_fraction: float,
+        shard_tokens: int,
+    ):
         super().__init__()
         self.plan_folder, self.shard_folder = Path(plan_folder), Path(shard_folder)
         self.tokenizer_folder, self.tokens_dir = Path(tokenizer_folder), Path(tokens_dir)
@@ -366,11 +402,16 @@ class ManifestStep(Step):
             raise ValueError(f"{self.shard_folder}: planned shards not written: {', '.join(missing[:5])}")
         with self.track_time():
             manifest = finish_tokens(
-                self.shard_folder / "shards", [written[s["path"]] for s in plan["shards"]], self.tokens_dir,
+                self.shard_folder / "shards",
+                [written[s["path"]] for s in plan["shards"]],
+                self.tokens_dir,
                 tokenizer_file=self.tokenizer_folder / "tokenizer.json",
                 tokenizer_meta={k: meta[k] for k in ("source", "vocab_size", "eos_id", "bos_id", "pad_id", "engine")},
-                dtype=token_dtype(meta["vocab_size"]), seed=self.seed, val_fraction=self.val_fraction,
-                shard_tokens=self.shard_tokens)
+                dtype=token_dtype(meta["vocab_size"]),
+                seed=self.seed,
+                val_fraction=self.val_fraction,
+                shard_tokens=self.shard_tokens,
+            )
         self.stat_update("documents", value=manifest["totals"]["documents"])
         self.stat_update("tokens", value=manifest["totals"]["tokens"])
         self.stat_update("shards", value=len(manifest["shards"]))
@@ -384,9 +425,13 @@ class TrainTokenizerConfig(Strict):
 
 
 class TokenizerSourceConfig(Strict):
-    path: str | None = Field(None, description="tokenizer.json, a folder with GPT-2's encoder.json + vocab.bpe, or a .tiktoken file")
+    path: str | None = Field(
+        None, description="tokenizer.json, a folder with GPT-2's encoder.json + vocab.bpe, or a .tiktoken file"
+    )
     train: TrainTokenizerConfig | None = Field(None, description="or: train a byte-level BPE on the run's documents")
-    sample_bytes: int = Field(100_000_000, ge=1, description="documents (by id hash) to train on and to check tiktoken against HF")
+    sample_bytes: int = Field(
+        100_000_000, ge=1, description="documents (by id hash) to train on and to check tiktoken against HF"
+    )
     check_docs: int = Field(1000, ge=1, description="sampled documents on which tiktoken must give HF's ids to be used")
     engine: Literal["auto", "tiktoken", "hf"] = Field("auto", description="auto: tiktoken when it gives HF's ids")
     pattern: str | None = Field(None, description="pre-tokenizer regex of a .tiktoken file not known by name")
@@ -409,9 +454,9 @@ class TokenizeConfig(Strict):
     threads: int = Field(1, ge=1, description="encoding threads per task (tiktoken)")
     batch_docs: int = Field(1000, ge=1, description="documents encoded per batch")
     tasks: int | None = Field(None, ge=1, description="encode tasks (default: executor.tasks)")
-    shard_tasks: int | None = Field(None, ge=1, description="shard tasks = shuffle-key buckets (default: the encode tasks)")
-
-
+    shard_tasks: int | None = Field(
+        None, ge=1, description="shard tasks = shuffle-key buckets (default: the encode tasks)"
+    )
 
 
 class Tokenize(GlobalStep):
@@ -436,19 +481,46 @@ class Tokenize(GlobalStep):
     def stages(self, ctx: StageContext) -> None:
         cfg = self.config
         self.check_source()
-        sample = ctx.stage("tokenizer_sample", [ParquetReader(ctx.documents),
-                                                TokenizerSampleStep(cfg.tokenizer.sample_bytes)], tasks=cfg.tasks)
+        sample = ctx.stage(
+            "tokenizer_sample",
+            [ParquetReader(ctx.documents), TokenizerSampleStep(cfg.tokenizer.sample_bytes)],
+            tasks=cfg.tasks,
+        )
         prep = ctx.stage("tokenizer", [TokenizerStep(cfg.tokenizer.model_dump(), sample.folder / "output")], tasks=1)
         prep.pipeline[0].sample_tasks = sample.tasks
         buckets = cfg.shard_tasks or cfg.tasks or ctx.tasks  # one bucket per shard task
-        enc = ctx.stage("tokenize", [ParquetReader(ctx.documents),
-                                     EncodeStep(prep.output, seed=cfg.seed, val_fraction=cfg.val_fraction,
-                                                threads=cfg.threads, batch_docs=cfg.batch_docs, buckets=buckets)],
-                        tasks=cfg.tasks)
-        plan = ctx.stage("shard_plan", [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens)],
-                         tasks=1)
+        enc = ctx.stage(
+            "tokenize",
+            [
+                ParquetReader(ctx.documents),
+                EncodeStep(
+                    prep.output,
+                    seed=cfg.seed,
+                    val_fraction=cfg.val_fraction,
+                    threads=cfg.threads,
+                    batch_docs=cfg.batch_docs,
+                    buckets=buckets,
+                ),
+            ],
+            tasks=cfg.tasks,
+        )
+        plan = ctx.stage(
+            "shard_plan", [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens)], tasks=1
+        )
         shards = ctx.stage("shards", [ShardStep(enc.output, plan.output, prep.output)], tasks=buckets)
         shards.pipeline[0].shard_tokens = cfg.shard_tokens
-        ctx.stage("manifest", [ManifestStep(plan.output, shards.output, prep.output, ctx.run_dir / "tokens",
-                                            seed=cfg.seed, val_fraction=cfg.val_fraction,
-                                            shard_tokens=cfg.shard_tokens)], tasks=1)
+        ctx.stage(
+            "manifest",
+            [
+                ManifestStep(
+                    plan.output,
+                    shards.output,
+                    prep.output,
+                    ctx.run_dir / "tokens",
+                    seed=cfg.seed,
+                    val_fraction=cfg.val_fraction,
+                    shard_tokens=cfg.shard_tokens,
+                )
+            ],
+            tasks=1,
+        )

@@ -24,19 +24,35 @@ SPECIALS = [EOS, BOS, PAD]
 
 # GPT-2's pre-tokenizer regex as HF's ByteLevel(use_regex=True) applies it.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-CL100K_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                  r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
-O200K_PATTERN = "|".join([
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
-])
+CL100K_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
 # tiktoken files carry ranks only; the regex and special tokens of the published ones are these.
 TIKTOKEN_KNOWN = {
     "r50k_base": (GPT2_PATTERN, {EOS: 50256}),
     "p50k_base": (GPT2_PATTERN, {EOS: 50256}),
-    "cl100k_base": (CL100K_PATTERN, {EOS: 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
-                                     "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276}),
+    "cl100k_base": (
+        CL100K_PATTERN,
+        {
+            EOS: 100257,
+            "<|fim_prefix|>": 100258,
+            "<|fim_middle|>": 100259,
+            "<|fim_suffix|>": 100260,
+            "<|endofprompt|>": 100276,
+        },
+    ),
     "o200k_base": (O200K_PATTERN, {EOS: 199999, "<|endofprompt|>": 200018}),
 }
 
@@ -84,10 +100,12 @@ def _byte_level_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]], 
     else:
         from tokenizers import Regex
 
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     return tok
 
@@ -124,7 +142,7 @@ def _bpe_split(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[byt
         if best is None:
             return parts
         i = best[1]
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
 
 
 def _load_tiktoken(path: Path, pattern: str | None):
@@ -140,7 +158,9 @@ def _load_tiktoken(path: Path, pattern: str | None):
     known_pattern, specials = TIKTOKEN_KNOWN.get(path.stem.split(".")[0], (None, {}))
     pattern = pattern or known_pattern
     if pattern is None:
-        raise TokenizerError(f"{path}: unknown tiktoken encoding; give its pre-tokenizer regex as tokenize.tokenizer.pattern")
+        raise TokenizerError(
+            f"{path}: unknown tiktoken encoding; give its pre-tokenizer regex as tokenize.tokenizer.pattern"
+        )
     if not specials:
         specials = {EOS: max(ranks.values()) + 1}
     # The merges a tiktoken file implies: each multi-byte token splits, by BPE over lower ranks,
@@ -202,8 +222,13 @@ def train(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, length:
     tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,
-                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer, length=length)
     return tok
 
@@ -219,8 +244,9 @@ class TokenizerInfo:
     pad_id: int | None
 
 
-def special_ids(tok, eos_token: str = EOS, bos_token: str | None = BOS, pad_token: str | None = PAD,
-                where: str = "tokenizer") -> TokenizerInfo:
+def special_ids(
+    tok, eos_token: str = EOS, bos_token: str | None = BOS, pad_token: str | None = PAD, where: str = "tokenizer"
+) -> TokenizerInfo:
     """Ids of the special tokens; bos falls back to eos when the tokenizer has no bos (GPT-2)."""
     eos = tok.token_to_id(eos_token)
     if eos is None:

@@ -63,8 +63,7 @@ class AppState(Stateful):
 
     def load_state_dict(self, state):
         with self._fp32():
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 class RNGState(Stateful):
@@ -191,8 +190,9 @@ def _read_checksums(path: Path) -> dict | str:
         return f"no {CHECKSUMS} (the save did not finish, or it was written before checkpoints carried checksums)"
     try:
         files = json.loads(f.read_text())["files"]
-        if not files or not all(isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str)
-                                for v in files.values()):
+        if not files or not all(
+            isinstance(v.get("size"), int) and isinstance(v.get("sha256"), str) for v in files.values()
+        ):
             raise ValueError("no file entries of {size, sha256}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"{CHECKSUMS} unreadable ({e})"
@@ -243,18 +243,20 @@ def newest_intact(ckpt_dir: Path, say: Callable[[str], None] = _stderr) -> Path 
         if rank == 0:
             say(f"checkpoint {name}: {why}; skipped")
     if names:
-        raise CheckpointError(f"{ckpt_dir}: none of its {len(names)} checkpoints is intact (reasons above); move the"
-                              " folder aside to train from scratch, or restore a checkpoint from a copy")
+        raise CheckpointError(
+            f"{ckpt_dir}: none of its {len(names)} checkpoints is intact (reasons above); move the"
+            " folder aside to train from scratch, or restore a checkpoint from a copy"
+        )
     return None
 
 
 def _states(model, optimizer, scheduler, loader) -> dict:
-    return {"app": AppState(model, optimizer), "scheduler": _Wrap(scheduler), "data": _Wrap(loader),
-            "rng": RNGState()}
+    return {"app": AppState(model, optimizer), "scheduler": _Wrap(scheduler), "data": _Wrap(loader), "rng": RNGState()}
 
 
-def save(ckpt_dir: Path, step: int, *, model, optimizer, scheduler, loader, meta: dict, keep: int,
-         is_main: bool) -> Path:
+def save(
+    ckpt_dir: Path, step: int, *, model, optimizer, scheduler, loader, meta: dict, keep: int, is_main: bool
+) -> Path:
     final = ckpt_dir / f"step-{step:08d}"
     tmp = ckpt_dir / f"step-{step:08d}.tmp"
     if is_main:

@@ -19,8 +19,10 @@ def cmd_train(args, console) -> int:
     if code == EXIT_INPUT:  # a rank printed the one-line error
         return 2
     if code and code != EXIT_NONFINITE:  # the non-finite message already says what a re-run does
-        console.print(f"[red]train failed[/] (exit code {code}); re-run the same command to resume from the last"
-                      " intact checkpoint")
+        console.print(
+            f"[red]train failed[/] (exit code {code}); re-run the same command to resume from the last"
+            " intact checkpoint"
+        )
     return 1 if code else 0
 
 
@@ -37,8 +39,13 @@ def add_parsers(sub) -> None:
     t.add_argument("config", help="train YAML (configs/train/*.yaml) or a preset name: tiny, 125m, 350m, 1b")
     t.add_argument("--out", help="output directory (default: the config's out_dir); resumes from its checkpoints")
     t.add_argument("--nproc", type=int, help="processes (default: config nproc, visible GPUs, or 1 on CPU)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a train-config key, e.g. --set optim.lr=1e-3 --set data.tokens=runs/x/tokens")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a train-config key, e.g. --set optim.lr=1e-3 --set data.tokens=runs/x/tokens",
+    )
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export-hf", help="a checkpoint as a Hugging Face LlamaForCausalLM directory")
     e.add_argument("checkpoint", help="checkpoint dir (step-NNNNNNNN) or a train output dir (its latest)")

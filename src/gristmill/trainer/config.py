@@ -95,20 +95,37 @@ class TrainConfig(Strict):
     compile: bool = Field(False, description="torch.compile each block")
     ac: Literal["none", "selective", "full"] = "none"
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU")
-    master_weights: Literal["auto"] | bool = Field("auto", description="bf16 without FSDP: the model holds bf16"
-                                                   " weights and the optimizer their fp32 masters (no per-step"
-                                                   " casts); false: fp32 weights under autocast")
-    fsdp: Literal["auto"] | bool = Field("auto", description="FSDP2 fully_shard per block and root; auto: when"
-                                         " world size > 1 (at world size 1 it only adds copies and host time)")
-    fsdp_reshard: bool = Field(True, description="FSDP2 reshard_after_forward: free each block's gathered"
-                               " parameters after its forward and gather them again in backward (ZeRO-3);"
-                               " false keeps them to backward (one all-gather per step, ZeRO-2's memory)")
-    fsdp_unit_layers: int = Field(1, ge=1, description="consecutive blocks per FSDP2 unit (one all-gather and"
-                                   " one reduce-scatter each); >1 trades overlap for less per-unit host time")
+    master_weights: Literal["auto"] | bool = Field(
+        "auto",
+        description="bf16 without FSDP: the model holds bf16"
+        " weights and the optimizer their fp32 masters (no per-step"
+        " casts); false: fp32 weights under autocast",
+    )
+    fsdp: Literal["auto"] | bool = Field(
+        "auto",
+        description="FSDP2 fully_shard per block and root; auto: when"
+        " world size > 1 (at world size 1 it only adds copies and host time)",
+    )
+    fsdp_reshard: bool = Field(
+        True,
+        description="FSDP2 reshard_after_forward: free each block's gathered"
+        " parameters after its forward and gather them again in backward (ZeRO-3);"
+        " false keeps them to backward (one all-gather per step, ZeRO-2's memory)",
+    )
+    fsdp_unit_layers: int = Field(
+        1,
+        ge=1,
+        description="consecutive blocks per FSDP2 unit (one all-gather and"
+        " one reduce-scatter each); >1 trades overlap for less per-unit host time",
+    )
     nproc: int | None = Field(None, ge=1, description="processes for torchrun; null: visible GPUs, or 1 on CPU")
     seed: int = Field(0, description="model init seed")
-    stop_after: int | None = Field(None, ge=1, description="end this run after that step, as a preemption would"
-                                   " (the schedule still spans `steps`); re-running resumes")
+    stop_after: int | None = Field(
+        None,
+        ge=1,
+        description="end this run after that step, as a preemption would"
+        " (the schedule still spans `steps`); re-running resumes",
+    )
 
 
 def find_preset(name: str) -> Path:

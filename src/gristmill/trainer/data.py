@@ -35,10 +35,12 @@ class TokenStream:
         self.starts = np.zeros(len(shards) + 1, dtype=np.int64)
         np.cumsum([len(p) for p in self.parts], out=self.starts[1:])
         self.doc_starts = np.concatenate(
-            [s.offsets[:-1] + start for s, start in zip(shards, self.starts[:-1])] or [np.zeros(0, np.int64)])
+            [s.offsets[:-1] + start for s, start in zip(shards, self.starts[:-1])] or [np.zeros(0, np.int64)]
+        )
         entries = self.tokdir.entries(split)
         self.fingerprint = int.from_bytes(
-            hashlib.sha256("".join(e.get("sha256", e["path"]) for e in entries).encode()).digest()[:8], "little")
+            hashlib.sha256("".join(e.get("sha256", e["path"]) for e in entries).encode()).digest()[:8], "little"
+        )
 
     @property
     def total(self) -> int:
@@ -57,7 +59,7 @@ class TokenStream:
             part = self.parts[i]
             lo = start + filled - int(self.starts[i])
             take = min(length - filled, len(part) - lo)
-            out[filled:filled + take] = part[lo:lo + take]
+            out[filled : filled + take] = part[lo : lo + take]
             filled += take
             i += 1
         return out
@@ -93,11 +95,23 @@ class WindowSampler:
 
 
 class TrainLoader:
-    def __init__(self, stream: TokenStream, *, seq_len: int, global_batch: int, micro_batch: int, rank: int,
-                 world: int, seed: int, device: torch.device, doc_mask: bool = False):
+    def __init__(
+        self,
+        stream: TokenStream,
+        *,
+        seq_len: int,
+        global_batch: int,
+        micro_batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        device: torch.device,
+        doc_mask: bool = False,
+    ):
         if global_batch % (world * micro_batch):
-            raise ValueError(f"data.global_batch {global_batch} is not a multiple of micro_batch {micro_batch}"
-                             f" × world size {world}")
+            raise ValueError(
+                f"data.global_batch {global_batch} is not a multiple of micro_batch {micro_batch} × world size {world}"
+            )
         self.stream, self.seq_len, self.global_batch, self.micro_batch = stream, seq_len, global_batch, micro_batch
         self.rank, self.world, self.device, self.doc_mask = rank, world, device, doc_mask
         self.accum_steps = global_batch // (world * micro_batch)
@@ -128,8 +142,12 @@ class TrainLoader:
         return batches
 
     def state_dict(self) -> dict:
-        return {"consumed_samples": self.consumed, "seq_len": self.seq_len, "seed": self.sampler.seed,
-                "fingerprint": self.stream.fingerprint}
+        return {
+            "consumed_samples": self.consumed,
+            "seq_len": self.seq_len,
+            "seed": self.sampler.seed,
+            "fingerprint": self.stream.fingerprint,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["seq_len"] != self.seq_len:
@@ -139,8 +157,17 @@ class TrainLoader:
         self.consumed = int(state["consumed_samples"])
 
 
-def val_batches(stream: TokenStream, *, seq_len: int, micro_batch: int, batches: int, rank: int, world: int,
-                device: torch.device, doc_mask: bool = False):
+def val_batches(
+    stream: TokenStream,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    batches: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+    doc_mask: bool = False,
+):
     """Fixed validation windows, in stream order, dealt to ranks: the same set every evaluation.
 
     Every rank gets the same number of batches (FSDP's collectives need all ranks in each forward).
@@ -149,7 +176,7 @@ def val_batches(stream: TokenStream, *, seq_len: int, micro_batch: int, batches:
     total = min(n, batches * micro_batch * world) // world * world
     mine = list(range(rank, total, world))
     for i in range(0, len(mine), micro_batch):
-        starts = [j * seq_len for j in mine[i:i + micro_batch]]
+        starts = [j * seq_len for j in mine[i : i + micro_batch]]
         win = torch.from_numpy(np.stack([stream.window(s, seq_len + 1) for s in starts])).to(device)
         docs = torch.from_numpy(np.stack([stream.doc_ids(s, seq_len) for s in starts])).to(device) if doc_mask else None
         yield Batch(win[:, :-1], win[:, 1:], docs)

@@ -32,17 +32,19 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         gate, up = b.feed_forward.w13.weight.split(a.ffn_dim, dim=0)
         kv = a.n_kv_heads * a.head_dim
         q, k, v = b.attention.wqkv.weight.split([a.n_heads * a.head_dim, kv, kv], dim=0)
-        sd.update({
-            p + "input_layernorm.weight": b.attention_norm.weight,
-            p + "self_attn.q_proj.weight": q,
-            p + "self_attn.k_proj.weight": k,
-            p + "self_attn.v_proj.weight": v,
-            p + "self_attn.o_proj.weight": b.attention.wo.weight,
-            p + "post_attention_layernorm.weight": b.ffn_norm.weight,
-            p + "mlp.gate_proj.weight": gate,
-            p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": b.feed_forward.w2.weight,
-        })
+        sd.update(
+            {
+                p + "input_layernorm.weight": b.attention_norm.weight,
+                p + "self_attn.q_proj.weight": q,
+                p + "self_attn.k_proj.weight": k,
+                p + "self_attn.v_proj.weight": v,
+                p + "self_attn.o_proj.weight": b.attention.wo.weight,
+                p + "post_attention_layernorm.weight": b.ffn_norm.weight,
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": b.feed_forward.w2.weight,
+            }
+        )
     if model.output is not None:
         sd["lm_head.weight"] = model.output.weight
     return {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
@@ -50,15 +52,28 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 def hf_config(a: ModelArgs, eos_id: int | None = None, bos_id: int | None = None) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": a.vocab_size, "hidden_size": a.dim, "intermediate_size": a.ffn_dim,
-        "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
-        "head_dim": a.head_dim, "hidden_act": "silu", "max_position_embeddings": a.max_seq_len,
-        "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": a.vocab_size,
+        "hidden_size": a.dim,
+        "intermediate_size": a.ffn_dim,
+        "num_hidden_layers": a.n_layers,
+        "num_attention_heads": a.n_heads,
+        "num_key_value_heads": a.n_kv_heads,
+        "head_dim": a.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": a.max_seq_len,
+        "rms_norm_eps": a.norm_eps,
+        "rope_theta": a.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta},
-        "tie_word_embeddings": a.tie_embeddings, "attention_bias": False, "mlp_bias": False,
-        "initializer_range": a.init_std, "torch_dtype": "float32", "dtype": "float32",
-        "bos_token_id": bos_id, "eos_token_id": eos_id,
+        "tie_word_embeddings": a.tie_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "initializer_range": a.init_std,
+        "torch_dtype": "float32",
+        "dtype": "float32",
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
     }
 
 

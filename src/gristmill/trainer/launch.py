@@ -62,11 +62,15 @@ def check_tokens(cfg: TrainConfig):
         tokdir = open_tokens(cfg.data.tokens, verify="lazy" if cfg.data.verify else False)
         manifest = tokdir.root / "manifest.json"
         if cfg.data.split not in tokdir.splits:
-            raise ConfigError(f"data.split: {manifest} has no shards of split {cfg.data.split!r}"
-                              f" (it has: {', '.join(tokdir.splits) or 'none'})")
+            raise ConfigError(
+                f"data.split: {manifest} has no shards of split {cfg.data.split!r}"
+                f" (it has: {', '.join(tokdir.splits) or 'none'})"
+            )
         if cfg.model.vocab_size is not None and cfg.model.vocab_size < tokdir.vocab_size:
-            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's vocabulary"
-                              f" ({tokdir.vocab_size}, {manifest})")
+            raise ConfigError(
+                f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's vocabulary"
+                f" ({tokdir.vocab_size}, {manifest})"
+            )
         tokdir.check(cfg.data.split)
         if cfg.eval.batches and cfg.data.val_split in tokdir.splits:
             tokdir.check(cfg.data.val_split)
@@ -83,8 +87,19 @@ def launch(cfg: TrainConfig, out_dir: Path, nproc: int | None = None) -> int:
         check_tokens(cfg)
         resolved = write_resolved(cfg.model_copy(update={"out_dir": str(out_dir)}), out_dir)
         n = nproc or default_nproc(cfg)
-        cmd = [sys.executable, "-m", "gristmill.trainer.torchrun", "--standalone", f"--nproc-per-node={n}",
-               "-m", "gristmill.trainer.train", str(resolved), "--out", str(out_dir), "--tokens-checked"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gristmill.trainer.torchrun",
+            "--standalone",
+            f"--nproc-per-node={n}",
+            "-m",
+            "gristmill.trainer.train",
+            str(resolved),
+            "--out",
+            str(out_dir),
+            "--tokens-checked",
+        ]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
         return _run_to_the_end(cmd, env)

@@ -29,8 +29,19 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 class Metrics:
-    def __init__(self, out_dir: Path, *, enabled: bool, total_steps: int, start_step: int, tensorboard: bool,
-                 progress: bool, flops_per_token: float, device: torch.device, world: int):
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        enabled: bool,
+        total_steps: int,
+        start_step: int,
+        tensorboard: bool,
+        progress: bool,
+        flops_per_token: float,
+        device: torch.device,
+        world: int,
+    ):
         self.enabled, self.device, self.world = enabled, device, world
         self.flops_per_token = flops_per_token
         self.peak = peak_flops(device)
@@ -46,13 +57,20 @@ class Metrics:
 
                 self.tb = SummaryWriter(str(out_dir / "tensorboard"))
             except ImportError:
-                print("metrics: TensorBoard logging off — install the `tensorboard` package"
-                      " (pip install -e '.[train]') or set log.tensorboard: false")
+                print(
+                    "metrics: TensorBoard logging off — install the `tensorboard` package"
+                    " (pip install -e '.[train]') or set log.tensorboard: false"
+                )
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self.bar = Progress(
+                TextColumn("[bold]train[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+            )
             self.task = self.bar.add_task("train", total=total_steps, completed=start_step, info="")
             self.bar.start()
 
@@ -63,8 +81,14 @@ class Metrics:
         now = time.perf_counter()
         dt = max(now - self._last_time, 1e-9)
         tps = self._tokens / dt  # all ranks' tokens
-        rec = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tps,
-               "tokens_per_s_per_device": tps / self.world}
+        rec = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": tps,
+            "tokens_per_s_per_device": tps / self.world,
+        }
         if self.peak:
             rec["mfu"] = tps / self.world * self.flops_per_token / self.peak
         if self.device.type == "cuda":

@@ -65,18 +65,36 @@ class AdamW(torch.optim.AdamW):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 lp = local_tensor(p)
                 b = buckets.setdefault((lp.device, lp.dtype), [[], [], [], [], []])
-                for lst, t in zip(b, (lp, local_tensor(p.grad), local_tensor(state["exp_avg"]), local_tensor(state["exp_avg_sq"]),
-                                      state["step"])):
+                for lst, t in zip(
+                    b,
+                    (
+                        lp,
+                        local_tensor(p.grad),
+                        local_tensor(state["exp_avg"]),
+                        local_tensor(state["exp_avg_sq"]),
+                        state["step"],
+                    ),
+                ):
                     lst.append(t)
             beta1, beta2 = group["betas"]
             for (device, _), (ps, gs, ms, vs, steps) in buckets.items():
                 scale = grad_scale.to(device, non_blocking=True) if grad_scale is not None else None
                 inf = found_inf.to(device, non_blocking=True) if found_inf is not None else None
                 foreach_add_(steps, 1)
-                hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                             eps=group["eps"], grad_scale=scale, found_inf=inf)
-                if self.triton and device.type == "cuda" and all(
-                        t.dtype == torch.float32 and t.is_contiguous() for t in (*gs, *ps, *ms, *vs)):
+                hyper = dict(
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    weight_decay=group["weight_decay"],
+                    eps=group["eps"],
+                    grad_scale=scale,
+                    found_inf=inf,
+                )
+                if (
+                    self.triton
+                    and device.type == "cuda"
+                    and all(t.dtype == torch.float32 and t.is_contiguous() for t in (*gs, *ps, *ms, *vs))
+                ):
                     for p, g, m, v, st in zip(ps, gs, ms, vs, steps):
                         adamw_master_triton(p, g, m, v, None, st, **hyper)
                 else:
@@ -106,14 +124,19 @@ class MasterAdamW(AdamW):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dtype != torch.float32 or is_dtensor(p):
-                    raise ValueError("MasterAdamW: expects plain fp32 parameters (it makes the bf16 ones);"
-                                     f" got {type(p).__name__} {p.dtype}")
+                    raise ValueError(
+                        "MasterAdamW: expects plain fp32 parameters (it makes the bf16 ones);"
+                        f" got {type(p).__name__} {p.dtype}"
+                    )
                 master = p.detach().clone()
                 p.data = master.to(torch.bfloat16)
                 self.masters[p] = master
                 # state now, not lazily: its moments must be fp32 although the parameter is bf16
-                self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
-                                 "exp_avg": torch.zeros_like(master), "exp_avg_sq": torch.zeros_like(master)}
+                self.state[p] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                    "exp_avg": torch.zeros_like(master),
+                    "exp_avg_sq": torch.zeros_like(master),
+                }
 
     def _pending(self, params) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(parameter, gradient to apply): the fp32 sum when accumulating, else the bf16 grad."""
@@ -153,9 +176,21 @@ class MasterAdamW(AdamW):
             beta1, beta2 = group["betas"]
             for p, g in todo:
                 st = self.state[p]
-                update(self.masters[p], g, st["exp_avg"], st["exp_avg_sq"], p.data, st["step"], lr=group["lr"],
-                       beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                       grad_scale=grad_scale, found_inf=found_inf)
+                update(
+                    self.masters[p],
+                    g,
+                    st["exp_avg"],
+                    st["exp_avg_sq"],
+                    p.data,
+                    st["step"],
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    grad_scale=grad_scale,
+                    found_inf=found_inf,
+                )
             if found_inf is not None:  # a skipped step does not count
                 foreach_sub_(steps, [found_inf] * len(steps))
         return None

@@ -40,8 +40,13 @@ def _free_port() -> int:
 def init_distributed() -> Dist:
     """From torchrun's environment; without it, a one-process group on this machine."""
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()),
+        )
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         device = torch.device("cuda", local)
@@ -51,8 +56,7 @@ def init_distributed() -> Dist:
         device = torch.device("cpu")
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                device_id=device if backend == "nccl" else None)
+        dist.init_process_group(backend, rank=rank, world_size=world, device_id=device if backend == "nccl" else None)
     return Dist(rank, world, local, device)
 
 
@@ -83,8 +87,9 @@ def apply_compile(model: nn.Module) -> None:
         block.compile(fullgraph=False)
 
 
-def apply_fsdp(model: nn.Module, d: Dist, *, param_dtype: torch.dtype, reshard: bool = True,
-               unit_layers: int = 1) -> None:
+def apply_fsdp(
+    model: nn.Module, d: Dist, *, param_dtype: torch.dtype, reshard: bool = True, unit_layers: int = 1
+) -> None:
     """FSDP2: `unit_layers` consecutive blocks per unit (one all-gather and one reduce-scatter
     each; fewer, larger units cost less host time per step on small models), then the root."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -93,11 +98,15 @@ def apply_fsdp(model: nn.Module, d: Dist, *, param_dtype: torch.dtype, reshard: 
     mesh = init_device_mesh(d.device.type, (d.world,))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     layers = list(model.layers)
-    units = [layers[i:i + unit_layers] for i in range(0, len(layers), unit_layers)]
+    units = [layers[i : i + unit_layers] for i in range(0, len(layers), unit_layers)]
     for i, unit in enumerate(units):
         # the last unit's parameters are needed again at once by backward: keep them gathered
-        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=mp,
-                    reshard_after_forward=reshard and i < len(units) - 1)
+        fully_shard(
+            unit if len(unit) > 1 else unit[0],
+            mesh=mesh,
+            mp_policy=mp,
+            reshard_after_forward=reshard and i < len(units) - 1,
+        )
     if model.output is not None and len(units) > 1:
         # embedding and head as units of their own (torchtitan's layout): a step starts after the
         # embedding's all-gather alone (the head's is issued during the blocks), and the head's

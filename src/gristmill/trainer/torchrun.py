@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             return failure.exitcode
         name = _signal_name(-failure.exitcode)
         hint = " (out of memory? see `dmesg`)" if name == "SIGKILL" else ""
-        print(f"error: training rank {rank} (pid {failure.pid}) was killed by {name}{hint}", file=sys.stderr,
-              flush=True)
+        print(
+            f"error: training rank {rank} (pid {failure.pid}) was killed by {name}{hint}", file=sys.stderr, flush=True
+        )
         return 128 - failure.exitcode
     except SignalException as e:  # this launcher was told to stop; torchrun has stopped the ranks
         return 128 + int(e.sigval)

@@ -98,6 +98,7 @@ def resolve_kernels(cfg: TrainConfig, device: torch.device) -> Kernels:
 @dataclass
 class Built:
     """What `build` makes: the model and what trains it."""
+
     model: Transformer
     args: ModelArgs
     optimizer: AdamW
@@ -120,8 +121,13 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
     if cfg.compile:
         apply_compile(model)
     if use_fsdp:
-        apply_fsdp(model, d, param_dtype=torch.bfloat16 if bf16 else torch.float32, reshard=cfg.fsdp_reshard,
-                   unit_layers=cfg.fsdp_unit_layers)
+        apply_fsdp(
+            model,
+            d,
+            param_dtype=torch.bfloat16 if bf16 else torch.float32,
+            reshard=cfg.fsdp_reshard,
+            unit_layers=cfg.fsdp_unit_layers,
+        )
     model.to_empty(device=d.device)
     model.init_weights(cfg.seed)
     # fused on every device (CPU runs take the GPU's code path): clipping and the non-finite
@@ -131,11 +137,9 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
     # bf16 without FSDP: bf16 weights + fp32 masters in the optimizer (no per-step casts), or
     # fp32 weights under autocast; FSDP's mixed precision does the former by itself
     master = bf16 and not use_fsdp and cfg.master_weights is not False
-    optimizer = (MasterAdamW if master else AdamW)(groups, triton=kernels.triton and d.device.type == "cuda",
-                                                   **hyper)
+    optimizer = (MasterAdamW if master else AdamW)(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master
-                else nullcontext())
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master else nullcontext()
     return Built(model=model, args=args, optimizer=optimizer, scheduler=scheduler, autocast=autocast, fsdp=use_fsdp)
 
 
@@ -173,6 +177,7 @@ class StepReadout:
 class PendingReadout:
     """A step whose values `StepReadout` holds and the host has not read yet; the rest of its
     metrics record."""
+
     step: int
     lr: float
     epoch: float
@@ -219,9 +224,17 @@ class Trainer:
         self.scheduler, self.autocast, self.fsdp = built.scheduler, built.autocast, built.fsdp
         if self.args.vocab_size < stream.vocab_size:
             raise InputError(f"model.vocab_size {self.args.vocab_size} < the tokenizer's {stream.vocab_size}")
-        self.loader = TrainLoader(stream, seq_len=cfg.data.seq_len, global_batch=cfg.data.global_batch,
-                                  micro_batch=cfg.data.micro_batch, rank=d.rank, world=d.world, seed=cfg.data.seed,
-                                  device=d.device, doc_mask=cfg.model.doc_mask)
+        self.loader = TrainLoader(
+            stream,
+            seq_len=cfg.data.seq_len,
+            global_batch=cfg.data.global_batch,
+            micro_batch=cfg.data.micro_batch,
+            rank=d.rank,
+            world=d.world,
+            seed=cfg.data.seed,
+            device=d.device,
+            doc_mask=cfg.model.doc_mask,
+        )
         self.val_stream = None
         if cfg.eval.batches and cfg.data.val_split in stream.tokdir.splits:
             self.val_stream = TokenStream(stream.tokdir, cfg.data.val_split)
@@ -236,10 +249,17 @@ class Trainer:
 
         self.end = min(cfg.steps, cfg.stop_after or cfg.steps)
         self.tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
-        self.metrics = Metrics(out_dir, enabled=d.is_main, total_steps=cfg.steps, start_step=self.step,
-                               tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
-                               flops_per_token=self.args.flops_per_token(cfg.data.seq_len), device=d.device,
-                               world=d.world)
+        self.metrics = Metrics(
+            out_dir,
+            enabled=d.is_main,
+            total_steps=cfg.steps,
+            start_step=self.step,
+            tensorboard=cfg.log.tensorboard,
+            progress=cfg.log.progress,
+            flops_per_token=self.args.flops_per_token(cfg.data.seq_len),
+            device=d.device,
+            world=d.world,
+        )
         self.last_rec: dict = {}
         self.val_loss: float | None = None
         self.readout = StepReadout(d.device)
@@ -251,8 +271,9 @@ class Trainer:
         except ckpt.CheckpointError as e:
             raise InputError(str(e)) from None
         if last is not None:
-            self.step = ckpt.load(last, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                  loader=self.loader)
+            self.step = ckpt.load(
+                last, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader
+            )
             self.resume_point = (last, "this run started from it; its files matched their checksums")
             if self.d.is_main:
                 print(f"resumed from {last} (step {self.step}, {self.loader.consumed} samples consumed)", flush=True)
@@ -291,11 +312,13 @@ class Trainer:
                 where = "This run has written no checkpoint and resumed from none."
             else:
                 where = f"Checkpoint kept: {self.resume_point[0]} ({self.resume_point[1]})" + (
-                    "; re-running resumes from it." if self.cfg.checkpoint.resume else ".")
+                    "; re-running resumes from it." if self.cfg.checkpoint.resume else "."
+                )
             raise NonFiniteLoss(
                 f"step {p.step}: loss {loss_val} / grad norm {gn} is not finite; the optimizer skipped the"
                 f" step and training stopped. {where} If the loss diverges again from there, lower optim.lr,"
-                " raise warm-up or set model.z_loss.")
+                " raise warm-up or set model.z_loss."
+            )
         self.metrics.add_tokens(self.tokens_per_step)
         if p.step % self.cfg.log.every == 0 or p.step == self.end:
             self.last_rec = self.metrics.log_step(p.step, loss_val, lr=p.lr, grad_norm=gn, extra={"epoch": p.epoch})
@@ -307,22 +330,36 @@ class Trainer:
         cfg, d, model = self.cfg, self.d, self.model
         model.eval()
         total = torch.zeros(2, dtype=torch.float64, device=d.device)
-        for b in val_batches(self.val_stream, seq_len=cfg.data.seq_len, micro_batch=cfg.data.micro_batch,
-                             batches=cfg.eval.batches, rank=d.rank, world=d.world, device=d.device,
-                             doc_mask=cfg.model.doc_mask):
+        for b in val_batches(
+            self.val_stream,
+            seq_len=cfg.data.seq_len,
+            micro_batch=cfg.data.micro_batch,
+            batches=cfg.eval.batches,
+            rank=d.rank,
+            world=d.world,
+            device=d.device,
+            doc_mask=cfg.model.doc_mask,
+        ):
             with self.autocast:
                 loss = model(b.inputs, b.targets, b.doc_ids)
-            total += torch.stack([loss.double() * b.targets.numel(),
-                                  torch.tensor(b.targets.numel(), device=d.device)])
+            total += torch.stack([loss.double() * b.targets.numel(), torch.tensor(b.targets.numel(), device=d.device)])
         model.train()
         if dist.get_world_size() > 1:
             dist.all_reduce(total)
         return (total[0] / total[1]).item() if total[1] > 0 else None
 
     def save(self) -> None:
-        saved = ckpt.save(self.ckpt_dir, self.step, model=self.model, optimizer=self.optimizer,
-                          scheduler=self.scheduler, loader=self.loader, meta=self.meta, keep=self.cfg.checkpoint.keep,
-                          is_main=self.d.is_main)
+        saved = ckpt.save(
+            self.ckpt_dir,
+            self.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            loader=self.loader,
+            meta=self.meta,
+            keep=self.cfg.checkpoint.keep,
+            is_main=self.d.is_main,
+        )
         self.resume_point = (saved, f"written by this run after the finite loss of step {self.step}")
 
     def train(self) -> dict:
@@ -338,7 +375,8 @@ class Trainer:
                 self.readout.record(loss_sum, grad_norm, preempt_flag(self.d.device))
                 self.pending = PendingReadout(step=step, lr=lr, epoch=self.loader.epoch)
                 evaluate_now = self.val_stream is not None and (
-                    (cfg.eval.every and step % cfg.eval.every == 0) or step == self.end)
+                    (cfg.eval.every and step % cfg.eval.every == 0) or step == self.end
+                )
                 periodic_save = ck.enabled and bool(ck.every) and step % ck.every == 0
                 save_now = False
                 if evaluate_now or periodic_save or preempted or step == self.end:
@@ -361,15 +399,25 @@ class Trainer:
 
     def _summary(self, started: float, start_step: int) -> dict:
         step, rec, val_loss, main = self.step, self.last_rec, self.val_loss, self.d.is_main
-        summary = {"steps": step, "target_steps": self.cfg.steps, "trained_steps": step - start_step,
-                   "loss": rec.get("loss"), "val_loss": val_loss, "seconds": time.perf_counter() - started,
-                   "tokens_per_s": rec.get("tokens_per_s"), "mfu": rec.get("mfu"),
-                   "checkpoint": str(self.resume_point[0]) if main and self.resume_point else None}
+        summary = {
+            "steps": step,
+            "target_steps": self.cfg.steps,
+            "trained_steps": step - start_step,
+            "loss": rec.get("loss"),
+            "val_loss": val_loss,
+            "seconds": time.perf_counter() - started,
+            "tokens_per_s": rec.get("tokens_per_s"),
+            "mfu": rec.get("mfu"),
+            "checkpoint": str(self.resume_point[0]) if main and self.resume_point else None,
+        }
         if main:
             (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             vl = f", val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f})" if val_loss is not None else ""
-            print(f"trained {summary['trained_steps']} steps to step {step}: loss {summary['loss']}{vl};"
-                  f" checkpoint {summary['checkpoint']}", flush=True)
+            print(
+                f"trained {summary['trained_steps']} steps to step {step}: loss {summary['loss']}{vl};"
+                f" checkpoint {summary['checkpoint']}",
+                flush=True,
+            )
         return summary
 
 
@@ -388,8 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.add_argument("--out", help="output directory (default: the config's out_dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--tokens-checked", action="store_true",
-                   help="the launcher has checked the token directory (sha256, format, ids); do not again")
+    p.add_argument(
+        "--tokens-checked",
+        action="store_true",
+        help="the launcher has checked the token directory (sha256, format, ids); do not again",
+    )
     args = p.parse_args(argv)
     from gristmill.tokenize.reader import TokenShardError
 

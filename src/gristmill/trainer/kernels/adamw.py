@@ -33,20 +33,68 @@ from gristmill.trainer.kernels._triton import tl, triton
 BLOCK = 4096
 
 
-def adamw_master_reference(master, grad, exp_avg, exp_avg_sq, weight, step, *, lr, beta1, beta2, eps,
-                           weight_decay, grad_scale=None, found_inf=None) -> None:
+def adamw_master_reference(
+    master,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    weight,
+    step,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    grad_scale=None,
+    found_inf=None,
+) -> None:
     """torch._fused_adamw_ on the fp32 master (step already incremented), then weight ← master
     (if given)."""
-    torch._fused_adamw_([master], [grad.float()], [exp_avg], [exp_avg_sq], [], [step], amsgrad=False, lr=lr,
-                        beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, maximize=False,
-                        grad_scale=grad_scale, found_inf=found_inf)
+    torch._fused_adamw_(
+        [master],
+        [grad.float()],
+        [exp_avg],
+        [exp_avg_sq],
+        [],
+        [step],
+        amsgrad=False,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=weight_decay,
+        eps=eps,
+        maximize=False,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
+    )
     if weight is not None:
         weight.copy_(master)
 
 
 @triton.jit
-def _adamw_master(P32, G, EA, EAS, P16, N, STEP, SCALE, INF, lr, beta1, beta2, eps, decay, log_beta1, log_beta2,
-                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, WRITE_LOW: tl.constexpr, BLOCK: tl.constexpr):
+def _adamw_master(
+    P32,
+    G,
+    EA,
+    EAS,
+    P16,
+    N,
+    STEP,
+    SCALE,
+    INF,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    decay,
+    log_beta1,
+    log_beta2,
+    HAS_SCALE: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    WRITE_LOW: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     if HAS_INF:
         if tl.load(INF) != 0.0:
             return
@@ -77,8 +125,22 @@ def _log(beta: float) -> float:
     return math.log(beta) if beta > 0 else -1e30  # beta 0: no bias correction (exp(−∞) = 0)
 
 
-def adamw_master_triton(master, grad, exp_avg, exp_avg_sq, weight, step, *, lr, beta1, beta2, eps, weight_decay,
-                        grad_scale=None, found_inf=None) -> None:
+def adamw_master_triton(
+    master,
+    grad,
+    exp_avg,
+    exp_avg_sq,
+    weight,
+    step,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    grad_scale=None,
+    found_inf=None,
+) -> None:
     """One launch per tensor (the arguments' alignment lets Triton vectorise every load; a
     pointer table for all tensors in one launch would not). `weight` None: no low-precision
     copy to write (the master is the parameter)."""
@@ -87,9 +149,26 @@ def adamw_master_triton(master, grad, exp_avg, exp_avg_sq, weight, step, *, lr, 
         if not t.is_contiguous() or t.numel() != n:
             raise ValueError("adamw_master: tensors must be contiguous and of one size")
     _adamw_master[(triton.cdiv(n, BLOCK),)](
-        master, grad, exp_avg, exp_avg_sq, weight if weight is not None else master, n, step,
+        master,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+        weight if weight is not None else master,
+        n,
+        step,
         # absent scale / inf flag: any fp32 pointer, never read (HAS_SCALE / HAS_INF false)
-        grad_scale if grad_scale is not None else step, found_inf if found_inf is not None else step,
-        lr, beta1, beta2, eps, lr * weight_decay, _log(beta1), _log(beta2),
-        HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None, WRITE_LOW=weight is not None,
-        BLOCK=BLOCK, num_warps=8)
+        grad_scale if grad_scale is not None else step,
+        found_inf if found_inf is not None else step,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        lr * weight_decay,
+        _log(beta1),
+        _log(beta2),
+        HAS_SCALE=grad_scale is not None,
+        HAS_INF=found_inf is not None,
+        WRITE_LOW=weight is not None,
+        BLOCK=BLOCK,
+        num_warps=8,
+    )

@@ -34,8 +34,9 @@ IGNORE_INDEX = -100
 _CE_BLOCK = 4096
 
 
-def cross_entropy_reference(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0,
-                            ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def cross_entropy_reference(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
     logits = F.linear(h.reshape(-1, h.shape[-1]), weight).float()
     targets = targets.reshape(-1)
     loss = F.cross_entropy(logits, targets, ignore_index=ignore_index)
@@ -138,11 +139,31 @@ def _rows_triton(logits, targets, scale, z_loss, ignore_index):
     C, V = logits.shape
     loss = torch.empty(C, dtype=torch.float32, device=logits.device)
     if V <= ONE_PASS_MAX_VOCAB:
-        _ce_rows_one_pass[(C,)](logits, logits.stride(0), targets, loss, scale, V, ignore_index, z_loss,
-                                BLOCK=triton.next_power_of_2(V), num_warps=one_pass_warps(V))
+        _ce_rows_one_pass[(C,)](
+            logits,
+            logits.stride(0),
+            targets,
+            loss,
+            scale,
+            V,
+            ignore_index,
+            z_loss,
+            BLOCK=triton.next_power_of_2(V),
+            num_warps=one_pass_warps(V),
+        )
     else:
-        _ce_rows[(C,)](logits, logits.stride(0), targets, loss, scale, V, ignore_index, z_loss,
-                       BLOCK=min(_CE_BLOCK, triton.next_power_of_2(V)), num_warps=16 if V >= 32768 else 8)
+        _ce_rows[(C,)](
+            logits,
+            logits.stride(0),
+            targets,
+            loss,
+            scale,
+            V,
+            ignore_index,
+            z_loss,
+            BLOCK=min(_CE_BLOCK, triton.next_power_of_2(V)),
+            num_warps=16 if V >= 32768 else 8,
+        )
     return loss, logits
 
 
@@ -205,11 +226,11 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         grad_h = torch.empty(h2.shape, dtype=torch.float32, device=h.device) if need_grad_h else None
         grad_w = torch.empty(weight.shape, dtype=torch.float32, device=weight.device) if need_grad_w else None
         for s in range(0, N, chunk):
-            hc, tc = h2[s:s + chunk], targets[s:s + chunk].contiguous()
+            hc, tc = h2[s : s + chunk], targets[s : s + chunk].contiguous()
             logits = hc @ weight.t()
-            losses[s:s + chunk], glogits = rows(logits, tc, scale, z_loss, ignore_index)
+            losses[s : s + chunk], glogits = rows(logits, tc, scale, z_loss, ignore_index)
             if need_grad_h:
-                _accumulate_fp32(grad_h[s:s + chunk], glogits, weight, first=True)
+                _accumulate_fp32(grad_h[s : s + chunk], glogits, weight, first=True)
             if need_grad_w:
                 _accumulate_fp32(grad_w, glogits.t(), hc, first=s == 0)
         ctx.save_for_backward(grad_h if need_grad_h else None, grad_w if need_grad_w else None)
@@ -224,10 +245,25 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         return gh, gw, None, None, None, None, None, None, None
 
 
-def fused_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0,
-                               chunk_tokens: int | None = None, impl: str = "triton",
-                               ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def fused_linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    z_loss: float = 0.0,
+    chunk_tokens: int | None = None,
+    impl: str = "triton",
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """Mean cross-entropy (+ z-loss) of `h @ weightᵀ` against `targets` without full logits."""
     grad = torch.is_grad_enabled()
-    return FusedLinearCrossEntropyFunction.apply(h, weight, targets, float(z_loss), chunk_tokens, impl, ignore_index,
-                                                 grad and h.requires_grad, grad and weight.requires_grad)
+    return FusedLinearCrossEntropyFunction.apply(
+        h,
+        weight,
+        targets,
+        float(z_loss),
+        chunk_tokens,
+        impl,
+        ignore_index,
+        grad and h.requires_grad,
+        grad and weight.requires_grad,
+    )

@@ -22,8 +22,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
 
 
 @triton.jit
-def _rms_norm_fwd(X, R, H, Y, W, RSTD, M, N, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-                  ROWS: tl.constexpr):
+def _rms_norm_fwd(X, R, H, Y, W, RSTD, M, N, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
     # a (ROWS, BLOCK) tile per program: at d = 768 one row is too little work for a program
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -43,8 +42,21 @@ def _rms_norm_fwd(X, R, H, Y, W, RSTD, M, N, eps, HAS_RESIDUAL: tl.constexpr, BL
 
 
 @triton.jit
-def _rms_norm_bwd(DY, DH, H, W, RSTD, DX, DW_PARTIAL, M, N, rows_per_program,
-                  HAS_DH: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+def _rms_norm_bwd(
+    DY,
+    DH,
+    H,
+    W,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    M,
+    N,
+    rows_per_program,
+    HAS_DH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+):
     # each program walks its rows ROWS at a time (a 2-D tile), summing dy·x̂ for the weight grad.
     # The next tile's loads are issued before this tile's math (loop-carried prefetch): with one
     # or two programs per SM nothing else would hide the load latency.
@@ -103,6 +115,7 @@ def _sum_partials(P, DW, programs, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constex
 # Tile settings below are the fastest found by a sweep on an H100 (16,384 rows, d = 768 / 1024 /
 # 2048; GPU time of the kernels queued back to back, as in benchmarks/kernels.py).
 
+
 def fwd_settings(n: int) -> tuple[int, int, int]:
     """(BLOCK, rows per program, warps) of the forward for rows of `n` elements: d ≤ 1024 takes
     4 rows in 2 warps per program (rows {1, 2, 4} × warps {2, 4, 8}; within 1% of each other),
@@ -131,8 +144,21 @@ def rms_norm_fwd(x2, r2, weight, eps):
     h = torch.empty_like(x2) if has_res else x2
     y = torch.empty_like(x2)
     rstd = torch.empty(M, dtype=torch.float32, device=x2.device)
-    _rms_norm_fwd[(triton.cdiv(M, rows),)](x2, r2 if has_res else x2, h, y, weight, rstd, M, N, eps,
-                                           HAS_RESIDUAL=has_res, BLOCK=block, ROWS=rows, num_warps=warps)
+    _rms_norm_fwd[(triton.cdiv(M, rows),)](
+        x2,
+        r2 if has_res else x2,
+        h,
+        y,
+        weight,
+        rstd,
+        M,
+        N,
+        eps,
+        HAS_RESIDUAL=has_res,
+        BLOCK=block,
+        ROWS=rows,
+        num_warps=warps,
+    )
     return y, h, rstd
 
 
@@ -145,9 +171,23 @@ def rms_norm_bwd(dy, dh, h, weight, rstd):
     programs = triton.cdiv(M, rows_per_program)
     dx = torch.empty_like(dy)
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=dy.device)
-    _rms_norm_bwd[(programs,)](dy, dh if dh is not None else dy, h, weight, rstd, dx, dw_partial, M, N,
-                               rows_per_program, HAS_DH=dh is not None, BLOCK=triton.next_power_of_2(N),
-                               ROWS=rows, num_warps=warps, num_stages=1)  # the prefetch is explicit
+    _rms_norm_bwd[(programs,)](
+        dy,
+        dh if dh is not None else dy,
+        h,
+        weight,
+        rstd,
+        dx,
+        dw_partial,
+        M,
+        N,
+        rows_per_program,
+        HAS_DH=dh is not None,
+        BLOCK=triton.next_power_of_2(N),
+        ROWS=rows,
+        num_warps=warps,
+        num_stages=1,
+    )  # the prefetch is explicit
     dw = torch.empty_like(weight)
     _sum_partials[(triton.cdiv(N, 32),)](dw_partial, dw, programs, N, BLOCK_P=32, BLOCK_N=32, num_warps=4)
     return dx, dw

@@ -48,8 +48,20 @@ def rope_qkv_reference(qkv: torch.Tensor, cos, sin, n_heads: int, n_kv_heads: in
 
 
 @triton.jit
-def _rotate_heads(SRC, DST, src_base, dst_base, src_hs, dst_hs, c, s, n, HALF: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rotate_heads(
+    SRC,
+    DST,
+    src_base,
+    dst_base,
+    src_hs,
+    dst_hs,
+    c,
+    s,
+    n,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """n heads of one token from SRC+src_base to DST+dst_base (heads src_hs / dst_hs apart; both
     halves of a head are loaded before either is stored, so SRC may be DST)."""
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -64,9 +76,23 @@ def _rotate_heads(SRC, DST, src_base, dst_base, src_hs, dst_hs, c, s, n, HALF: t
 
 
 @triton.jit
-def _rope_qkv_fwd(QKV, OUT, COS, SIN, T, H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
-                  HALF: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                  BLOCK_KV: tl.constexpr, BLOCK_DV: tl.constexpr, COPY_V: tl.constexpr):
+def _rope_qkv_fwd(
+    QKV,
+    OUT,
+    COS,
+    SIN,
+    T,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    COPY_V: tl.constexpr,
+):
     # OUT is QKV (in place, v left where it is) or a new tensor of the same layout (v copied)
     row = tl.program_id(0).to(tl.int64)  # token index in batch*seq
     t = row % T
@@ -85,9 +111,33 @@ def _rope_qkv_fwd(QKV, OUT, COS, SIN, T, H: tl.constexpr, KV: tl.constexpr, D: t
 
 
 @triton.jit
-def _rope_qkv_bwd(DQ, DK, DV, DQKV, COS, SIN, T, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h,
-                  H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, BLOCK_Q: tl.constexpr,
-                  BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _rope_qkv_bwd(
+    DQ,
+    DK,
+    DV,
+    DQKV,
+    COS,
+    SIN,
+    T,
+    sq_b,
+    sq_t,
+    sq_h,
+    sk_b,
+    sk_t,
+    sk_h,
+    sv_b,
+    sv_t,
+    sv_h,
+    H: tl.constexpr,
+    KV: tl.constexpr,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     b = row // T
     t = row % T
@@ -107,9 +157,18 @@ def _rope_qkv_bwd(DQ, DK, DV, DQKV, COS, SIN, T, sq_b, sq_t, sq_h, sk_b, sk_t, s
 def _blocks(H: int, KV: int, D: int) -> dict:
     # one token per program, 4 warps: the fastest of tokens {1, 2, 4, 8} × warps {1, 2, 4, 8} on
     # an H100 at 12 × 64 and 16 × 64 / 128 heads (within 2% of 8 warps)
-    return dict(H=H, KV=KV, D=D, HALF=D // 2, BLOCK_Q=triton.next_power_of_2(H), BLOCK_K=triton.next_power_of_2(KV),
-                BLOCK_D=triton.next_power_of_2(D // 2), BLOCK_KV=triton.next_power_of_2(KV),
-                BLOCK_DV=triton.next_power_of_2(D), num_warps=4)
+    return dict(
+        H=H,
+        KV=KV,
+        D=D,
+        HALF=D // 2,
+        BLOCK_Q=triton.next_power_of_2(H),
+        BLOCK_K=triton.next_power_of_2(KV),
+        BLOCK_D=triton.next_power_of_2(D // 2),
+        BLOCK_KV=triton.next_power_of_2(KV),
+        BLOCK_DV=triton.next_power_of_2(D),
+        num_warps=4,
+    )
 
 
 def rope_qkv_fwd(qkv, cos, sin, n_heads, n_kv_heads, in_place=True):
@@ -133,8 +192,19 @@ def rope_qkv_bwd(dq, dk, dv, cos, sin):
     KV = dk.shape[2]
     dq, dk, dv = (g if g.stride(-1) == 1 else g.contiguous() for g in (dq, dk, dv))
     dqkv = dq.new_empty(B, T, H + 2 * KV, D)
-    _rope_qkv_bwd[(B * T,)](dq, dk, dv, dqkv, cos, sin, T, *_token_strides(dq), *_token_strides(dk),
-                            *_token_strides(dv), **_blocks(H, KV, D))
+    _rope_qkv_bwd[(B * T,)](
+        dq,
+        dk,
+        dv,
+        dqkv,
+        cos,
+        sin,
+        T,
+        *_token_strides(dq),
+        *_token_strides(dk),
+        *_token_strides(dv),
+        **_blocks(H, KV, D),
+    )
     return dqkv
 
 

@@ -67,8 +67,9 @@ def swiglu_bwd(ab, dc):
     M, F_ = ab.shape[0], ab.shape[1] // 2
     block, rows, warps = tile_settings(F_)
     dab = torch.empty_like(ab)
-    _swiglu_bwd[(triton.cdiv(M, rows), triton.cdiv(F_, block))](ab, dc, dab, M, F_, BLOCK=block, ROWS=rows,
-                                                                 num_warps=warps)
+    _swiglu_bwd[(triton.cdiv(M, rows), triton.cdiv(F_, block))](
+        ab, dc, dab, M, F_, BLOCK=block, ROWS=rows, num_warps=warps
+    )
     return dab
 
 
