@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import resource
 import shutil
 import sys
@@ -32,7 +33,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pyarrow.parquet as pq  # noqa: E402
-
 from dedup_eval import score  # noqa: E402
 
 
@@ -120,7 +120,7 @@ def measure(name, fn, *args) -> dict:
         try:
             r = q.get(timeout=5)
             break
-        except Exception:
+        except queue.Empty:
             if not p.is_alive():
                 raise RuntimeError(f"{name}: the measuring subprocess died (exit code {p.exitcode})") from None
     p.join()
@@ -216,7 +216,8 @@ def main():
         if peer in results:
             print(
                 f"near_dedup vs {peer}: {ours['docs_per_s_per_core'] / results[peer]['docs_per_s_per_core']:.1f}x "
-                f"docs/s per core, recall(J>=0.85) {ours['recall_j>=0.85']:.3f} vs {results[peer]['recall_j>=0.85']:.3f}, "
+                f"docs/s per core, recall(J>=0.85) {ours['recall_j>=0.85']:.3f} vs "
+                f"{results[peer]['recall_j>=0.85']:.3f}, "
                 f"precision {ours['precision']:.3f} vs {results[peer]['precision']:.3f}"
             )
     bl = bloom_rate(a.bloom_gb)

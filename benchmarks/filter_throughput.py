@@ -38,11 +38,11 @@ def run_steps(steps) -> dict:
 
 
 def gristmill_pipeline(files: list[Path]):
+    from gristmill.core.wet_reader import WetReader
     from gristmill.filters.c4_lines import C4Lines
     from gristmill.filters.gopher_quality import GopherQuality
     from gristmill.filters.gopher_repetition import GopherRepetition
     from gristmill.filters.langid import LangId
-    from gristmill.core.wet_reader import WetReader
 
     reader = WetReader([str(f) for f in files])
     return [

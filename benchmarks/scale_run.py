@@ -292,6 +292,7 @@ def _accidental(run_dir: Path, removed_outside: set[str], dedup: str) -> dict:
     # exact: some kept document has the same normalised text, which is what exact dedup compares
     # (hashes: the kept texts do not fit in memory at scale)
     import xxhash
+
     from gristmill.dedup.text import normalize
 
     digest = lambda x: xxhash.xxh3_128_intdigest(normalize(x).encode())  # noqa: E731

@@ -181,7 +181,7 @@ def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: in
     step = reference_step(args_model, seq, d)
     g = torch.Generator(device=d.device).manual_seed(d.rank)
     times = []
-    for i in range(steps):
+    for _ in range(steps):
         x = torch.randint(0, VOCAB, (micro_batch, seq + 1), device=d.device, generator=g)
         torch.cuda.synchronize()
         t0 = time.perf_counter()

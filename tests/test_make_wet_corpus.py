@@ -13,9 +13,9 @@ import zlib
 import numpy as np
 import pytest
 
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dedup.text import jaccard, shingles
 from gristmill.filters.langid import load_fasttext
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -7,9 +7,9 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gristmill.pipeline.on_parquet import run_on_parquet
-from gristmill.dedup.text import normalize
 from gristmill.core.documents import schema_for
+from gristmill.dedup.text import normalize
+from gristmill.pipeline.on_parquet import run_on_parquet
 
 
 def _table(folder):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import numpy as np
-import pytest
 import pyarrow.parquet as pq
+import pytest
 from datasketch import MinHash
 
 from gristmill.dedup.lsh import band_edges, components, kept_neighbour, optimal_bands

@@ -64,7 +64,8 @@ def test_bad_per_language_entries_are_one_line_each_naming_step_language_and_key
             "max_ellipsis_lines_ratio, max_non_alpha_words_ratio, alpha_words, min_stop_words, stop_words)",
             "steps[1].gopher_quality.per_language.zh.max_doc_words: input should be a valid integer, unable to parse "
             "string as an integer, got 'lots'",
-            "steps[1].gopher_quality.per_language.chinese: not a lid.176 language label (e.g. en, zh, fa) nor `default`",
+            "steps[1].gopher_quality.per_language.chinese: "
+            "not a lid.176 language label (e.g. en, zh, fa) nor `default`",
             "steps[1].gopher_quality.per_language.fa: expected a mapping of parameters, got 3",
             "steps[1].gopher_quality.per_language.ja.per_language: cannot be nested",
         ]

@@ -63,7 +63,10 @@ def test_heldout_auc_wikitext_vs_crawl(quality_model, report, shared_data, wet_f
     pos = [t for t in iter_documents(wiki, "wikitext") if len(t.split()) >= min_words and is_heldout(t, frac, seed)]
     neg = [t for t in iter_documents(wet_files) if len(t.split()) >= min_words and is_heldout(t, frac, seed)]
     step = Quality(model=str(quality_model), min_score=0.0)
-    score = lambda texts: np.array([d.metadata["quality_score"] for d in step.run(iter(_docs(texts)))])
+
+    def score(texts):
+        return np.array([d.metadata["quality_score"] for d in step.run(iter(_docs(texts)))])
+
     auc = roc_auc(score(pos), score(neg))
     print(f"recomputed on all held-out texts: AUC {auc:.4f} ({len(pos)} WikiText paragraphs, {len(neg)} crawl docs)")
     assert auc > 0.9

@@ -228,7 +228,7 @@ class _HostileHandler(_Handler):
 
     MINE = ("html", "gzip-html")
 
-    def do_GET(self):
+    def do_GET(self):  # noqa: N802 - http.server's name
         srv = self.server
         path = self.path.split("?")[0]
         with srv.lock:

@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.config import ConfigError, from_dict
+from gristmill.core.parquet_io import FAULT_ENV
 from gristmill.filters.langid import ModelError
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import as_json, funnel, merge_run
-from gristmill.core.parquet_io import FAULT_ENV
 
 from .conftest import C14, REL14A
 
@@ -154,7 +154,10 @@ def test_killed_run_resumes_to_identical_output(tmp_path, wet_files, lid_model, 
     assert "resuming" in resumed.stderr
     assert files_bytes(run_dir / "01_curate" / "output") == files_bytes(clean_dir / "01_curate" / "output")
     assert files_bytes(run_dir / "01_curate" / "dropped") == files_bytes(clean_dir / "01_curate" / "dropped")
-    counts = lambda rows: [(r.step, r.docs_in, r.docs_out, r.bytes_in, r.bytes_out, r.drops) for r in rows]
+
+    def counts(rows):
+        return [(r.step, r.docs_in, r.docs_out, r.bytes_in, r.bytes_out, r.drops) for r in rows]
+
     assert counts(funnel(merge_run(run_dir))) == counts(funnel(clean))
 
 

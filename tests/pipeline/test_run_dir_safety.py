@@ -18,10 +18,10 @@ import pytest
 
 from gristmill.cli import safe
 from gristmill.config import ConfigError, from_dict
+from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dirlock import LockHeld
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
 from .test_run import config
 

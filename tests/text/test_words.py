@@ -7,8 +7,8 @@ labels them before the filters run.
 from __future__ import annotations
 
 import sys
-from unicodedata import category
 from collections import Counter
+from unicodedata import category
 
 import pytest
 from datatrove.data import Document

@@ -22,8 +22,7 @@ import pytest
 from gristmill.config import ConfigError, from_dict
 from gristmill.pipeline.planner import plan
 from gristmill.pipeline.runner import run
-from gristmill.tokenize import TokenShardError, open_tokens, token_dtype
-from gristmill.tokenize import encode, tokenizer
+from gristmill.tokenize import TokenShardError, encode, open_tokens, token_dtype, tokenizer
 from gristmill.tokenize.shards import sha256_file
 
 from ..conftest import WET_2017
@@ -364,9 +363,10 @@ def test_tokenize_config_errors_name_the_key(tmp_path, wet_files):
 def test_sample_of_the_tasks_samples_is_the_sample_of_all(wet_files):
     """The tokenizer's sample is taken per task, then over the union: the same documents as one
     pass over everything, for any split, including budgets met inside one task's share."""
+    from datatrove.data import Document
+
     from gristmill.core.wet_reader import WetReader
     from gristmill.tokenize.stages import hash_sample, hash_sample_entries
-    from datatrove.data import Document
 
     docs = list(WetReader([str(p) for p in wet_files]).run())
     for budget in (50_000, 400_000, 10**9):

@@ -19,9 +19,10 @@ def _sha(path: Path) -> str:
 
 
 def write_token_dir(
-    root: Path, vocab: int = 300, docs: dict | None = None, shard_docs: int = 40, seed: int = 0, dtype=pa.uint16()
+    root: Path, vocab: int = 300, docs: dict | None = None, shard_docs: int = 40, seed: int = 0, dtype=None
 ) -> Path:
     """`docs`: split → list of token lists (EOS appended). Default: random documents from `seed`."""
+    dtype = pa.uint16() if dtype is None else dtype
     rng = np.random.default_rng(seed)
     if docs is None:
         # a learnable stream: each document repeats a short random motif

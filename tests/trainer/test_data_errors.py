@@ -93,7 +93,8 @@ FAULTS = {
     r" vocabulary size 300 of manifest\.json",
     missing_shard: r"train-00002\.arrow: shard listed in manifest\.json is missing",
     sha256_mismatch: r"train-00000\.arrow: sha256 [0-9a-f]{64} does not match manifest\.json",
-    wrong_dtype: r"train-00000\.arrow: expected a `tokens` column of large_list<uint16> \(the dtype in manifest\.json\),"
+    wrong_dtype: r"train-00000\.arrow: expected a `tokens` column of large_list<uint16> "
+    r"\(the dtype in manifest\.json\),"
     r" found large_list<item: uint32",
     not_arrow: r"train-00001\.arrow: not a readable Arrow IPC file",
     manifest_not_json: r"manifest\.json: not valid JSON",

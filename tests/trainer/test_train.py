@@ -49,7 +49,7 @@ def test_step_readout_is_read_one_step_late(baseline, token_dir, tmp_path):
     """The host waits for step N's loss only once step N+1 is queued, except where the step's
     loss must be known at once (validation and checkpoints every 3 steps, the last step):
     reading it earlier would leave the GPU idle while the host launches the next step."""
-    from gristmill.trainer.train import Trainer, TokenStream, init_distributed, open_data
+    from gristmill.trainer.train import TokenStream, Trainer, init_distributed, open_data
 
     cfg = _cfg(token_dir, STEPS)
     d = init_distributed()
@@ -227,7 +227,7 @@ def test_adamw_and_clip_and_guard_match_torch_and_skip_non_finite():
     from gristmill.trainer.optim import AdamW, clip_and_guard
 
     ref, ours, opt_ref, opt_ours = _twin_mlps(AdamW)
-    for step in range(3):
+    for _ in range(3):
         x = torch.randn(8, 16) * 50  # large gradients: clipping is active
         for m in (ref, ours):
             m(x).square().mean().backward()
@@ -262,7 +262,7 @@ def test_master_adamw_is_adamw_on_fp32_masters():
 
     ref, ours, opt_ref, opt_ours = _twin_mlps(MasterAdamW)
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
-    for step in range(3):
+    for _ in range(3):
         fp32_sums = [torch.zeros_like(p) for p in ref.parameters()]
         for _ in range(2):  # two micro-batches
             x = (torch.randn(8, 16) * 50).bfloat16()  # large gradients: clipping is active

@@ -160,5 +160,5 @@ class ModelFilter(Filter):
         return state
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        self.model
+        self.model  # noqa: B018 - loads it before the first document, so the step timer measures scoring only
         yield from super().run(data, rank, world_size)

@@ -33,7 +33,7 @@ class DroppedSampler:
         self._file: ParquetFile | None = None
         self._rank = 0
 
-    def open(self, rank: int) -> "DroppedSampler":
+    def open(self, rank: int) -> DroppedSampler:
         self._rank = rank
         self._file = None
         return self

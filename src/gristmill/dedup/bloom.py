@@ -134,7 +134,7 @@ class BloomFilter:
         block_range: tuple[int, int] | None = None,
         n_blocks: int | None = None,
         k: int | None = None,
-    ) -> "BloomFilter":
+    ) -> BloomFilter:
         """A new empty filter (or slice `block_range` of one) sized for capacity and fp_rate."""
         if n_blocks is None or k is None:
             n_blocks, k = size_for(capacity, fp_rate)
@@ -150,7 +150,7 @@ class BloomFilter:
         return bf
 
     @classmethod
-    def open(cls, path: str | Path, writable: bool = False) -> "BloomFilter":
+    def open(cls, path: str | Path, writable: bool = False) -> BloomFilter:
         path = Path(path)
         meta_path = path.with_name(path.name + ".json")
         if not meta_path.is_file():
@@ -165,7 +165,7 @@ class BloomFilter:
         self.bits.flush()
         self._write_meta()
 
-    def copy_from(self, others: list["BloomFilter"]) -> None:
+    def copy_from(self, others: list[BloomFilter]) -> None:
         """OR in the bits of earlier filters' slices (same n_blocks and k) overlapping this one."""
         for o in others:
             if (o.meta.n_blocks, o.meta.k) != (self.meta.n_blocks, self.meta.k):

@@ -1,8 +1,8 @@
 """Text normalisation and hashing shared by exact and near dedup.
 
 `normalize` lower-cases (str.casefold: like lower(), but "STRASSE" and "Straße" match, which
-lower() misses: upper-cased re-crawls would otherwise escape dedup), deletes every character of datatrove's PUNCTUATION_SET
-(ASCII and Unicode punctuation and symbols, the set the Gopher filters use) and collapses runs
+lower() misses: upper-cased re-crawls would otherwise escape dedup), deletes every character of datatrove's
+PUNCTUATION_SET (ASCII and Unicode punctuation and symbols, the set the Gopher filters use) and collapses runs
 of whitespace to one space, stripping both ends. So "Hello,  World!" and "hello world" hash
 alike; digits, letters of every script and emoji are kept.
 

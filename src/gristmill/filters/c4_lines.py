@@ -114,7 +114,7 @@ class C4Lines(Filter):
         result: FilterResult = True
         n_lines = 0  # lines looked at: all, or up to the one that drops the document
 
-        for n_lines, line in enumerate(lines, 1):
+        for n_lines, line in enumerate(lines, 1):  # noqa: B007 - counted after the loop
             line = uncited = line.strip()
             # a word longer than max_len needs a line longer than max_len: split only those
             if max_len != -1 and len(line) > max_len and any(len(w) > max_len for w in line_words(line)):

@@ -48,7 +48,7 @@ def load_kenlm(path: str | Path | Checked):
     checked = path if isinstance(path, Checked) else check_kenlm(path)
     try:
         return kenlm.Model(unchanged(checked))
-    except Exception as e:  # kenlm raises OSError with its own message
+    except Exception as e:  # noqa: BLE001 - kenlm raises OSError with its own message
         raise ModelError(f"{checked.path}: KenLM cannot load it: {e}") from None
 
 

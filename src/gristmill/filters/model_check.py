@@ -230,7 +230,7 @@ def trial_load(code: str, path: Path, library: str) -> dict:
             name = f"signal {-res.returncode}"
         raise ModelError(f"{library} could not load it: killed by {name}")
     if res.returncode != 0:
-        last = (res.stderr.strip().splitlines() or ["exit code %d" % res.returncode])[-1]
+        last = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
         if "MemoryError" in last or "bad_alloc" in last:
             last += f" (asked for more than {limit / 2**30:.1f} GiB more)"
         raise ModelError(f"{library} could not load it: {last}")

@@ -31,9 +31,9 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import dill
 from datatrove.executor.local import LocalPipelineExecutor
@@ -150,7 +150,7 @@ def _task_main() -> None:
         stage_dir = getattr(executor.logging_dir, "path", None)
         executor.pipeline = _kill_after(executor.pipeline, int(rank))
         run_rank(executor, int(rank), int(local_rank))
-    except BaseException as e:  # reported by the supervisor; the traceback is in the task log
+    except BaseException as e:  # noqa: BLE001 - reported by the supervisor; the traceback is in the task log
         status.write(_error_line(e, stage_dir).replace("\n", " "))
         code = 1
     status.close()

@@ -6,7 +6,8 @@ Two sources, kept apart in the output:
 - CPU-hours, disk and wall time from the scale benchmark's measurements
   (`scale_calibration.json`, written by `benchmarks/scale_run.py --write-calibration`; a default
   measured on generated Common Crawl ships in this package): for each stage, a line through its
-  measured points, CPU seconds = a x tasks / calibrated tasks + b x input GB (a, b >= 0), disk = d0 + d1 x input GB; and,
+  measured points, CPU seconds = a x tasks / calibrated tasks + b x input GB (a, b >= 0),
+  disk = d0 + d1 x input GB; and,
   for reference, the peak RSS measured at the largest calibrated size. Memory is projected by
   the models alone: a line through two small measurements of a bounded stage would extrapolate
   its constant overheads. A stage is matched to the calibrated config with the same stage

@@ -62,14 +62,14 @@ def _bmp_class(unicode_class: str) -> str:
     compile to a bitmap, which means no characters beyond U+FFFF (those become a linear list
     of ranges): hence their separate one-per-token rule above.
     """
+    bmp = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x10000)))  # no surrogates
     ranges = []
-    for m in regex.finditer(unicode_class + "+", _BMP, flags=regex.V1):
+    for m in regex.finditer(unicode_class + "+", bmp, flags=regex.V1):
         first, last = re.escape(m.group()[0]), re.escape(m.group()[-1])
         ranges.append(first if m.end() - m.start() == 1 else f"{first}-{last}")
     return "".join(ranges)
 
 
-_BMP = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x10000)))
 _IDEOGRAPHIC = r"[\p{Han}\p{Hiragana}\p{Katakana}]"
 _SYLLABIC = r"[\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]"
 IDEOGRAPHIC_CHARS = _bmp_class(_IDEOGRAPHIC)
@@ -82,7 +82,6 @@ _ALNUM = _bmp_class(rf"[[\p{{L}}\p{{N}}\p{{M}}]--{_IDEOGRAPHIC}--{_SYLLABIC}]")
 # "ー" of "ページ", the half-width voicing mark "ﾞ")
 _SCRIPT_WORD_CHARS = _bmp_class(rf"[{_IDEOGRAPHIC}{_SYLLABIC}[[\p{{L}}\p{{M}}]&&[\p{{Common}}\p{{Inherited}}]]]")
 ASTRAL_CHARS = "\U00010000-\U0010ffff"
-del _BMP
 
 WORD_TOKEN = re.compile(
     rf"""

@@ -15,9 +15,9 @@ becomes ordinary tokens, never the EOS id (HF: `encode_special_tokens = True`; t
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from gristmill.tokenize.tokenizer import GPT2_PATTERN, unicode_to_bytes
 
@@ -81,7 +81,7 @@ def tiktoken_from_hf(tok, name: str = "gristmill") -> FastPath:
 
     try:
         enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
-    except Exception as e:  # a regex fancy-regex rejects, a rank clash
+    except Exception as e:  # noqa: BLE001 - a regex fancy-regex rejects, a rank clash
         return FastPath(None, f"tiktoken refused it: {e}")
     return FastPath(enc, "")
 
@@ -119,7 +119,7 @@ class Encoder:
             self.encoding = fast.encoding
 
     @classmethod
-    def from_file(cls, path: str | Path, engine: str = "hf", threads: int = 1) -> "Encoder":
+    def from_file(cls, path: str | Path, engine: str = "hf", threads: int = 1) -> Encoder:
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_file(str(path)), engine, threads)

@@ -17,9 +17,10 @@ model's embedding.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -162,7 +163,8 @@ class TokenDir:
                 pos = int(np.argmax(shard.tokens >= self.vocab_size))
                 doc = int(np.searchsorted(shard.offsets, pos, side="right")) - 1
                 raise TokenShardError(
-                    f"{shard.path}: token id {int(shard.tokens[pos])} (document {doc}, token {pos - int(shard.offsets[doc])};"
+                    f"{shard.path}: token id {int(shard.tokens[pos])} "
+                    f"(document {doc}, token {pos - int(shard.offsets[doc])};"
                     f" largest id {int(shard.tokens.max())}) is not below the vocabulary size {self.vocab_size} of"
                     " manifest.json: the shard was written with another tokenizer, or is corrupt"
                 )

@@ -14,10 +14,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 EOS, BOS, PAD = "<|endoftext|>", "<|bos|>", "<|pad|>"
 SPECIALS = [EOS, BOS, PAD]
@@ -148,7 +148,7 @@ def _bpe_split(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[byt
 def _load_tiktoken(path: Path, pattern: str | None):
     ranks: dict[bytes, int] = {}
     try:
-        for n, line in enumerate(path.read_bytes().splitlines(), 1):
+        for line in path.read_bytes().splitlines():
             if not line.strip():
                 continue
             token, rank = line.split()
@@ -202,7 +202,7 @@ def load(path: str | Path, pattern: str | None = None):
         return _load_tiktoken(path, pattern)
     try:
         return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
         raise TokenizerError(f"{path}: not a tokenizers tokenizer.json: {e}") from None
 
 
