@@ -200,14 +200,6 @@ def _stop_words(text: str, lang: str) -> float | None:
     return float(len(stop & set(split_words(text, lang))))
 
 
-def _per_word(count: Callable[[str], int]) -> Callable[[str, str], float | None]:
-    def stat(text: str, lang: str) -> float | None:
-        words = split_words(text, lang)
-        return count(text) / len(words) if words else None
-
-    return stat
-
-
 def _line_share(test: Callable[[str], bool]) -> Callable[[str, str], float | None]:
     def stat(text: str, lang: str) -> float | None:
         lines = text.splitlines()

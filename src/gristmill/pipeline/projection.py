@@ -257,7 +257,3 @@ def render(
             f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}"
         )
     return header, rows, footer
-
-
-def total_cpu_s(projections: list[StageProjection]) -> float:
-    return sum(p.cpu_s for p in projections if p.cpu_s is not None)
