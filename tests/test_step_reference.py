@@ -1,5 +1,5 @@
-"""The README's step reference is what the registered steps say of themselves, and the drop
-reasons a step declares are the ones it uses."""
+"""The step reference in docs/steps.md is what the registered steps say of themselves, and the
+drop reasons a step declares are the ones it uses."""
 
 from __future__ import annotations
 
@@ -9,16 +9,27 @@ from pathlib import Path
 import pytest
 
 from gristmill.core.step import STEP_MODULES, registered_steps
-from gristmill.pipeline.step_reference import BEGIN, END, markdown
+from gristmill.pipeline.step_reference import BEGIN, DOC, END, block, markdown, update
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+STEPS_DOC = Path(__file__).resolve().parents[1] / "docs" / "steps.md"
 
 
-def test_readme_step_reference_is_generated_from_the_steps():
-    text = README.read_text()
+def test_docs_step_reference_is_generated_from_the_steps():
+    assert DOC == STEPS_DOC
+    text = STEPS_DOC.read_text()
     assert BEGIN in text and END in text
-    block = text[text.index(BEGIN) : text.index(END) + len(END)] + "\n"
-    assert block == markdown(shipped_only=True), "README is stale: paste `pipeline steps --markdown` there"
+    assert block(text) == markdown(shipped_only=True), (
+        "docs/steps.md is stale: run `python -m gristmill.pipeline.step_reference` to rewrite it"
+    )
+
+
+def test_update_rewrites_only_the_reference(tmp_path):
+    page = tmp_path / "steps.md"
+    page.write_text(f"# Steps\n\nbefore\n\n{BEGIN}\n\n- a stale entry\n\n{END}\n\nafter\n")
+    assert update(page) is True
+    text = page.read_text()
+    assert text == f"# Steps\n\nbefore\n\n{markdown(shipped_only=True)}\nafter\n"
+    assert update(page) is False and page.read_text() == text
 
 
 def test_every_shipped_step_module_registers_a_step_with_a_documented_config():

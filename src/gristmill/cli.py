@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(v)
     v.set_defaults(func=cmd_validate)
     sp = sub.add_parser("steps", help="every step a config may name, with its parameters and defaults")
-    sp.add_argument("--markdown", action="store_true", help="the README's step reference (gristmill's own steps)")
+    sp.add_argument("--markdown", action="store_true", help="the step reference of docs/steps.md")
     sp.add_argument("--json", action="store_true", help="machine-readable")
     sp.set_defaults(func=cmd_steps)
     st = sub.add_parser("status", help="per stage: tasks done, Slurm job states, failed tasks, how to resume")

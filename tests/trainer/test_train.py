@@ -177,20 +177,20 @@ def test_schedules():
     assert wsd(50) == 1.0 and wsd(79) == 1.0 and wsd(90) == pytest.approx(0.55) and wsd(100) == pytest.approx(0.1)
 
 
-def test_presets_load_and_match_the_readme_table():
-    """Every configs/train preset validates; the README's preset table states their shapes."""
+def test_presets_load_and_match_the_docs_table():
+    """Every configs/train preset validates; the preset table of docs/training.md states their shapes."""
     import re
 
     from gristmill.trainer.config import PRESET_DIRS
     from gristmill.trainer.train import model_args
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
     names = sorted(p.stem for p in PRESET_DIRS[1].glob("*.yaml"))
     assert {"tiny", "125m", "350m", "1b", "3b"} <= set(names)
     for name in names:
         args = model_args(load_config(name, ["data.tokens=x"]), 32000)
         row = re.search(rf"^\| `{name}` \| (\d+) \| (\d+) \| (\d+)[^|]*\| (\d+) \| ([\d.]+)([MB]) \|", readme, re.M)
-        assert row, f"README has no preset row for {name}"
+        assert row, f"docs/training.md has no preset row for {name}"
         dim, layers, heads, ffn = (int(g) for g in row.groups()[:4])
         assert (dim, layers, heads, ffn) == (args.dim, args.n_layers, args.n_heads, args.ffn_dim), name
         stated = float(row.group(5)) * (1e6 if row.group(6) == "M" else 1e9)

@@ -3,7 +3,7 @@
 A step is a datatrove `PipelineStep` (so datatrove's executors, local and Slurm, can run any
 of them) that owns its parameters as a nested pydantic `Config`: defaults live there and
 nowhere else. Setting `yaml_name` on a class registers it under that name when its module is
-imported; the run config, `pipeline validate` and the README's step reference read the
+imported; the run config, `pipeline validate` and the step reference (docs/steps.md) read the
 registry (`registered_steps()`).
 
 Two kinds:

@@ -11,7 +11,7 @@ CCNet tokenises the normalised text with a SentencePiece model trained with its 
 We have no such SentencePiece models offline, so this step scores the *whitespace tokens* of
 the normalised text, and `kenlm train` trains on the same tokens. CCNet's published
 `<lang>.arpa.bin` models expect SentencePiece pieces: they load and run here, but their
-perplexities come out higher and differ from CCNet's (see the README).
+perplexities come out higher and differ from CCNet's (see docs/models.md).
 
 A document is kept if its perplexity is at most `max_perplexity` and/or its CCNet bucket
 (head < cut-off 1 <= middle < cut-off 2 <= tail) is in `keep_buckets`. The cut-offs come from

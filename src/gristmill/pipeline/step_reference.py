@@ -1,5 +1,6 @@
-"""The step reference, written from the registered steps: `pipeline steps` prints it, and the
-README's "Steps" section is this text (a test keeps the two equal).
+"""The step reference, written from the registered steps: `pipeline steps` prints it, and
+docs/steps.md holds this text between its markers (a test keeps the two equal;
+`python -m gristmill.pipeline.step_reference` rewrites it there).
 
 Each step contributes its YAML name, the first paragraph of its docstring (or of its module's),
 what it writes onto documents, and every parameter of its `Config` with default and description.
@@ -10,11 +11,14 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from pathlib import Path
 
 from gristmill.core.step import STEP_MODULES, registered_steps
 
 BEGIN = "<!-- steps: written by `pipeline steps --markdown`; edit the steps' docstrings and Configs -->"
 END = "<!-- /steps -->"
+#: the page that holds the reference, in a source checkout (the path tests and `update` use)
+DOC = Path(__file__).resolve().parents[3] / "docs" / "steps.md"
 
 
 def _summary(cls) -> str:
@@ -64,3 +68,26 @@ def markdown(shipped_only: bool = False) -> str:
             lines.append(f"  - `{p['name']}` = `{p['default']}`{desc}")
     lines += ["", END]
     return "\n".join(lines) + "\n"
+
+
+def block(text: str) -> str:
+    """The reference as it stands in a page's text: BEGIN to END, markers included."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"no step reference markers ({BEGIN} ... {END})")
+    return text[text.index(BEGIN) : text.index(END) + len(END)] + "\n"
+
+
+def update(path: Path = DOC) -> bool:
+    """Rewrite the reference between the page's markers from the shipped steps; True if it changed."""
+    text = path.read_text()
+    new = markdown(shipped_only=True)
+    if block(text) == new:
+        return False
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    path.write_text(text[:start] + new.removesuffix("\n") + text[end:])
+    return True
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else DOC
+    print(f"{target}: {'rewritten' if update(target) else 'already up to date'}")

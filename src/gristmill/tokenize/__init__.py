@@ -1,4 +1,4 @@
-"""BPE tokenization into Arrow token shards (see README, "Token shards").
+"""BPE tokenization into Arrow token shards (see docs/token-shards.md).
 
 `open_tokens(dir)` reads a token directory; `tokenizer.load`/`tokenizer.train` give the
 tokenizer; `stages.Tokenize` is the global step that plans the tokenization stages.
