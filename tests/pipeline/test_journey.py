@@ -286,3 +286,30 @@ def test_tokenization_as_a_yaml_step_is_its_row_by_step_id(demo_run, tmp_path):
     (copy / "config.yaml").write_text(yaml.safe_dump(config))
     rows = journey({**merged, "run_dir": str(copy)})
     assert rows[-1].step == step_id and rows[-1].counters == before[-1].counters
+
+
+def test_a_global_step_that_is_no_filter_is_read_off_its_stages(tmp_path, wet_files, lid_model):
+    """A global step without a filter phase (`keep_longest`, defined by the planner's tests): its
+    documents in are what its stage read, out what it wrote; the journey still chains."""
+    from .test_planner import _cfg  # registers keep_longest and mentions_word
+
+    steps = [
+        {"langid": {"model": str(lid_model), "languages": None}},
+        {"keep_longest": {"share": 0.5}},
+        {"mentions_word": {"word": "the"}},
+    ]
+    merged = run(_cfg(tmp_path, wet_files, lid_model, steps))
+    rows = journey(merged)
+    assert [(r.step, r.kind, r.stages) for r in rows] == [
+        ("read_wet", "read", ["01_curate"]),
+        ("00_langid", "filter", ["01_curate"]),
+        ("01_keep_longest", "step", ["02_keep_longest"]),
+        ("02_mentions_word", "filter", ["03_filter"]),
+    ]
+    for prev, row in zip(rows, rows[1:]):
+        assert (row.docs_in, row.bytes_in) == (prev.docs_out, prev.bytes_out), row.step
+    longest = rows[2]
+    kept = _output(tmp_path / "run", "02_keep_longest")
+    assert (longest.docs_out, longest.bytes_out) == (kept.num_rows, _text_bytes(kept))
+    assert longest.docs_out == longest.docs_in // 2 > 0 and not longest.drops
+    assert rows[-1].docs_out == _output(tmp_path / "run", "03_filter").num_rows
