@@ -4,7 +4,7 @@ pipeline run CONFIG [--run-dir DIR] [--set key=value ...] [--force]
 pipeline validate CONFIG [--set key=value ...]
 pipeline plan CONFIG [--gb X | --files N] [--cores C] [--calibration FILE] [--json]
 pipeline steps [--markdown | --json]
-pipeline stats RUN_DIR [--language LANG] [--json]
+pipeline stats RUN_DIR [--stages] [--language LANG] [--json]
 pipeline report RUN_DIR [-o report.html]
 pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
 pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
@@ -98,7 +98,9 @@ def cmd_stats(args, console: Console) -> int:
     from gristmill.pipeline.stats import (
         as_json,
         funnel,
+        journey,
         language_funnel,
+        language_journey,
         language_summary,
         languages,
         load_scores,
@@ -110,7 +112,8 @@ def cmd_stats(args, console: Console) -> int:
     if not (run_dir / "plan.json").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
     merged = merge_run(run_dir)
-    by_lang = language_funnel(merged)
+    scores = load_scores(run_dir)
+    by_lang = language_funnel(merged, scores)
     if args.language is not None and args.language not in by_lang:
         raise ConfigError(
             f"--language {args.language!r}: no such language in {run_dir} "
@@ -122,33 +125,16 @@ def cmd_stats(args, console: Console) -> int:
     out = Console()
     out.width = max(out.width, 132)  # the funnel is wide; let it wrap in a narrow terminal
     rows = funnel(merged)
-    if args.language is not None:
+    if args.language is not None and args.stages:
         return _print_language(out, run_dir, args.language, rows, by_lang[args.language])
-    table = Table(title=f"funnel: {run_dir}")
-    for col in ("stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time", "MB/s"):
-        table.add_column(col, justify="left" if col in ("stage", "step") else "right")
-    for r in rows:
-        kept = f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-"
-        speed = f"{r.mb_per_s:.1f}" if r.mb_per_s else "-"
-        table.add_row(
-            safe(r.stage),
-            safe(r.step),
-            f"{r.docs_in:,}",
-            f"{r.docs_out:,}",
-            kept,
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
-            f"{r.time_s:.2f}s",
-            speed,
+    if args.language is not None:
+        return _print_language_journey(
+            out, run_dir, args.language, journey(merged), language_journey(merged, scores)[args.language]
         )
-    out.print(table)
-    reasons = Table(title="drops by reason")
-    for col in ("step", "reason", "documents", "share of step input"):
-        reasons.add_column(col, justify="right" if col in ("documents", "share of step input") else "left")
-    for r in rows:
-        for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
-            reasons.add_row(safe(r.step), safe(reason), f"{n:,}", f"{n / r.docs_in:.1%}" if r.docs_in else "-")
-    out.print(reasons)
+    if args.stages:
+        _print_stages(out, run_dir, rows)
+    else:
+        _print_journey(out, run_dir, journey(merged))
     langs = languages(merged)
     if langs:
         lt = Table(title="languages (langid, before its keep-list)")
@@ -185,7 +171,7 @@ def cmd_stats(args, console: Console) -> int:
                 "",
             )
         out.print(lt)
-    domains = top_domains(load_scores(run_dir))
+    domains = top_domains(scores)
     if domains["kept"] or domains["dropped"]:
         dt = Table(title="top domains (in the sampled documents: up to 50 kept and 50 per drop reason)")
         for col in ("kept", "samples", "dropped", "samples "):
@@ -202,9 +188,111 @@ def cmd_stats(args, console: Console) -> int:
     return 0
 
 
+def _share(n: int, of: int) -> str:
+    return f"{n / of:.1%}" if of else "-"
+
+
+def _print_journey(out: Console, run_dir: Path, rows: list) -> None:
+    """The documents' journey: one row per step that decides (read, each YAML step, tokens),
+    then its drops by reason."""
+    from gristmill.pipeline.stats import journey_notes
+
+    table = Table(
+        title=f"funnel: the documents' journey, {run_dir}",
+        caption="one row per step; every stage's reader, phases and writer: pipeline stats RUN_DIR --stages",
+    )
+    for col in ("step", "docs in", "docs out", "kept", "dropped", "bytes in", "bytes out", "time", "notes"):
+        table.add_column(col, justify="left" if col in ("step", "notes") else "right")
+    for r in rows:
+        table.add_row(
+            safe(r.step),
+            f"{r.docs_in:,}",
+            f"{r.docs_out:,}",
+            _share(r.docs_out, r.docs_in),
+            f"{r.dropped:,}",
+            _human_bytes(r.bytes_in),
+            _human_bytes(r.bytes_out),
+            f"{r.time_s:.2f}s",
+            safe(journey_notes(r)),
+        )
+    out.print(table)
+    reasons = Table(title="drops by reason")
+    for col in ("step", "reason", "documents", "share of step input"):
+        reasons.add_column(col, justify="right" if col in ("documents", "share of step input") else "left")
+    for r in rows:
+        for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
+            reasons.add_row(safe(r.step), safe(reason), f"{n:,}", _share(n, r.docs_in))
+        for key, n in r.counters.items():
+            if key.startswith("skipped_"):  # records of other types: counted, never documents
+                reasons.add_row(safe(r.step), safe(f"{key} (a record, not a document)"), f"{n:,}", "-")
+    out.print(reasons)
+
+
+def _print_stages(out: Console, run_dir: Path, rows: list) -> None:
+    """`--stages`: every step of every stage (readers, writers, each phase of a global step)."""
+    table = Table(title=f"funnel per stage: {run_dir}")
+    for col in ("stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time", "MB/s"):
+        table.add_column(col, justify="left" if col in ("stage", "step") else "right")
+    for r in rows:
+        speed = f"{r.mb_per_s:.1f}" if r.mb_per_s else "-"
+        table.add_row(
+            safe(r.stage),
+            safe(r.step),
+            f"{r.docs_in:,}",
+            f"{r.docs_out:,}",
+            _share(r.docs_out, r.docs_in),
+            _human_bytes(r.bytes_in),
+            _human_bytes(r.bytes_out),
+            f"{r.time_s:.2f}s",
+            speed,
+        )
+    out.print(table)
+    reasons = Table(title="drops by reason")
+    for col in ("step", "reason", "documents", "share of step input"):
+        reasons.add_column(col, justify="right" if col in ("documents", "share of step input") else "left")
+    for r in rows:
+        for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
+            reasons.add_row(safe(r.step), safe(reason), f"{n:,}", _share(n, r.docs_in))
+    out.print(reasons)
+
+
+def _print_language_journey(out: Console, run_dir: Path, lang: str, rows: list, lang_rows: list) -> int:
+    """`pipeline stats RUN_DIR --language LANG`: the journey and drops by reason of one language."""
+    table = Table(
+        title=f"funnel of language {safe(lang)}: the documents' journey, {run_dir}",
+        caption="per stage: add --stages",
+    )
+    for col in ("step", "docs in", "docs out", "kept", "dropped", "bytes in", "bytes out", "of all languages"):
+        table.add_column(col, justify="left" if col == "step" else "right")
+    for total, r in zip(rows, lang_rows):
+        table.add_row(
+            safe(r.step),
+            f"{r.docs_in:,}",
+            f"{r.docs_out:,}",
+            _share(r.docs_out, r.docs_in),
+            f"{sum(r.drops.values()):,}",
+            _human_bytes(r.bytes_in),
+            _human_bytes(r.bytes_out),
+            _share(r.docs_in, total.docs_in),
+        )
+    out.print(table)
+    _print_language_reasons(out, lang, lang_rows)
+    return 0
+
+
+def _print_language_reasons(out: Console, lang: str, lang_rows: list) -> None:
+    reasons = Table(title=f"drops by reason, language {safe(lang)}")
+    for col in ("step", "reason", "documents", f"share of {safe(lang)} step input"):
+        reasons.add_column(col, justify="left" if col in ("step", "reason") else "right")
+    for r in lang_rows:
+        for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
+            reasons.add_row(safe(r.step), safe(reason), f"{n:,}", _share(n, r.docs_in))
+    out.print(reasons)
+
+
 def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_rows: list) -> int:
-    """`pipeline stats RUN_DIR --language LANG`: the funnel and drops by reason of one language."""
-    table = Table(title=f"funnel of language {safe(lang)}: {run_dir}")
+    """`pipeline stats RUN_DIR --language LANG --stages`: the per-stage funnel of one language."""
+    table = Table(title=f"funnel of language {safe(lang)} per stage: {run_dir}")
     for col in ("stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "of all languages"):
         table.add_column(col, justify="left" if col in ("stage", "step") else "right")
     for total, r in zip(rows, lang_rows):
@@ -215,19 +303,13 @@ def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_row
             safe(r.step),
             f"{r.docs_in:,}",
             f"{r.docs_out:,}",
-            f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-",
+            _share(r.docs_out, r.docs_in),
             _human_bytes(r.bytes_in),
             _human_bytes(r.bytes_out),
-            f"{r.docs_in / total.docs_in:.1%}" if total.docs_in else "-",
+            _share(r.docs_in, total.docs_in),
         )
     out.print(table)
-    reasons = Table(title=f"drops by reason, language {safe(lang)}")
-    for col in ("step", "reason", "documents", f"share of {safe(lang)} step input"):
-        reasons.add_column(col, justify="left" if col in ("step", "reason") else "right")
-    for r in lang_rows:
-        for reason, n in sorted(r.drops.items(), key=lambda kv: -kv[1]):
-            reasons.add_row(safe(r.step), safe(reason), f"{n:,}", f"{n / r.docs_in:.1%}" if r.docs_in else "-")
-    out.print(reasons)
+    _print_language_reasons(out, lang, lang_rows)
     return 0
 
 
@@ -349,9 +431,17 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="per stage: tasks done, Slurm job states, failed tasks, how to resume")
     st.add_argument("run_dir")
     st.set_defaults(func=cmd_status)
-    s = sub.add_parser("stats", help="the funnel of a run: documents and bytes per step, drops by reason")
+    s = sub.add_parser(
+        "stats", help="the funnel of a run: documents and bytes in and out of each step, drops by reason"
+    )
     s.add_argument("run_dir")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--json", action="store_true", help="machine-readable output (the journey and every stage)")
+    s.add_argument(
+        "--stages",
+        action="store_true",
+        help="every step of every stage (readers, writers, each phase of dedup and tokenization) "
+        "instead of one row per step",
+    )
     s.add_argument(
         "--language",
         metavar="LANG",

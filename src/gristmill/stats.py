@@ -2,17 +2,21 @@
 
     from gristmill import stats
     s = stats.load("runs/crawl")
-    s.funnel            # DataFrame: one row per step (docs/bytes in and out, time)
+    s.journey           # DataFrame: the documents' journey, one row per step that decides (the reader,
+                        #   each YAML step over all its stages, tokenization): docs/bytes in and out,
+                        #   dropped, time, notes and counters (paragraphs removed, tokens, ...)
+    s.funnel            # DataFrame: every step of every stage (readers, writers, each phase of dedup)
     s.reasons           # DataFrame: step, reason, documents, share
     s.histograms        # DataFrame: stage, step, kind (score|length), series, bin_lo, bin_hi, count
     s.samples           # DataFrame: sampled documents (score, id, url, kept, reason, text)
     s.by_language       # DataFrame: the funnel per language (language, stage, step, docs/bytes in and out)
     s.reasons_by_language   # DataFrame: language, stage, step, reason, documents, share
     s.language_summary  # DataFrame: per language, documents read, kept, bytes kept
-    s.funnel_for("zh")  # the funnel of one language
+    s.journey_by_language   # DataFrame: the journey per language (language, step, docs/bytes in and out)
+    s.journey_for("zh") # the journey of one language (s.funnel_for("zh"): per stage)
     s.plot_scores("00_langid")   # SVG figures, drawn inline by Jupyter
     s.plot_length("00_langid")
-    s.plot_funnel()
+    s.plot_funnel()     # documents out of each step of the journey
 
 The figures are the ones `pipeline report` puts in its HTML page. (`gristmill.pipeline.stats`
 merges the per-task files; this module only reads and shapes them.)
@@ -29,13 +33,18 @@ from gristmill.core.scores import bin_edges
 from gristmill.pipeline import report
 from gristmill.pipeline.stats import (
     funnel,
+    journey,
+    journey_notes,
     language_funnel,
+    language_journey,
     language_summary,
     languages,
     load_scores,
     merge_run,
     top_domains,
 )
+
+JOURNEY_COLUMNS = ["step", "kind", "stages", "docs_in", "docs_out", "dropped", "bytes_in", "bytes_out"]
 
 
 class RunStats:
@@ -44,6 +53,25 @@ class RunStats:
         self.merged = merge_run(self.run_dir)
         self.scores = load_scores(self.run_dir)
         self.thresholds = report.thresholds(self.run_dir)
+        self.journey = pd.DataFrame(
+            [
+                {
+                    "step": r.step,
+                    "kind": r.kind,
+                    "stages": ", ".join(r.stages),
+                    "docs_in": r.docs_in,
+                    "docs_out": r.docs_out,
+                    "dropped": r.dropped,
+                    "bytes_in": r.bytes_in,
+                    "bytes_out": r.bytes_out,
+                    "time_s": r.time_s,
+                    "notes": journey_notes(r),
+                    "counters": r.counters,
+                }
+                for r in journey(self.merged)
+            ],
+            columns=JOURNEY_COLUMNS + ["time_s", "notes", "counters"],
+        )
         rows = funnel(self.merged)
         self.funnel = pd.DataFrame(
             [{k: v for k, v in asdict(r).items() if k != "drops"} | {"mb_per_s": r.mb_per_s} for r in rows]
@@ -122,6 +150,16 @@ class RunStats:
             ],
             columns=["language", "stage", "step", "reason", "documents", "share"],
         )
+        self.journey_by_language = pd.DataFrame(
+            [
+                {"language": lang, "step": r.step, "kind": r.kind, "stages": r.stage}
+                | {k: getattr(r, k) for k in ("docs_in", "docs_out")}
+                | {"dropped": sum(r.drops.values()), "bytes_in": r.bytes_in, "bytes_out": r.bytes_out}
+                for lang, lrows in language_journey(self.merged, self.scores).items()
+                for r in lrows
+            ],
+            columns=["language", *JOURNEY_COLUMNS],
+        )
         self.language_summary = pd.DataFrame(
             [{k: v for k, v in line.items() if k != "drops_by_step"} for line in language_summary(by_lang)],
             columns=["language", "read", "kept", "kept_share", "bytes_kept"],
@@ -141,6 +179,15 @@ class RunStats:
             )
         return self.by_language[self.by_language["language"] == language].reset_index(drop=True)
 
+    def journey_for(self, language: str) -> pd.DataFrame:
+        """The journey of one language (rows aligned with `journey`)."""
+        if language not in set(self.journey_by_language["language"]):
+            raise KeyError(
+                f"no language {language!r} in {self.run_dir}; languages: {list(self.language_summary['language'])}"
+            )
+        j = self.journey_by_language
+        return j[j["language"] == language].drop(columns="language").reset_index(drop=True)
+
     def plot_language_kept(self, n: int = 20) -> report.Figure:
         top = self.language_summary.head(n)
         return report.bar_chart(list(zip(top["language"], top["kept"])), "documents kept per language")
@@ -155,7 +202,7 @@ class RunStats:
         return report.length_figure(step, self._record(step))
 
     def plot_funnel(self) -> report.Figure:
-        return report.bar_chart(list(zip(self.funnel["step"], self.funnel["docs_out"])), "documents out of each step")
+        return report.bar_chart(list(zip(self.journey["step"], self.journey["docs_out"])), report.JOURNEY_CHART)
 
     def plot_reasons(self, step: str) -> report.Figure:
         r = self.reasons[self.reasons["step"] == step]

@@ -18,7 +18,15 @@ from gristmill.config import from_dict
 from gristmill.core.scores import LENGTH_BINS, MAX_LANGUAGES, OTHER_LANGUAGES, ScoreRecorder, merge
 from gristmill.pipeline.report import write
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import as_json, funnel, language_funnel, language_summary, merge_run
+from gristmill.pipeline.stats import (
+    as_json,
+    funnel,
+    journey,
+    language_funnel,
+    language_journey,
+    language_summary,
+    merge_run,
+)
 
 from .test_report import _chromium
 from .test_run import config
@@ -78,6 +86,38 @@ def test_languages_add_up_to_every_row_of_the_funnel(lang_run):
     dedup = next(i for i, r in enumerate(rows) if r.stage.endswith("exact_dedup_filter") and r.kind == "filter")
     assert rows[dedup].docs_in > rows[dedup].docs_out  # it dropped documents here
     assert any(lrows[dedup].drops for lrows in by_lang.values())
+
+
+def test_the_journey_per_language_adds_up_and_ends_at_the_output(lang_run):
+    """One row per step (exact dedup's three stages are one), per language summing to the
+    journey's own, the last row's kept documents those of the final output."""
+    run_dir, merged = lang_run
+    rows = journey(merged)
+    assert [r.step for r in rows] == [
+        "read_wet",
+        "00_langid",
+        "01_gopher_quality",
+        "02_gopher_repetition",
+        "03_c4_lines",
+        "04_exact_dedup",
+    ]
+    by_lang = language_journey(merged)
+    assert set(by_lang) == set(language_funnel(merged))
+    for i, row in enumerate(rows):
+        cells = [lrows[i] for lrows in by_lang.values()]
+        for key in ("docs_in", "docs_out", "bytes_in", "bytes_out"):
+            assert sum(getattr(c, key) for c in cells) == getattr(row, key), (row.step, key)
+        drops: Counter = Counter()
+        for c in cells:
+            drops.update(c.drops)
+        assert dict(drops) == row.drops, row.step
+    assert rows[-1].dropped > 0  # paragraph dedup left some documents too short
+    out = _final_output(run_dir).column("language").to_pylist()
+    for lang in (LANG, "es", "en"):
+        assert by_lang[lang][-1].docs_out == out.count(lang), lang
+        # each filter's drops of the language are the per-stage funnel's, one row per step
+        per_stage = {r.step: r.drops for r in language_funnel(merged)[lang] if r.kind == "filter"}
+        assert {r.step: r.drops for r in by_lang[lang][1:]} == per_stage, lang
 
 
 @pytest.mark.parametrize("lang", [LANG, "es", "en"])  # all dropped; 2 of 10 kept; the majority

@@ -98,10 +98,24 @@ def test_stats_cli_json_and_table(sample_run):
     data = json.loads(out.stdout)
     assert data == json.loads(json.dumps(as_json(merged)))
     assert data["languages"]["en"] > 400
+    # the journey: the reader and the four filters, no stage's writer; the same figures as the funnel
+    stage_rows = funnel(merged)
+    assert [r["step"] for r in data["journey"]] == [r.step for r in stage_rows[:-1]]
+    assert [(r["docs_in"], r["docs_out"], r["drops"]) for r in data["journey"][1:]] == [
+        (r.docs_in, r.docs_out, r.drops) for r in stage_rows[1:-1]
+    ]
     table = subprocess.run(
         [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)], capture_output=True, text=True, check=True
     ).stdout
     assert "low_language_score" in table and "gopher_short_doc" in table and "read_wet" in table
+    assert "write_parquet" not in table
+    stages = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir), "--stages"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "write_parquet" in stages and "low_language_score" in stages
 
 
 def test_rerun_redoes_nothing(sample_run, wet_files, lid_model):

@@ -20,7 +20,10 @@ import yaml
 from gristmill.core.scores import bin_edges
 from gristmill.pipeline.stats import (
     funnel,
+    journey,
+    journey_notes,
     language_funnel,
+    language_journey,
     language_summary,
     languages,
     load_scores,
@@ -306,11 +309,12 @@ window.addEventListener('load', function () {
 </script>"""
 
 
-def _table(headers: list[str], rows: list[list], left: int = 1) -> str:
-    head = "".join(f'<th class="{"l" if i < left else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
+def _table(headers: list[str], rows: list[list], left: int = 1, text: tuple[int, ...] = ()) -> str:
+    """Columns before `left`, and those in `text`, are aligned left (words); the others right."""
+    cls = lambda i: "l" if i < left or i in text else ""  # noqa: E731
+    head = "".join(f'<th class="{cls(i)}">{esc(h)}</th>' for i, h in enumerate(headers))
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{esc(v)}</td>' for i, v in enumerate(r)) + "</tr>"
-        for r in rows
+        "<tr>" + "".join(f'<td class="{cls(i)}">{esc(v)}</td>' for i, v in enumerate(r)) + "</tr>" for r in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
 
@@ -325,9 +329,11 @@ def _sample_html(s: dict) -> str:
     )
 
 
-def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
+def by_language_html(by_lang: dict, rows: list, by_lang_journey: dict, detailed: int = 12) -> str:
     """The per-language section: one line per language (read, kept, dropped per filter), a bar
-    chart of kept documents, and for the largest languages their funnel and drops by reason."""
+    chart of kept documents, and for the largest languages their journey and drops by reason.
+    `by_lang`: the per-stage funnel per language; `rows`: the journey; `by_lang_journey`: the
+    journey per language (aligned with `rows`)."""
     out = [
         '<section id="by-language"><h2>Per language: kept and dropped</h2>'
         '<p class="muted">Languages as langid labelled them; documents dropped before langid, or in a run '
@@ -337,8 +343,7 @@ def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
     if not summary:
         out.append('<p class="muted">No filter recorded languages in this run directory.</p></section>')
         return "\n".join(out)
-    filters = [r.step for r in rows if r.kind == "filter"]
-    filters = list(dict.fromkeys(filters))  # a dedup filter's step id may repeat over its stages
+    filters = [r.step for r in rows if r.kind in ("filter", "dedup")]
     table = [
         [
             x["language"],
@@ -361,10 +366,10 @@ def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
     )
     for x in summary[:detailed]:
         lang = x["language"]
-        lrows = [(t, r) for t, r in zip(rows, by_lang[lang]) if t.docs_in or t.docs_out]
+        lrows = by_lang_journey.get(lang, [])
         drops = [
             [r.step, k, f"{v:,}", f"{v / r.docs_in:.1%}" if r.docs_in else "-"]
-            for _, r in lrows
+            for r in lrows
             for k, v in sorted(r.drops.items(), key=lambda kv: -kv[1])
         ]
         out.append(
@@ -373,10 +378,9 @@ def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
         )
         out.append(
             _table(
-                ["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out"],
+                ["step", "docs in", "docs out", "kept", "bytes in", "bytes out"],
                 [
                     [
-                        r.stage,
                         r.step,
                         f"{r.docs_in:,}",
                         f"{r.docs_out:,}",
@@ -384,9 +388,8 @@ def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
                         f"{r.bytes_in:,}",
                         f"{r.bytes_out:,}",
                     ]
-                    for _, r in lrows
+                    for r in lrows
                 ],
-                left=2,
             )
         )
         if drops:
@@ -401,6 +404,35 @@ def by_language_html(by_lang: dict, rows: list, detailed: int = 12) -> str:
     return "\n".join(out)
 
 
+JOURNEY_CHART = "documents out of each step"
+
+
+def journey_table(steps: list) -> str:
+    return _table(
+        ["step", "docs in", "docs out", "kept", "dropped", "bytes in", "bytes out", "time s", "notes"],
+        [
+            [
+                r.step,
+                f"{r.docs_in:,}",
+                f"{r.docs_out:,}",
+                f"{r.docs_out / r.docs_in:.1%}" if r.docs_in else "-",
+                f"{r.dropped:,}",
+                f"{r.bytes_in:,}",
+                f"{r.bytes_out:,}",
+                f"{r.time_s:.2f}",
+                journey_notes(r),
+            ]
+            for r in steps
+        ],
+        text=(8,),
+    )
+
+
+def journey_chart(steps: list) -> Figure:
+    """Documents out of each step of the journey (no stage's reader or writer)."""
+    return bar_chart([(r.step, r.docs_out) for r in steps], JOURNEY_CHART)
+
+
 def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
     """The report's HTML for a run directory (stats merged afresh)."""
     run_dir = Path(run_dir)
@@ -408,6 +440,7 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
     scores = load_scores(run_dir)
     thr = thresholds(run_dir)
     rows = funnel(merged)
+    journey_rows = journey(merged)
     out = [
         f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>gristmill report: "
         f"{esc(run_dir.name)}</title><style>{CSS}</style></head><body>",
@@ -417,8 +450,17 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
     for s in incomplete:
         out.append(f'<p class="muted">{esc(s["label"])}: {s["tasks_completed"]}/{s["tasks"]} tasks complete</p>')
 
-    # funnel
-    out.append('<section id="funnel"><h2>Funnel</h2>')
+    # funnel: the documents' journey, then every stage for whoever wants it
+    out.append(
+        '<section id="funnel"><h2>Funnel</h2><p class="muted">One row per step that decides what '
+        "happens to the documents: the reader, each step of the config (a dedup step over all its "
+        "stages), tokenization.</p>"
+    )
+    out.append(journey_table(journey_rows))
+    out.append(f'<div class="grid">{journey_chart(journey_rows)}</div>')
+    out.append(
+        f'<details id="stages"><summary>Per stage: every stage\'s reader, steps and writer ({len(rows)} rows)</summary>'
+    )
     out.append(
         _table(
             ["stage", "step", "docs in", "docs out", "kept", "bytes in", "bytes out", "time s", "MB/s"],
@@ -439,19 +481,21 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
             left=2,
         )
     )
-    out.append(
-        f'<div class="grid">{bar_chart([(r.step, r.docs_out) for r in rows], "documents out of each step")}</div>'
-    )
-    out.append("</section>")
+    out.append("</details></section>")
 
     # drops by reason
     out.append('<section id="reasons"><h2>Drops by reason</h2><div class="grid">')
     reason_rows = []
-    for r in rows:
+    for r in journey_rows:
         if r.drops:
             items = sorted(r.drops.items(), key=lambda kv: -kv[1])
-            out.append(str(bar_chart(items, f"{r.step}: {r.docs_in - r.docs_out:,} of {r.docs_in:,} dropped", DROPPED)))
+            out.append(str(bar_chart(items, f"{r.step}: {r.dropped:,} of {r.docs_in:,} dropped", DROPPED)))
             reason_rows += [[r.step, k, f"{v:,}", f"{v / r.docs_in:.1%}" if r.docs_in else "-"] for k, v in items]
+        reason_rows += [
+            [r.step, f"{k} (a record, not a document)", f"{v:,}", "-"]
+            for k, v in r.counters.items()
+            if k.startswith("skipped_")
+        ]
     out.append("</div>" + _table(["step", "reason", "documents", "share of step input"], reason_rows, left=2))
     out.append("</section>")
 
@@ -479,7 +523,7 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
         out.append('<p class="muted">No langid step in this run.</p>')
     out.append("</section>")
 
-    out.append(by_language_html(language_funnel(merged, scores), rows))
+    out.append(by_language_html(language_funnel(merged, scores), journey_rows, language_journey(merged, scores)))
 
     # domains
     dom = top_domains(scores)

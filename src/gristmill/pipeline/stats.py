@@ -1,4 +1,4 @@
-"""Merged stats of a run and the funnel that `pipeline stats` prints.
+"""Merged stats of a run: the documents' journey and the per-stage funnel `pipeline stats` prints.
 
 Each task writes datatrove's per-step stats to `<stage>/stats/NNNNN.json`. We merge them from
 those files (not from datatrove's in-memory sum, which covers only the tasks of the latest
@@ -9,6 +9,7 @@ same totals as an uninterrupted one.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -155,6 +156,195 @@ def _row(stage: str, step: dict) -> FunnelRow:
 
 def funnel(merged: dict) -> list[FunnelRow]:
     return [_row(stage["label"], step) for stage in merged["stages"] for step in stage["steps"]]
+
+
+# --- the documents' journey ------------------------------------------------------------------
+#
+# The funnel above has a row per step of every stage: each stage's reader and writer, and every
+# phase of a global step (dedup's hash/find/filter, near dedup's five, tokenization's six). The
+# journey keeps the rows that decide what happens to the documents: the reader, then one row per
+# YAML step (its phases gathered by step id across their stages), then tokenization. Its
+# documents and bytes in and out are read off one row of the funnel each (a filter phase, or the
+# reader and writer of the stages the step owns), so they are the funnel's own figures.
+
+#: a YAML step's id (`NN_name`): the name every phase of the step carries in stats
+STEP_ID = re.compile(r"\d{2,}_\w+")
+#: the journey's name for tokenization when its phases carry no step id (the `tokenize:` section)
+TOKENIZE = "tokenize"
+#: counters of a funnel row that its documents/bytes/drops columns already show
+_BOOKKEEPING = {"documents", "bytes", "total", "forwarded", "dropped", "bytes_in", "bytes_out"}
+
+
+@dataclass
+class JourneyRow:
+    """One step of the documents' journey: the reader, a YAML step over all its stages, or
+    tokenization. `drops`: documents it dropped, by reason; `counters`: what else its phases
+    counted (paragraphs removed, candidate pairs, tokens, records the reader skipped, ...)."""
+
+    step: str
+    kind: str  # read | filter | dedup | tokens | step
+    stages: list[str]
+    docs_in: int
+    docs_out: int
+    bytes_in: int
+    bytes_out: int
+    time_s: float
+    drops: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.drops.values())
+
+
+@dataclass
+class _Group:
+    """A journey row before its numbers: which funnel rows are its phases, and which funnel row
+    (and which side of it, "in" or "out") its documents in and out are read from."""
+
+    key: str
+    kind: str
+    phases: list[int]
+    src_in: tuple[int, str] = (0, "in")
+    src_out: tuple[int, str] = (0, "out")
+
+
+def _tokenize_name(run_dir: Path) -> str:
+    """The step id of a `tokenize` entry of the run's `steps:` when its phases do not carry it,
+    else the section's name."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):  # no readable config: the name alone is still right
+        cfg = None
+    steps = (cfg.get("steps") if isinstance(cfg, dict) else None) or []
+    for i, spec in enumerate(steps):
+        name = spec if isinstance(spec, str) else next(iter(spec), None) if isinstance(spec, dict) else None
+        if name == TOKENIZE:
+            return f"{i:02d}_{TOKENIZE}"
+    return TOKENIZE
+
+
+def _groups(merged: dict, rows: list[FunnelRow]) -> list[_Group]:
+    steps = [step for stage in merged["stages"] for step in stage["steps"]]
+    types = [step["name"].partition(": ")[0] for step in steps]
+    groups: dict[str, _Group] = {}
+    dedup: set[str] = set()
+    tokenize = None
+    first = merged["stages"][0]["label"] if merged["stages"] else None
+    for i, (r, t) in enumerate(zip(rows, types)):
+        if r.kind == "reader" and r.stage == first and not groups:  # the documents enter the run here
+            key, kind = r.step, "read"
+        elif STEP_ID.fullmatch(r.step):
+            key, kind = r.step, "step"
+        elif "TOKENIZER" in t:  # tokenization as its own section: phases named, not numbered
+            tokenize = tokenize or _tokenize_name(Path(merged["run_dir"]))
+            key, kind = tokenize, "step"
+        else:  # a stage's reader or writer, plumbing between the steps
+            continue
+        groups.setdefault(key, _Group(key, kind, [])).phases.append(i)
+        if "DEDUP" in t:
+            dedup.add(key)
+    owner: dict[str, set[str]] = {}  # stage label -> the groups with a phase in it
+    for g in groups.values():
+        for i in g.phases:
+            owner.setdefault(rows[i].stage, set()).add(g.key)
+    prev: tuple[int, str] | None = None
+    for g in groups.values():
+        filters = [i for i in g.phases if rows[i].kind == "filter"]
+        own = {rows[i].stage for i in g.phases if owner[rows[i].stage] == {g.key}}
+        readers = [i for i, r in enumerate(rows) if r.stage in own and r.kind == "reader" and i not in g.phases]
+        writers = [i for i, r in enumerate(rows) if r.stage in own and r.kind == "writer"]
+        counted = [i for i in g.phases if rows[i].docs_out]
+        if g.kind == "read":
+            g.src_in, g.src_out = (g.phases[0], "in"), (g.phases[0], "out")
+        elif filters:  # the filter phase decides: its documents in, kept and dropped
+            g.src_in, g.src_out = (filters[0], "in"), (filters[-1], "out")
+        elif readers or writers:  # a global step: what its stages read, and what they wrote
+            g.src_in = (readers[0], "out") if readers else prev or (g.phases[0], "in")
+            # without a writer (tokenization ends the run): the last phase that read documents
+            sized = [i for i in counted if rows[i].bytes_out]
+            g.src_out = (writers[-1], "out") if writers else ((sized or counted or g.phases)[-1], "out")
+        elif counted:  # a streaming step that is no filter counts what it passed
+            g.src_in, g.src_out = (counted[0], "in"), (counted[-1], "out")
+        else:  # one that counts nothing passes on what it was given
+            g.src_in = g.src_out = prev or (g.phases[0], "in")
+        c = {k: int(v) for i in g.phases for k, v in steps[i]["counters"].items()}
+        if "tokens" in c:
+            g.kind = "tokens"
+        elif g.key in dedup:
+            g.kind = "dedup"
+        elif filters:
+            g.kind = "filter"
+        prev = g.src_out
+    return list(groups.values())
+
+
+def _side(row, side: str) -> tuple[int, int]:
+    return (row.docs_in, row.bytes_in) if side == "in" else (row.docs_out, row.bytes_out)
+
+
+def _journey_counters(steps: list[dict], phases: list[int]) -> dict[str, int]:
+    """What the phases counted beyond documents, bytes and drops; a counter that more than one
+    phase reports (items hashed then found, tokens encoded then sharded) is the last one's."""
+    out: dict[str, int] = {}
+    for i in phases:
+        for k, v in steps[i]["counters"].items():
+            if k in _BOOKKEEPING or k.startswith(("dropped_", "bad_", "lang_")):
+                continue
+            out[k] = int(v)
+    return dict(sorted(out.items()))
+
+
+def journey(merged: dict) -> list[JourneyRow]:
+    """The documents' journey through the run: the reader, each YAML step, tokenization."""
+    rows = funnel(merged)
+    steps = [step for stage in merged["stages"] for step in stage["steps"]]
+    out = []
+    for g in _groups(merged, rows):
+        (i_in, s_in), (i_out, s_out) = g.src_in, g.src_out
+        docs_in, bytes_in = _side(rows[i_in], s_in)
+        docs_out, bytes_out = _side(rows[i_out], s_out)
+        drops: dict[str, int] = {}
+        for i in g.phases:
+            for reason, n in rows[i].drops.items():
+                if not reason.startswith("skipped_"):  # records that are no document: a counter
+                    drops[reason] = drops.get(reason, 0) + n
+        out.append(
+            JourneyRow(
+                g.key,
+                g.kind,
+                list(dict.fromkeys(rows[i].stage for i in g.phases)),
+                docs_in,
+                docs_out,
+                bytes_in,
+                bytes_out,
+                sum(rows[i].time_s for i in g.phases),
+                drops,
+                _journey_counters(steps, g.phases),
+            )
+        )
+    return out
+
+
+def journey_notes(row: JourneyRow) -> str:
+    """The counters a reader of the journey wants beside its documents, in words."""
+    c, notes = row.counters, []
+    if c.get("files"):
+        notes.append(f"{c['files']:,} files")
+    skipped = sum(v for k, v in c.items() if k.startswith("skipped_"))
+    if skipped:
+        notes.append(f"{skipped:,} records skipped (not documents)")
+    if "paragraphs_removed" in c:
+        notes.append(f"{c['paragraphs_removed']:,} paragraphs removed")
+    if "candidate_pairs" in c:
+        notes.append(f"{c['candidate_pairs']:,} candidate pairs, {c.get('verified_pairs', 0):,} verified")
+    if c.get("clusters"):
+        notes.append(f"{c['clusters']:,} clusters")
+    if "tokens" in c:
+        notes.append(f"{c['tokens']:,} tokens" + (f" in {c['shards']:,} shards" if "shards" in c else ""))
+    return "; ".join(notes)
 
 
 def languages(merged: dict) -> dict[str, int]:
@@ -315,6 +505,41 @@ def language_funnel(merged: dict, scores: dict[str, dict] | None = None) -> dict
     return out
 
 
+def language_journey(merged: dict, scores: dict[str, dict] | None = None) -> dict[str, list[LanguageRow]]:
+    """Language → its rows of the journey (aligned with `journey(merged)`; `stage`: the step's
+    stages, comma-separated), most documents first. Per row, the languages add up to the
+    journey's own: each side is read off the same funnel row as the journey's."""
+    rows = funnel(merged)
+    cells = language_cells(merged, scores)
+    groups = _groups(merged, rows)
+    langs = {lang for c in cells for lang in c}
+    out: dict[str, list[LanguageRow]] = {}
+    for lang in langs:
+        lrows = []
+        for g in groups:
+            (i_in, s_in), (i_out, s_out) = g.src_in, g.src_out
+            c_in, c_out = cells[i_in].get(lang, {}), cells[i_out].get(lang, {})
+            drops: dict[str, int] = {}
+            for i in g.phases:
+                for reason, n in cells[i].get(lang, {}).get("drops", {}).items():
+                    if n and not reason.startswith("skipped_"):
+                        drops[reason] = drops.get(reason, 0) + n
+            lrows.append(
+                LanguageRow(
+                    ", ".join(dict.fromkeys(rows[i].stage for i in g.phases)),
+                    g.key,
+                    g.kind,
+                    c_in.get(f"docs_{s_in}", 0),
+                    c_out.get(f"docs_{s_out}", 0),
+                    c_in.get(f"bytes_{s_in}", 0),
+                    c_out.get(f"bytes_{s_out}", 0),
+                    drops,
+                )
+            )
+        out[lang] = lrows
+    return dict(sorted(out.items(), key=lambda kv: (-(kv[1][0].docs_in if kv[1] else 0), kv[0])))
+
+
 def language_summary(by_language: dict[str, list[LanguageRow]]) -> list[dict]:
     """One line per language: documents read, kept at the end of the run, and drops per step."""
     out = []
@@ -340,17 +565,35 @@ def language_summary(by_language: dict[str, list[LanguageRow]]) -> list[dict]:
     return out
 
 
+def journey_json(row: JourneyRow) -> dict:
+    return {**asdict(row), "dropped": row.dropped, "notes": journey_notes(row)}
+
+
 def as_json(merged: dict, language: str | None = None) -> dict:
-    by_lang = language_funnel(merged)
+    """`journey`: the documents' journey (one row per deciding step); `funnel`: every step of
+    every stage (`pipeline stats --stages`); per language, both."""
+    scores = load_scores(Path(merged["run_dir"]))
+    by_lang = language_funnel(merged, scores)
+    journey_by_lang = language_journey(merged, scores)
     if language is not None:
-        return {"run_dir": merged["run_dir"], "language": language, "funnel": [asdict(r) for r in by_lang[language]]}
+        return {
+            "run_dir": merged["run_dir"],
+            "language": language,
+            "journey": [asdict(r) for r in journey_by_lang[language]],
+            "funnel": [asdict(r) for r in by_lang[language]],
+        }
     return {
         "run_dir": merged["run_dir"],
         "stages": [{k: s[k] for k in ("label", "tasks", "tasks_completed")} for s in merged["stages"]],
+        "journey": [journey_json(r) for r in journey(merged)],
         "funnel": [{**asdict(r), "mb_per_s": r.mb_per_s} for r in funnel(merged)],
         "languages": languages(merged),
         "by_language": {
-            s["language"]: {**s, "funnel": [asdict(r) for r in by_lang[s["language"]]]}
+            s["language"]: {
+                **s,
+                "journey": [asdict(r) for r in journey_by_lang[s["language"]]],
+                "funnel": [asdict(r) for r in by_lang[s["language"]]],
+            }
             for s in language_summary(by_lang)
         },
     }
