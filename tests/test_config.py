@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from gristmill.config import ConfigError, apply_override, from_dict, load
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from gristmill.config import ConfigError, RunConfig, apply_override, from_dict, load
+from gristmill.core.configlib import messages
 
 BASE = {
     "run_dir": "runs/x",
@@ -107,8 +112,89 @@ def test_load_reports_file_problems(tmp_path):
 
 
 def test_shipped_configs_validate(monkeypatch):
-    from pathlib import Path
-
     for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
         cfg = load(path)
         assert cfg.specs, path
+
+
+# --- steps validated by the model; tokenization is a step --------------------------------
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gristmill"
+TOKENIZE = {"tokenizer": {"train": {"vocab_size": 512}}, "shard_tokens": 1000}
+
+
+def test_no_step_is_known_by_the_config_or_appended_by_the_planner():
+    """The run config imports no step class and the planner places every step by one loop."""
+    assert "gristmill.tokenize" not in (SRC / "config.py").read_text()
+    assert "Tokenize" not in (SRC / "pipeline" / "planner.py").read_text()
+
+
+def test_model_validate_alone_gives_the_steps():
+    cfg = RunConfig.model_validate(BASE)
+    assert [s.step_id for s in cfg.steps] == ["00_langid", "01_gopher_quality", "02_c4_lines"]
+    assert cfg.specs is cfg.steps and cfg.steps[0].params.min_score == 0.5
+    # the dump is the YAML form, which validates to the same config
+    assert RunConfig.model_validate(cfg.model_dump()).resolved() == cfg.resolved()
+    with pytest.raises(ValidationError) as e:
+        RunConfig.model_validate({**BASE, "steps": [{"langid": {"min_score": 2}}, "gopher"]})
+    lines = messages(e.value, "", RunConfig)
+    assert lines[0] == "steps[0].langid.min_score: expected a number between 0 and 1, got 2"
+    assert lines[1].startswith("steps[1]: unknown step 'gopher' (known: ") and len(lines) == 2
+    assert _err({**BASE, "steps": "langid"}).endswith("1 error(s)\n  steps: expected a list of steps, got 'langid'")
+
+
+def test_tokenize_is_a_step_and_the_section_reads_as_it():
+    step = from_dict({**BASE, "steps": [*BASE["steps"], {"tokenize": TOKENIZE}]})
+    section = from_dict({**BASE, "tokenize": TOKENIZE})
+    assert (
+        [s.name for s in step.steps]
+        == [s.name for s in section.steps]
+        == [
+            "langid",
+            "gopher_quality",
+            "c4_lines",
+            "tokenize",
+        ]
+    )
+    assert step.steps[3].step_id == "03_tokenize" and step.steps[3].params.shard_tokens == 1000
+    assert step.resolved() == section.resolved() and "tokenize" not in step.resolved()
+    assert step.resolved()["steps"][3]["tokenize"]["tokenizer"]["train"]["vocab_size"] == 512
+    # `tokenize: null` (the config.yaml of a run without it) is no step; overrides reach either form
+    assert [s.name for s in from_dict({**BASE, "tokenize": None}).steps] == ["langid", "gopher_quality", "c4_lines"]
+    assert from_dict({**BASE, "tokenize": TOKENIZE}, ["tokenize.seed=3"]).steps[3].params.seed == 3
+    assert (
+        from_dict({**BASE, "steps": [{"tokenize": TOKENIZE}]}, ["steps[0].tokenize.seed=4"]).steps[0].params.seed == 4
+    )
+
+
+def test_tokenize_errors_name_the_key_as_written():
+    bad = {"tokenizer": {"train": {"vocab_size": 100}}}
+    msg = _err({**BASE, "executor": {"tasks": 0}, "tokenize": bad})
+    assert "2 error(s)" in msg and "\n  tokenize.tokenizer.train.vocab_size: input should be greater" in msg
+    msg = _err({**BASE, "steps": [{"tokenize": bad}]})
+    assert "\n  steps[0].tokenize.tokenizer.train.vocab_size: input should be greater" in msg
+    assert "tokenize: expected a mapping of parameters, got 5" in _err({**BASE, "tokenize": 5})
+    msg = _err({**BASE, "steps": [{"tokenize": TOKENIZE}, "c4_lines"]})
+    assert "steps[0].tokenize: must be the last step (it tokenizes the run's final documents)" in msg
+    msg = _err({**BASE, "steps": ["c4_lines", {"tokenize": TOKENIZE}], "tokenize": TOKENIZE})
+    assert msg.endswith("1 error(s)\n  tokenize: also given as steps[1]; write it once, as the last step")
+
+
+def test_a_run_directory_of_the_section_layout_resumes(tmp_path):
+    """config.yaml of a run made when `tokenize:` was a top-level section (written with
+    `tokenize: null` when there was none) equals this version's resolved config."""
+    from gristmill.pipeline import run_dir as rd
+
+    for tokenize in (TOKENIZE, None):
+        cfg = from_dict({**BASE, "run_dir": str(tmp_path / "r"), **({"tokenize": tokenize} if tokenize else {})})
+        old = cfg.resolved()
+        old["tokenize"] = old["steps"].pop()["tokenize"] if tokenize else None
+        assert rd.config_differences(old, cfg.resolved())  # the layouts differ ...
+        (tmp_path / "r").mkdir(exist_ok=True)
+        (tmp_path / "r" / rd.MARKER).write_text("")
+        (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+        assert rd.prepare(tmp_path / "r", cfg.resolved(), force=False)  # ... and it resumes
+        changed = from_dict({**BASE, "run_dir": str(tmp_path / "r"), "tokenize": {**TOKENIZE, "seed": 1}})
+        (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+        with pytest.raises(ConfigError, match=r"another configuration:\n  steps\[3\]"):
+            rd.prepare(tmp_path / "r", changed.resolved(), force=False)

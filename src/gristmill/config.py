@@ -2,33 +2,33 @@
 
 The sections that say how and where a run goes (executor, input, output, train) are defined
 here; each step's parameters are its own nested `Config` (`gristmill.core.step`), found by its
-YAML name in the step registry. Errors name the key path the user wrote; the config library
-(`gristmill.core.configlib`) does the parsing, `${VAR}` interpolation and `--set` overrides.
+YAML name in the step registry: `RunConfig.model_validate` validates `steps:` into `StepSpec`s.
+Errors name the key path the user wrote; the config library (`gristmill.core.configlib`) does
+the parsing, `${VAR}` interpolation, `--set` overrides and the collection of errors.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from gristmill.core.configlib import (
     ConfigError,
     Fraction,
     Strict,
     apply_override,
-    interpolate,
+    key_path_error,
     messages,
     omitted_defaults,
+    validate_config,
 )
 from gristmill.core.step import registered_steps
-from gristmill.tokenize.stages import Tokenize
 
-__all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "from_dict", "load"]
+__all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
 
 # --- sections ---------------------------------------------------------------------------
@@ -139,13 +139,88 @@ class TrainSection(Strict):
     preempt_grace_s: int = Field(120, ge=10, description="slurm: SIGUSR1 this long before the time limit")
 
 
+#: Top-level sections that are steps now, read as the last entry of `steps:`: a config written
+#: before tokenization was a step (`tokenize: {...}` beside `steps:`) keeps working, and a run
+#: directory made then resumes (`current_layout`).
+SECTIONS_AS_STEPS = ("tokenize",)
+
+
+class _SectionStep(dict):
+    """A `steps:` entry that was written as a top-level section: its errors name the section."""
+
+
+def current_layout(data: dict, entry: type[dict] = dict) -> dict:
+    """`data` (left unchanged) with each section of SECTIONS_AS_STEPS moved to the end of
+    `steps:` as `{name: params}`; a section given as null is dropped (the config.yaml of a run
+    directory made before says `tokenize: null` when the run had none)."""
+    moved = [key for key in SECTIONS_AS_STEPS if key in data]
+    if not moved:
+        return data
+    data = dict(data)
+    steps = data.get("steps", [])
+    steps = list(steps) if isinstance(steps, list) else steps
+    for key in moved:
+        params = data.pop(key)
+        if params is not None and isinstance(steps, list):  # a `steps:` that is no list is reported as such
+            steps.append(entry({key: params}))
+    data["steps"] = steps
+    return data
+
+
+def _entry_name(entry: Any) -> Any:
+    if isinstance(entry, dict) and len(entry) == 1:
+        return next(iter(entry))
+    return entry if isinstance(entry, str) else None
+
+
+def _step_specs(raw: Any) -> list[StepSpec]:
+    """`steps:` as written → the validated steps; every problem in one error, each line naming
+    `steps[i].name.key` (or the section's key, for a step written as a section)."""
+    if not isinstance(raw, list):
+        raise key_path_error([f"steps: expected a list of steps, got {raw!r}"], of_parent=True)
+    registry = registered_steps()
+    specs, problems = [], []
+    last = sum(not isinstance(e, _SectionStep) for e in raw) - 1  # sections come after the steps written
+    for i, entry in enumerate(raw):
+        where = f"steps[{i}]"
+        if isinstance(entry, str):
+            entry = {entry: {}}
+        if not isinstance(entry, dict) or len(entry) != 1:
+            problems.append(f"{where}: expected one `name: {{params}}` mapping, got {entry!r}")
+            continue
+        ((name, params),) = entry.items()
+        prefix = name if isinstance(entry, _SectionStep) else f"{where}.{name}"
+        if name not in registry:
+            problems.append(f"{where}: unknown step {name!r} (known: {', '.join(sorted(registry))})")
+            continue
+        if isinstance(entry, _SectionStep):
+            also = [j for j, e in enumerate(raw[:i]) if _entry_name(e) == name]
+            if also:
+                problems.append(f"{name}: also given as steps[{also[0]}]; write it once, as the last step")
+                continue
+        elif registry[name].last_step and i != last:
+            problems.append(f"{where}.{name}: must be the last step ({registry[name].last_step})")
+        model = registry[name].Config
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            problems.append(f"{prefix}: expected a mapping of parameters, got {params!r}")
+            continue
+        try:
+            specs.append(StepSpec(name=name, index=i, params=model.model_validate(params)))
+        except ValidationError as e:
+            problems.extend(messages(e, prefix, model))
+    if problems:
+        raise key_path_error(problems, of_parent=True)
+    return specs
+
+
 class RunConfig(Strict):
     run_dir: str = Field("runs/crawl", min_length=1, description="where stages, stats and outputs are written")
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     input: InputConfig
-    steps: list[Any] = Field(default_factory=list, description="steps in the order documents meet them")
+    steps: list[StepSpec] = Field(default_factory=list, description="steps in the order documents meet them")
     output: OutputConfig = Field(default_factory=OutputConfig)
-    tokenize: Tokenize.Config | None = Field(None, description="BPE token shards of the final documents")
     train: TrainSection | None = Field(None, description="train a model on the token shards afterwards")
     calibration: str | None = Field(
         None,
@@ -153,8 +228,22 @@ class RunConfig(Strict):
         "{...}}}` (`pipeline calibrate`), under each step's own per_language",
     )
 
-    # filled by load(): the validated steps
-    _specs: list[StepSpec] = []
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_as_steps(cls, data: Any) -> Any:
+        return current_layout(data, _SectionStep) if isinstance(data, dict) else data
+
+    @field_validator("steps", mode="plain")
+    @classmethod
+    def _validate_steps(cls, raw: Any) -> list[StepSpec]:
+        return _step_specs(raw)
+
+    @field_serializer("steps")
+    def _dump_steps(self, specs: list[StepSpec], info) -> list[dict]:
+        # as written in YAML, `- name: {params}`. Parameters added later, at their default, say
+        # nothing about the run: left out, a run directory made before they existed resumes
+        # (its config.yaml has none of them)
+        return [{s.name: s.params.model_dump(mode=info.mode, exclude=set(omitted_defaults(s.params)))} for s in specs]
 
     @field_validator("run_dir")
     @classmethod
@@ -164,49 +253,15 @@ class RunConfig(Strict):
 
     @property
     def specs(self) -> list[StepSpec]:
-        return self._specs
+        """The validated steps (`steps`)."""
+        return self.steps
 
     def resolved(self) -> dict:
         """The configuration as run, for the run directory (defaults filled in)."""
         data = self.model_dump(mode="json")
-        # parameters added later, at their default, say nothing about the run: left out, a run
-        # directory made before they existed resumes (its config.yaml has none of them)
-        data["steps"] = [
-            {s.name: s.params.model_dump(mode="json", exclude=set(omitted_defaults(s.params)))} for s in self._specs
-        ]
         if data.get("calibration") is None:
             data.pop("calibration", None)
         return data
-
-
-def _validate_steps(raw_steps: Any, errors: list[str]) -> list[StepSpec]:
-    registry = registered_steps()
-    specs = []
-    if not isinstance(raw_steps, list):
-        errors.append(f"steps: expected a list of steps, got {raw_steps!r}")
-        return specs
-    for i, entry in enumerate(raw_steps):
-        where = f"steps[{i}]"
-        if isinstance(entry, str):
-            entry = {entry: {}}
-        if not isinstance(entry, dict) or len(entry) != 1:
-            errors.append(f"{where}: expected one `name: {{params}}` mapping, got {entry!r}")
-            continue
-        ((name, params),) = entry.items()
-        if name not in registry:
-            errors.append(f"{where}: unknown step {name!r} (known: {', '.join(sorted(registry))})")
-            continue
-        model = registry[name].Config
-        if params is None:
-            params = {}
-        if not isinstance(params, dict):
-            errors.append(f"{where}.{name}: expected a mapping of parameters, got {params!r}")
-            continue
-        try:
-            specs.append(StepSpec(name=name, index=i, params=model.model_validate(params)))
-        except ValidationError as e:
-            errors.extend(messages(e, f"{where}.{name}", model))
-    return specs
 
 
 def _apply_calibration(data: dict, errors: list[str]) -> None:
@@ -252,7 +307,7 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         if isinstance(entry, str):
             entry = steps[i] = {entry: {}}
         if not isinstance(entry, dict) or len(entry) != 1:
-            continue  # reported by _validate_steps
+            continue  # reported by the validation of `steps`
         ((name, params),) = entry.items()
         if name not in table:
             continue
@@ -284,26 +339,21 @@ def load(path: str | Path, overrides: list[str] = (), run_dir: str | None = None
 
 
 def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, source: str = "config") -> RunConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    data = copy.deepcopy(data)
-    for assignment in overrides:
-        apply_override(data, assignment)
-    if run_dir is not None:
-        data["run_dir"] = run_dir
-    errors: list[str] = []
-    data = interpolate(data, "", errors)
-    if data.get("calibration") is not None:
-        _apply_calibration(data, errors)
-    specs = _validate_steps(data.get("steps", []), errors)
-    cfg = None
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as e:
-        errors.extend(messages(e, "", RunConfig))
-    if cfg is not None and cfg.output.per_language and not any(s.name == "langid" for s in specs):
-        errors.append("output.per_language: needs a `langid` step to know each document's language")
-    if errors:
-        raise ConfigError(f"{source}: {len(errors)} error(s)\n  " + "\n  ".join(errors))
-    cfg._specs = specs
-    return cfg
+    """The run config of a YAML mapping: `--set` overrides, then `--run-dir`, then the calibration
+    file's thresholds merged under the steps' own (`RunConfig.model_validate` does the rest)."""
+
+    def prepare(data: dict, errors: list[str]) -> dict:
+        if run_dir is not None:
+            data["run_dir"] = run_dir
+        if data.get("calibration") is not None:
+            _apply_calibration(data, errors)
+        return data
+
+    return validate_config(RunConfig, data, source=source, overrides=overrides, prepare=prepare, checks=_checks)
+
+
+def _checks(cfg: RunConfig) -> list[str]:
+    """Rules across sections."""
+    if cfg.output.per_language and not any(s.name == "langid" for s in cfg.steps):
+        return ["output.per_language: needs a `langid` step to know each document's language"]
+    return []

@@ -164,3 +164,16 @@ def test_gpus_are_counted_as_cuda_would_see_them(monkeypatch):
     for value, n in (("0,1", 2), ("", 0), ("-1", 0), ("2,-1,3", 1), (" 0 , 1 , 2", 3)):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
         assert visible_gpus() == n, value
+
+
+def test_tokenize_is_placed_by_the_loop_like_any_global_step(tmp_path, wet_files, lid_model):
+    """`tokenize` (a registered step, the last) plans its stages on the documents before it,
+    whatever came first; the top-level section gives the same plan."""
+    tokenize = {"tokenizer": {"train": {"vocab_size": 512}}}
+    steps = [{"langid": {"model": str(lid_model), "languages": None}}, "keep_longest", "c4_lines"]
+    stages = planner_mod.plan(_cfg(tmp_path, wet_files, lid_model, [*steps, {"tokenize": tokenize}]))
+    labels = ["01_curate", "02_keep_longest", "03_filter", "04_tokenizer_sample", "05_tokenizer", "06_tokenize"]
+    assert [s.label for s in stages] == [*labels, "07_shard_plan", "08_shards", "09_manifest"]
+    assert stages[3].pipeline[0].folder == stages[5].pipeline[0].folder == stages[2].output
+    section = _cfg(tmp_path, wet_files, lid_model, steps).resolved() | {"tokenize": tokenize}
+    assert [s.label for s in planner_mod.plan(from_dict(section))] == [s.label for s in stages]

@@ -357,6 +357,10 @@ def test_tokenize_config_errors_name_the_key(tmp_path, wet_files):
     cfg["tokenize"]["tokenizer"] = {"path": str(tmp_path / "missing.json")}
     with pytest.raises(ConfigError, match=r"tokenize.tokenizer.path: .*missing.json: tokenizer file not found"):
         run(from_dict(cfg))
+    # written as the step it is, the error names the step's key
+    step = {**cfg, "steps": [{"tokenize": {**cfg.pop("tokenize"), "tokenizer": {"train": {"vocab_size": 100}}}}]}
+    with pytest.raises(ConfigError, match=r"\n  steps\[0\]\.tokenize\.tokenizer\.train\.vocab_size: "):
+        from_dict(step)
     assert not (tmp_path / "e").exists()  # refused before the run directory is touched
 
 

@@ -8,10 +8,12 @@ Errors name the key path the user wrote (`steps[2].langid.min_score: expected a 
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import typing
-from typing import Annotated, Any
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -25,9 +27,11 @@ __all__ = [
     "Strict",
     "apply_override",
     "interpolate",
+    "key_path_error",
     "language_configs",
     "messages",
     "omitted_defaults",
+    "validate_config",
     "with_per_language",
 ]
 
@@ -171,7 +175,7 @@ def _resolve(config: BaseModel) -> dict[str, BaseModel]:
         except ValidationError as e:
             problems.extend(messages(e, f"per_language.{lang}", cls))
     if problems:
-        raise PydanticCustomError("per_language", "{detail}", {"detail": "; ".join(problems), "lines": problems})
+        raise key_path_error(problems)
     return out
 
 
@@ -254,6 +258,20 @@ def apply_override(data: dict, assignment: str) -> None:
         raise ConfigError(f"--set {key}: parent is not a mapping")
 
 
+#: the type of a `key_path_error`
+KEY_PATHS = "key_paths"
+
+
+def key_path_error(lines: list[str], *, of_parent: bool = False) -> PydanticCustomError:
+    """One pydantic error holding several `key.path: message` lines, which `messages` reports one
+    by one (each counts as one error) under the key path of the value that raised it: a model
+    validator's lines are paths inside its model. `of_parent`: a field validator's lines are
+    paths inside the model holding the field (they may name the field itself, or a sibling)."""
+    return PydanticCustomError(
+        KEY_PATHS, "{detail}", {"detail": "; ".join(lines), "lines": lines, "of_parent": of_parent}
+    )
+
+
 def _loc(prefix: str, loc: tuple) -> str:
     out = prefix
     for part in loc:
@@ -264,6 +282,12 @@ def _loc(prefix: str, loc: tuple) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out
+
+
+def _under(base: str, line: str) -> str:
+    if not base:
+        return line
+    return base + line if line.startswith("[") else f"{base}.{line}"
 
 
 def messages(err: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> list[str]:
@@ -280,12 +304,50 @@ def messages(err: ValidationError, prefix: str, model: type[BaseModel] | None = 
             msgs.append(f"{where}: unknown key{allowed}")
         elif e["type"] == "missing":
             msgs.append(f"{where}: required key is missing")
-        elif e["type"] == "per_language":  # one line per problem, each under the step's key path
-            msgs.extend(
-                f"{_loc(prefix, e['loc'])}.{line}" if _loc(prefix, e["loc"]) else line for line in e["ctx"]["lines"]
-            )
+        elif e["type"] == KEY_PATHS:  # one line per problem, each under the key path that raised it
+            loc = e["loc"][:-1] if e["ctx"]["of_parent"] else e["loc"]
+            msgs.extend(_under(_loc(prefix, loc), line) for line in e["ctx"]["lines"])
         elif e["type"] == "value_error":
             msgs.append(f"{where}: {str(e['ctx']['error'])}")
         else:
             msgs.append(f"{where}: {e['msg'].lower()}, got {e['input']!r}")
     return msgs
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_config(
+    model: type[M],
+    data: Any,
+    *,
+    source: str,
+    overrides: Iterable[str] = (),
+    prepare: Callable[[dict, list[str]], dict] | None = None,
+    checks: Callable[[M], list[str]] | None = None,
+) -> M:
+    """A config file's mapping `data` (left unchanged) as a validated `model`: the `--set`
+    overrides applied, `${VAR}` interpolated, `prepare(data, errors)` (the caller's own
+    additions, e.g. merging a file the config names), the model's validation, then
+    `checks(config)` (rules across sections). Every problem of the interpolation, `prepare`,
+    the validation and the checks is collected into one `ConfigError("<source>: N error(s)")`
+    naming each key path; a malformed override is raised at once."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    data = copy.deepcopy(data)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    errors: list[str] = []
+    data = interpolate(data, "", errors)
+    if prepare is not None:
+        data = prepare(data, errors)
+    config = None
+    try:
+        config = model.model_validate(data)
+    except ValidationError as e:
+        errors.extend(messages(e, "", model))
+    if config is not None and checks is not None:
+        errors.extend(checks(config))
+    if errors:
+        raise ConfigError(f"{source}: {len(errors)} error(s)\n  " + "\n  ".join(errors))
+    return config

@@ -43,6 +43,7 @@ STEP_MODULES = (
     "gristmill.filters.quality",
     "gristmill.dedup.exact",
     "gristmill.dedup.near",
+    "gristmill.tokenize.stages",
 )
 _REGISTRY: dict[str, type[Step]] = {}
 
@@ -80,6 +81,8 @@ class Step(PipelineStep):
     output_fields: ClassVar[dict[str, pa.DataType]] = {}
     #: the reasons it drops documents under (stats `dropped_<reason>`), for the step reference
     drop_reasons: ClassVar[tuple[str, ...]] = ()
+    #: why this step must end `steps:`, if it must (the run config refuses it elsewhere)
+    last_step: ClassVar[str] = ""
 
     class Config(Strict):
         """This step takes no parameters."""

@@ -12,26 +12,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from gristmill.config import from_dict
-from gristmill.core.step import Stage, registered_steps
+from gristmill.core.step import Stage
 from gristmill.pipeline.executors import make_executor
-from gristmill.pipeline.planner import PlanContext, make_fetcher
+from gristmill.pipeline.planner import PlanContext, build_steps, make_fetcher
 from gristmill.pipeline.stats import merge_stage
 
 
 def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int = 1, workers: int = 1) -> list[Stage]:
-    cls = registered_steps()[step]
     cfg = from_dict(
         {
             "run_dir": str(run_dir),
             "executor": {"tasks": tasks, "workers": workers},
             "input": {"paths": [str(input_folder)]},
+            "steps": [{step: params}],
             "output": {"dropped_sample": 0},
         }
     )
     # the memory models' input: Parquet (zstd) holds text about as densely as gzipped WET
     size = sum(f.stat().st_size for f in Path(input_folder).rglob("*.parquet"))
     ctx = PlanContext(cfg, make_fetcher(cfg), documents=Path(input_folder), input_size=size)
-    cls.build(cls.Config.model_validate(params), ctx, step_id=f"00_{step}").stages(ctx)
+    (global_step,) = build_steps(cfg, ctx)
+    global_step.stages(ctx)
     return ctx.stages
 
 

@@ -26,12 +26,12 @@ from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
-from gristmill.tokenize.stages import Tokenize
 
 __all__ = [
     "MemoryEstimate",
     "PlanContext",
     "Stage",
+    "build_steps",
     "estimate_memory",
     "input_bytes",
     "make_fetcher",
@@ -258,13 +258,10 @@ class PlanContext:
         return ParquetReader(self.documents)
 
 
-def _build_steps(cfg: RunConfig, ctx: PlanContext) -> list[Step]:
+def build_steps(cfg: RunConfig, ctx: PlanContext) -> list[Step]:
     """The run's steps in order, each built in this process (models checked before any task)."""
     registry = registered_steps()
-    steps = [registry[spec.name].build(spec.params, ctx, step_id=spec.step_id) for spec in cfg.specs]
-    if cfg.tokenize is not None:  # token shards of the final documents: the run's last stages
-        steps.append(Tokenize.build(cfg.tokenize, ctx))
-    return steps
+    return [registry[spec.name].build(spec.params, ctx, step_id=spec.step_id) for spec in cfg.steps]
 
 
 def _stream_stage(ctx: PlanContext, steps: list[Step]) -> None:
@@ -279,7 +276,7 @@ def plan(
     tasks are estimated to need more memory than a task has."""
     ctx = PlanContext(cfg, make_fetcher(cfg), input_size=input_size, sources=sources)
     pending: list[Step] = []  # streaming steps not yet placed in a stage
-    for step in _build_steps(cfg, ctx):
+    for step in build_steps(cfg, ctx):
         if step.streamable:
             pending.append(step)
             continue

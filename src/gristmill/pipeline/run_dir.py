@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from loguru import logger
 
-from gristmill.config import ConfigError
+from gristmill.config import ConfigError, current_layout
 from gristmill.core.files import write_text_atomic
 from gristmill.dirlock import LOCK_NAME
 
@@ -115,7 +115,8 @@ def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
                     " cannot be checked against this configuration. Use --force to start"
                     " this run directory over, or another --run-dir"
                 ) from None
-            diffs = config_differences(old, resolved)
+            # a run made when tokenization was a top-level section compares as its step
+            diffs = config_differences(current_layout(old), resolved)
             if diffs:
                 raise ConfigError(
                     f"{run_dir} holds a run made with another configuration:\n  "

@@ -242,7 +242,7 @@ def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> Toke
     mf = root / "manifest.json"
     if not mf.is_file():
         raise TokenShardError(
-            f"{mf}: not found (a token directory holds manifest.json; run `pipeline run` with a `tokenize:` section)"
+            f"{mf}: not found (a token directory holds manifest.json; run `pipeline run` with a `tokenize` step)"
         )
     try:
         manifest = json.loads(mf.read_text())

@@ -1,4 +1,4 @@
-"""`tokenize:`: three stages after the run's last document stage (a global step, `Tokenize`).
+"""`tokenize`: the stages after the run's last document stage (a global step, `Tokenize`).
 
     NN_tokenizer_sample (N tasks) each task's id-hash sample of its documents (output/sample_RRRRR.parquet)
     NN_tokenizer  (1 task)  the run's sample from the tasks' samples; train the BPE on it, or load
@@ -447,7 +447,9 @@ class TokenizerSourceConfig(Strict):
 
 
 class TokenizeConfig(Strict):
-    tokenizer: TokenizerSourceConfig
+    tokenizer: TokenizerSourceConfig = Field(
+        description="the BPE: `{path: ...}` loads one, `{train: {vocab_size: N}}` trains one on the run's documents"
+    )
     shard_tokens: int = Field(100_000_000, ge=1, description="a shard is closed once it holds this many tokens")
     val_fraction: Fraction = Field(0.01, description="share of documents (by id hash) in the val split")
     seed: int = Field(0, ge=0, description="seed of the global document shuffle")
@@ -460,10 +462,12 @@ class TokenizeConfig(Strict):
 
 
 class Tokenize(GlobalStep):
-    """BPE token shards of the run's final documents (`<run_dir>/tokens/`), from `tokenize:`."""
+    """BPE token shards of the run's final documents (`<run_dir>/tokens/`), the run's last step.
+    A top-level `tokenize:` section beside `steps:` is read as this step."""
 
-    step_name = "tokenize"
+    yaml_name = "tokenize"
     Config = TokenizeConfig
+    last_step = "it tokenizes the run's final documents"
 
     def check_source(self) -> None:
         """Fail before the run starts on a tokenizer that cannot be loaded (names the config key)."""

@@ -2,7 +2,8 @@
 
 A train YAML may name a `preset:` (another file in configs/train/, e.g. `tiny`, `125m`) whose
 keys it overrides; `--set key=value` overrides come last. Errors name the key path, as the crawl
-config's do.
+config's do (the config library's `validate_config` does both configs' overrides, `${VAR}`
+interpolation and error collection).
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from gristmill.core.configlib import ConfigError, Strict, apply_override, interpolate, messages
+from gristmill.core.configlib import ConfigError, Strict, validate_config
 
 PRESET_DIRS = [Path("configs/train"), Path(__file__).resolve().parents[3] / "configs" / "train"]
 
 
-class ModelSection(Strict):
+class ModelShape(Strict):
+    """The model's parameters, declared here once: the `model:` section is these (and how
+    attention treats documents); `trainer.model.ModelArgs` is these with the vocabulary size and
+    the longest sequence resolved, what the model is built from."""
+
     vocab_size: int | None = Field(None, ge=2, description="null: the token manifest's vocab size")
     dim: int = Field(768, ge=8)
     n_layers: int = Field(12, ge=1)
@@ -31,7 +36,12 @@ class ModelSection(Strict):
     tie_embeddings: bool = False
     init_std: float = 0.02
     z_loss: float = Field(0.0, ge=0)
-    ce_chunk_tokens: int | None = Field(None, ge=1)
+    ce_chunk_tokens: int | None = Field(
+        None, ge=1, description="null: about vocab/dim chunks (see kernels.cross_entropy)"
+    )
+
+
+class ModelSection(ModelShape):
     doc_mask: bool = Field(False, description="attention stays within documents (dense mask: reference path)")
 
 
@@ -145,36 +155,30 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _read(path: Path, seen: tuple = ()) -> dict:
+def _read(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    if data.get("preset"):
-        base_path = find_preset(str(data["preset"]))
-        if base_path.resolve() in seen:
-            raise ConfigError(f"{path}: preset cycle through {base_path}")
-        data = _merge(_read(base_path, seen + (path.resolve(),)), {k: v for k, v in data.items() if k != "preset"})
     return data
 
 
+def _with_preset(data: dict, source: str, seen: tuple[Path, ...] = ()) -> dict:
+    """`data`'s keys over those of its `preset:` (which may name a preset of its own), the
+    `preset` key dropped; `seen`: the files read on the way here (a cycle is an error)."""
+    if not data.get("preset"):
+        return data
+    path = find_preset(str(data["preset"]))
+    if path.resolve() in seen:
+        raise ConfigError(f"{source}: preset cycle through {path}")
+    base = _with_preset(_read(path), str(path), (*seen, path.resolve()))
+    return _merge(base, {k: v for k, v in data.items() if k != "preset"})
+
+
 def from_dict(data: dict, overrides: list[str] = (), source: str = "train config") -> TrainConfig:
-    data = dict(data)
-    if data.get("preset"):
-        data = _merge(_read(find_preset(str(data["preset"]))), {k: v for k, v in data.items() if k != "preset"})
-    for assignment in overrides:
-        apply_override(data, assignment)
-    errors: list[str] = []
-    data = interpolate(data, "", errors)
-    try:
-        cfg = TrainConfig.model_validate(data)
-    except ValidationError as e:
-        errors.extend(messages(e, "", TrainConfig))
-    if errors:
-        raise ConfigError(f"{source}: {len(errors)} error(s)\n  " + "\n  ".join(errors))
-    return cfg
+    return validate_config(TrainConfig, _with_preset(data, source), source=source, overrides=overrides)
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
@@ -184,4 +188,5 @@ def load(path: str | Path, overrides: list[str] = ()) -> TrainConfig:
         path = find_preset(str(path)) if "/" not in str(path) else path
         if not path.is_file():
             raise ConfigError(f"{path}: train config not found")
-    return from_dict(_read(path), overrides, source=str(path))
+    data = _with_preset(_read(path), str(path), (path.resolve(),))
+    return validate_config(TrainConfig, data, source=str(path), overrides=overrides)

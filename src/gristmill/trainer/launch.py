@@ -142,7 +142,7 @@ def after_pipeline(section, run_dir: Path, console) -> int | None:
     Returns the exit code, or None when there are no tokens yet."""
     tokens = run_dir / "tokens"
     if not (tokens / "manifest.json").is_file():
-        console.print(f"train: skipped, no token shards at {tokens}/manifest.json (add a `tokenize:` section)")
+        console.print(f"train: skipped, no token shards at {tokens}/manifest.json (add a `tokenize` step)")
         return None
     cfg = pipeline_train_config(section, run_dir)
     console.print(f"train: preset {section.preset}, {cfg.steps} steps → {run_dir / 'train'}")

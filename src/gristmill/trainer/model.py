@@ -14,33 +14,26 @@ scaled init), norms 1. The ops come from `Kernels` (Triton or PyTorch reference)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import nn
 
+from gristmill.trainer.config import ModelShape
 from gristmill.trainer.kernels import Kernels, rope_tables
 
 
-@dataclass
-class ModelArgs:
-    vocab_size: int
-    dim: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    n_kv_heads: int | None = None  # None: n_heads (no GQA)
-    ffn_dim: int | None = None  # None: 8/3·dim rounded up to a multiple of `multiple_of`
-    multiple_of: int = 256
-    max_seq_len: int = 2048
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    init_std: float = 0.02
-    z_loss: float = 0.0
-    ce_chunk_tokens: int | None = None  # None: about vocab/dim chunks (see kernels.cross_entropy)
+class ModelArgs(ModelShape):
+    """What the model is built from: the train config's `model:` parameters (declared once, in
+    `ModelShape`) with the vocabulary size and the longest sequence given, the derived sizes
+    filled in. Checkpoints record it (`to_dict`); an export rebuilds it from there."""
 
-    def __post_init__(self):
+    vocab_size: int = Field(ge=2)
+    max_seq_len: int = Field(2048, ge=1, description="the longest sequence (RoPE tables): the data's seq_len")
+
+    @model_validator(mode="after")
+    def _derived(self):
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.ffn_dim is None:
@@ -49,13 +42,14 @@ class ModelArgs:
             raise ValueError(f"dim {self.dim} / n_heads {self.n_heads} / n_kv_heads {self.n_kv_heads} do not divide")
         if (self.dim // self.n_heads) % 2:
             raise ValueError("head_dim must be even for RoPE")
+        return self
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self.model_dump()
 
     def non_embedding_params(self) -> int:
         """N of the MFU formula: parameters of the blocks and the final norm (not embedding/output)."""
