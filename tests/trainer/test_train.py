@@ -45,6 +45,46 @@ def test_resume_is_bitwise_identical(baseline, token_dir, tmp_path):
     assert [resumed[s] for s in range(1, STEPS + 1)] == [full[s] for s in range(1, STEPS + 1)]
 
 
+def test_preempted_and_resumed_run_is_the_straight_run_bit_for_bit(baseline, token_dir, tmp_path, monkeypatch, capsys):
+    """The preemption file exists from the start: step 1's flag is read with step 1's readout,
+    after step 2 was queued, so the run checkpoints step 2 (between two checkpoint intervals)
+    and stops. The re-run resumes from it: its metrics and its checkpoints of steps 3 and 6 are
+    the uninterrupted run's, bit for bit (DCP's .metadata but for the id and directory of the save)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from gristmill.trainer.launch import PREEMPT_ENV
+
+    flag = tmp_path / "PREEMPT"
+    flag.touch()
+    monkeypatch.setenv(PREEMPT_ENV, str(flag))
+    out = tmp_path / "preempted"
+    assert train(_cfg(token_dir, STEPS), out)["steps"] == 2
+    assert "preempted: checkpoint of step 2 written; re-run (or requeue) resumes" in capsys.readouterr().out
+    assert [p.name for _, p in ckpt.step_dirs(out / "checkpoints")] == ["step-00000002"]
+    flag.unlink()
+    assert train(_cfg(token_dir, STEPS), out)["steps"] == STEPS
+
+    def records(run: Path) -> list[dict]:  # all but the timings
+        timing = {"tokens_per_s", "tokens_per_s_per_device", "mfu"}
+        return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in open(run / "metrics.jsonl")]
+
+    assert records(out) == records(baseline)
+    names = ["step-00000003", "step-00000006"]
+    assert [p.name for _, p in ckpt.step_dirs(out / "checkpoints")] == ["step-00000002", *names]
+    for name in names:
+        a, b = baseline / "checkpoints" / name, out / "checkpoints" / name
+        assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+        for f in ("__0_0.distcp", "meta.json"):  # weights, optimizer, scheduler, loader; step and config
+            assert (b / f).read_bytes() == (a / f).read_bytes(), f"{name}/{f}"
+        # .metadata also holds a random id of the save and its directory (storage_meta)
+        ma, mb = (FileSystemReader(str(d)).read_metadata() for d in (a, b))
+        assert (mb.state_dict_metadata, mb.storage_data, mb.planner_data) == (
+            ma.state_dict_metadata,
+            ma.storage_data,
+            ma.planner_data,
+        )
+
+
 def test_step_readout_is_read_one_step_late(baseline, token_dir, tmp_path):
     """The host waits for step N's loss only once step N+1 is queued, except where the step's
     loss must be known at once (validation and checkpoints every 3 steps, the last step):

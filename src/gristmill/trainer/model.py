@@ -162,10 +162,6 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    @property
-    def output_weight(self) -> torch.Tensor:
-        return self.tok_embeddings.weight if self.output is None else self.output.weight
-
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
         """(Re-)initialise everything, e.g. after `to_empty()` from the meta device.

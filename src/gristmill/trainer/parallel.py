@@ -110,11 +110,10 @@ def apply_fsdp(
     if model.output is not None and len(units) > 1:
         # embedding and head as units of their own (torchtitan's layout): a step starts after the
         # embedding's all-gather alone (the head's is issued during the blocks), and the head's
-        # gradients (final norm + output layer, 65M parameters at vocab 32k) are reduce-scattered
-        # beside the blocks' backward, not after all of it with the root's. 1B on two H200s: the
-        # exposed all-gather at the step's start 0.8 → 0.4 ms, the wait for the last
-        # reduce-scatters 1.2 → 0.6 ms. Not when all blocks are one unit (125M): that choice is
-        # for host time, which two more units add to (125M measured level either way).
+        # gradients (final norm + output layer, vocab × dim) are reduce-scattered beside the
+        # blocks' backward, not after all of it with the root's. Not when all blocks are one unit:
+        # that layout is chosen for host time, which two more units add to. Measured in
+        # docs/benchmarks.md ("Where 2-GPU 1B lost its time").
         fully_shard(model.tok_embeddings, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard([model.norm, model.output], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     # the root holds the rest: with tied embeddings, the one matrix both ends use

@@ -9,13 +9,16 @@ on the meta device → activation checkpointing → compile per block → FSDP2 
 
 `Trainer.train()` runs the loop; each iteration, in this order:
 
-1. `train_step()`: the micro-batches with gradient accumulation (gradient sync only on the last),
-   grad norm with clipping and the NaN/inf guard inside the optimizer step, schedule;
+1. the next global batch, and `train_step()` on it: the micro-batches with gradient accumulation
+   (gradient sync only on the last), grad norm with clipping and the NaN/inf guard inside the
+   optimizer step, schedule;
 2. the previous step's readout (`PendingReadout`: metrics; a non-finite loss stops), then this
    step's loss, grad norm and preemption flag are queued for reading one step later;
-3. at a validation, a checkpoint, a preemption or the last step: this step's readout at once
-   (a checkpoint only after its step's loss is known to be finite);
-4. validation, checkpoint, preemption stop.
+3. `after_step()`, a pure function of the step, the config and the signals (preemption, validation
+   data present), says what follows: validate, checkpoint, stop. When it asks for anything, this
+   step's readout is read at once (a checkpoint only after its step's loss is known to be finite;
+   the readout may carry the preemption flag) and `after_step()` asked again;
+4. validation, then checkpoint, then stop.
 
 The host never waits for the GPU mid-loop: step N's readout is read after step N+1 was queued.
 """
@@ -29,7 +32,7 @@ import os
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -78,6 +81,57 @@ def lr_lambda(cfg: TrainConfig):
         return floor + (1 - floor) * max(0.0, (total - s) / max(1, total - decay_start))
 
     return f
+
+
+def last_step(cfg: TrainConfig) -> int:
+    """The step this run ends after: `steps`, or `stop_after` when that comes first."""
+    return min(cfg.steps, cfg.stop_after or cfg.steps)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the decision after a step knows besides the step and the config."""
+
+    preempted: bool = False  # some rank saw the preemption file (read with a step's readout)
+    val_data: bool = True  # the token directory has the validation split
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What the loop does after a step's update, in this order: validate, checkpoint, stop."""
+
+    evaluate: bool = False
+    save: bool = False
+    stop: bool = False
+    reason: str | None = None  # why it stops: "preempted", "steps" (the last step) or "stop_after"
+
+    @property
+    def acts(self) -> bool:
+        return self.evaluate or self.save or self.stop
+
+
+def _every(step: int, interval: int) -> bool:
+    return interval > 0 and step % interval == 0
+
+
+def after_step(step: int, cfg: TrainConfig, signals: Signals) -> Actions:
+    """What follows the update of `step` (1-based). Pure, so every rank, and a run and its resumed
+    twin, decide alike: validation every `eval.every` steps and at the end; a checkpoint every
+    `checkpoint.every` steps, at the end and on preemption (unless checkpoints are off); the
+    end is the last step or `stop_after`; a preemption stops at once."""
+    end = step >= last_step(cfg)
+    if signals.preempted:
+        reason = "preempted"
+    elif end:
+        reason = "steps" if step >= cfg.steps else "stop_after"
+    else:
+        reason = None
+    return Actions(
+        evaluate=signals.val_data and cfg.eval.batches > 0 and (end or _every(step, cfg.eval.every)),
+        save=cfg.checkpoint.enabled and (end or signals.preempted or _every(step, cfg.checkpoint.every)),
+        stop=reason is not None,
+        reason=reason,
+    )
 
 
 def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
@@ -247,7 +301,7 @@ class Trainer:
         if cfg.checkpoint.resume:
             self._resume()
 
-        self.end = min(cfg.steps, cfg.stop_after or cfg.steps)
+        self.end = last_step(cfg)
         self.tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
         self.metrics = Metrics(
             out_dir,
@@ -300,12 +354,17 @@ class Trainer:
         self.step += 1
         return loss_sum, grad_norm, lr
 
-    def _take_pending(self) -> bool:
+    def _queue_readout(self, step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        """Queues this step's loss, grad norm and preemption flag for reading on the host later."""
+        self.readout.record(loss_sum, grad_norm, preempt_flag(self.d.device))
+        self.pending = PendingReadout(step=step, lr=lr, epoch=self.loader.epoch)
+
+    def _take_pending(self, signals: Signals) -> Signals:
         """Reads and logs the pending step's readout, if any (waits for that step on the device);
-        raises on a non-finite loss. True if preemption was asked."""
+        raises on a non-finite loss. Returns `signals` with the readout's preemption flag added."""
         p, self.pending = self.pending, None
         if p is None:
-            return False
+            return signals
         loss_val, gn, preempted = self.readout.read()
         if not (math.isfinite(loss_val) and math.isfinite(gn)):
             if self.resume_point is None:
@@ -322,7 +381,7 @@ class Trainer:
         self.metrics.add_tokens(self.tokens_per_step)
         if p.step % self.cfg.log.every == 0 or p.step == self.end:
             self.last_rec = self.metrics.log_step(p.step, loss_val, lr=p.lr, grad_norm=gn, extra={"epoch": p.epoch})
-        return preempted
+        return replace(signals, preempted=True) if preempted else signals
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -364,35 +423,37 @@ class Trainer:
 
     def train(self) -> dict:
         """Runs the loop to `steps` (or `stop_after`, or a preemption); returns the summary."""
-        cfg, ck = self.cfg, self.cfg.checkpoint
         started, start_step = time.perf_counter(), self.step
+        signals = Signals(val_data=self.val_stream is not None)
+        stop = self.step >= self.end  # a finished run, run again: nothing to do
         try:
-            while self.step < self.end:
-                loss_sum, grad_norm, lr = self.train_step(self.loader.next_global_batch())
+            while not stop:
+                batches = self.loader.next_global_batch()
+                loss_sum, grad_norm, lr = self.train_step(batches)
                 step = self.step
                 # the previous step's readout is complete by now (this step is queued behind it)
-                preempted = self._take_pending()
-                self.readout.record(loss_sum, grad_norm, preempt_flag(self.d.device))
-                self.pending = PendingReadout(step=step, lr=lr, epoch=self.loader.epoch)
-                evaluate_now = self.val_stream is not None and (
-                    (cfg.eval.every and step % cfg.eval.every == 0) or step == self.end
-                )
-                periodic_save = ck.enabled and bool(ck.every) and step % ck.every == 0
-                save_now = False
-                if evaluate_now or periodic_save or preempted or step == self.end:
-                    # a checkpoint only after its step's loss is known to be finite
-                    preempted = self._take_pending() or preempted
-                    save_now = ck.enabled and (periodic_save or step == self.end or preempted)
-                if evaluate_now:
+                signals = self._take_pending(signals)
+                self._queue_readout(step, loss_sum, grad_norm, lr)
+                actions = after_step(step, self.cfg, signals)
+                if actions.acts:
+                    # act only once this step's loss is known to be finite; its readout may also
+                    # carry the preemption flag, which changes what to do
+                    signals = self._take_pending(signals)
+                    actions = after_step(step, self.cfg, signals)
+                if actions.evaluate:
                     self.val_loss = self.evaluate()
                     if self.val_loss is not None:
                         self.metrics.log_eval(step, self.val_loss)
-                if save_now:
+                if actions.save:
                     self.save()
-                if preempted:
-                    if self.d.is_main:
-                        print(f"preempted: checkpoint of step {step} written; re-run (or requeue) resumes", flush=True)
-                    break
+                if actions.reason == "preempted" and self.d.is_main:
+                    said = (
+                        f"checkpoint of step {step} written; re-run (or requeue) resumes"
+                        if actions.save
+                        else f"stopped after step {step} without a checkpoint (checkpoint.enabled: false)"
+                    )
+                    print(f"preempted: {said}", flush=True)
+                stop = actions.stop
         finally:
             self.metrics.close()
         return self._summary(started, start_step)
