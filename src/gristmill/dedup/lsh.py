@@ -26,7 +26,7 @@ A node's root is the smallest index of its component, i.e. the first document in
 Peak memory of the cluster task: the node keys and parents (16 bytes per node), one shard of
 edges as node indices, and the temporaries of the merge (pass 1: old and new node arrays while a
 shard's keys are merged in) and of pointer jumping (pass 2: `parent[parent]`, 8 bytes per node):
-measured ~41 bytes per node for E ~ 0.7 D in 4 shards (near.py's docstring has the figures),
+measured ~41 bytes per node for E ~ 0.7 D in 4 shards (docs/scale.md, "Near dedup memory models"),
 i.e. about 40*D + 32*E/S bytes for D documents in duplicate clusters and E candidate edges in
 S shards. It holds no per-document state for the documents that have no near duplicate, and
 never all edges at once. For a Common Crawl snapshot (3e9 docs, ~1e9 in clusters) that is

@@ -24,30 +24,15 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
    document it is a verified pair with is kept, so every removal is within the threshold of the
    document kept in its place; `removal: components` (`lsh.components`) removes every document of
    a connected component but its first (order key), as datatrove does, where chains remove
-   documents far from the kept one (4 GB scale run: 3.5% of removals below Jaccard 0.8 with it).
-   Removals are written per task.
+   documents far from the kept one (docs/scale.md). Removals are written per task.
 6. `near_dedup_filter` (T): drops the removed documents (reason `near_duplicate`).
 
-Memory of a buckets task (N = documents with shingles; a pair holds ~N/R records: keys leave
-`band_keys` through a multiply-xorshift, so the ranges of a band are even, within 5% at 225k
-records per range in tests/dedup/test_buckets.py). Per record held: 16 bytes of arrays (band key
-and order key; the 20-byte file record is read one signature task's slice at a time), then the
-in-place sort (`lsh.sort_records`) adds its int64 order and one 8-byte temporary: peak 32 bytes
-per record, edges and a few 1-byte masks on top (tracemalloc: 33.3 bytes per record for 3e6
-records in one range; tests/dedup/test_buckets.py bounds it by 36). So a task holds ~33 * N / R
-bytes: for 3e9 documents and 4,000 tasks over b = 14 bands (R = 286), ~0.35 GB; R bounds it,
-whatever the corpus, and `key_ranges` sets it directly (R = ceil(33 * N / budget)). Before the
-split a task held a whole band, all N records, at 44 bytes each (same measurement): 130 GB for
-3e9 documents.
-
-Memory of the cluster task (`lsh.components`, one task): the sorted node keys and int64 parents
-(16 bytes per document in some cluster, D) plus, while a shard is hooked in, one shard of edges
-as node indices and the pointer-jumping temporaries (`parent[parent]`, 8 bytes per node). Measured
-with tracemalloc on D = 3.8e6 nodes, E = 2.7e6 edges in 4 shards: peak 155 MB = 41 bytes per node
-(the union1d of pass 1 holds old and new node arrays plus one shard's keys: ~24 B/node + 16 B/edge
-of a shard; pass 2: nodes + parent + jump temporary + u, v: ~24 B/node + 16-32 B/shard edge), in
-17 s on one core (4.5 us per node). For a snapshot with D ~ 1e9 that is ~40 GB and ~75 min in
-one task: the stage that does not divide.
+Memory models (each phase's `memory_bytes`; measured figures in docs/scale.md, "Near dedup
+memory models"):
+- a buckets task holds ~33 bytes per record of its (band, key range): ~33 x N / R for N
+  documents, so `key_ranges` (R) bounds it whatever the corpus (`BUCKET_BYTES_PER_RECORD`);
+- the cluster task (one task: the stage that does not divide) holds ~41 bytes per document in
+  some cluster.
 """
 
 from __future__ import annotations
