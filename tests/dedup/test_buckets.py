@@ -16,7 +16,7 @@ import pytest
 
 from gristmill.core.documents import documents_to_table, schema_for
 from gristmill.core.wet_reader import WetReader
-from gristmill.dedup.lsh import band_edges, components, key_range, key_range_bounds, shard_of, sorted_band_edges
+from gristmill.dedup.lsh import components, key_range_bounds, shard_of, sort_records, sorted_band_edges
 from gristmill.dedup.near import NearDedupBuckets
 from gristmill.dedup.order import load_ranks, order_key
 from gristmill.pipeline.executors import TaskFailed, make_executor
@@ -35,6 +35,13 @@ def _reference_edges(keys: np.ndarray, nodes: np.ndarray) -> list[list[int]]:
     return out
 
 
+def _band_edges(keys: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """A band's edges as a buckets task finds them: sorted in place, then the runs of equal keys."""
+    keys, nodes = keys.copy(), nodes.copy()
+    sort_records(keys, nodes)
+    return sorted_band_edges(keys, nodes)
+
+
 def test_edges_of_key_ranges_concatenate_to_the_band_edges():
     rng = np.random.default_rng(4)
     keys = rng.integers(0, 2**64 - 1, size=3000, dtype=np.uint64, endpoint=True)
@@ -45,13 +52,13 @@ def test_edges_of_key_ranges_concatenate_to_the_band_edges():
     keys[1005] = keys[1004]
     want = _reference_edges(keys, nodes)
     assert len(want) > 800
-    assert band_edges(keys, nodes).tolist() == want
+    assert _band_edges(keys, nodes).tolist() == want
     for ranges in (1, 2, 7, 64):
-        g = key_range(keys, ranges)
         b = key_range_bounds(ranges)
         assert b[0] == 0 and b[-1] == 2**64 and all(x < y for x, y in zip(b, b[1:]))
+        g = np.searchsorted(np.array(b[1:-1], dtype=np.uint64), keys, side="right")  # each key's range
         assert all(b[i] <= k < b[i + 1] for k, i in zip(keys.tolist(), g.tolist()))
-        got = [band_edges(keys[g == i], nodes[g == i]) for i in range(ranges)]
+        got = [_band_edges(keys[g == i], nodes[g == i]) for i in range(ranges)]
         assert np.concatenate(got).tolist() == want  # same edges, same order
     assert sorted_band_edges(np.array([5, 5], np.uint64), np.array([3, 3], np.uint64)).shape == (0, 2)
 
@@ -73,7 +80,7 @@ def _signature(docs: Path, run_dir: Path, tasks: int, params: dict):
 
 def _today(sig: Path, bands: int, shards: int) -> list[np.ndarray]:
     """Edges per shard as one task per whole band finds them: every record of the band, then
-    `band_edges`, bands in order."""
+    its edges, bands in order."""
     task_ranks, _ = load_ranks(sig)
     out = [[] for _ in range(shards)]
     for b in range(bands):
@@ -82,7 +89,7 @@ def _today(sig: Path, bands: int, shards: int) -> list[np.ndarray]:
             r = np.load(f)
             keys.append(r["key"])
             ords.append(order_key(task_ranks[int(f.name.split(".")[0].split("_")[1])][r["src"]], r["offset"]))
-        e = band_edges(np.concatenate(keys), np.concatenate(ords))
+        e = _band_edges(np.concatenate(keys), np.concatenate(ords))
         for s in range(shards):
             out[s].append(e[shard_of(e[:, 0], shards) == s])
     return [np.concatenate(x) for x in out]
