@@ -38,6 +38,7 @@ from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field
 
 from gristmill.core.configlib import Strict
+from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Step, Workload
@@ -50,7 +51,6 @@ from gristmill.dedup.order import (
     check_unique,
     load_ranks,
     order_key,
-    save_npy,
     shared_key_error,
 )
 from gristmill.dedup.text import normalize
@@ -155,7 +155,7 @@ class ExactDedupHash(Step):
             block = (rec["hi"] % np.uint64(self.n_blocks)).astype(np.int64)
             which = np.searchsorted(bounds, block, side="right") - 1
             for s in range(self.slices):
-                save_npy(
+                save_npy_atomic(
                     self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.part{part:05d}.npy", rec[which == s]
                 )
             parts.clear()
@@ -306,7 +306,7 @@ class ExactDedupFind(Step):
                 del rec, task, key, hashes, dup
             bf.save()
             for t in sorted(ranks):  # every hashing task gets a file, maybe empty
-                save_npy(
+                save_npy_atomic(
                     self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy",
                     np.concatenate(dups[t]) if dups[t] else np.empty(0, dtype=DUP),
                 )
@@ -315,9 +315,9 @@ class ExactDedupFind(Step):
         self.stat_update("duplicates", value=n_dup)
         self.stat_update("key_ranges", value=len(cuts) + 1)
         # ppm integers: datatrove's stats sum numbers over tasks; the JSON keeps the exact values
-        (self.folder / "filter").mkdir(parents=True, exist_ok=True)
-        (self.folder / "filter" / f"slice_{rank:05d}.stats.json").write_text(
-            json.dumps({"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est})
+        write_text_atomic(
+            self.folder / "filter" / f"slice_{rank:05d}.stats.json",
+            json.dumps({"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est}),
         )
         self.stat_update("fill_ppm_sum", value=int(fill * 1e6))
         return

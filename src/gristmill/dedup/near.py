@@ -47,6 +47,7 @@ from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import Strict
+from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import BASE_TASK_BYTES, GlobalStep, StageContext, Step, Workload
@@ -68,8 +69,6 @@ from gristmill.dedup.order import (
     check_unique,
     load_ranks,
     order_key,
-    save_npy,
-    write_json_atomic,
 )
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 
@@ -146,7 +145,7 @@ class NearDedupSignature(Step):
             rec = np.concatenate(out) if out else np.empty((0, bands), dtype=BAND_REC)
             for b in range(bands):
                 col = rec[:, b]
-                save_npy(
+                save_npy_atomic(
                     self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.part{part:05d}.npy",
                     col[np.argsort(col["key"], kind="stable")],
                 )
@@ -170,9 +169,9 @@ class NearDedupSignature(Step):
             keys = np.concatenate(order_keys) if order_keys else np.empty(0, np.uint64)
             check_unique(keys, list(sources.index), self.yaml_name)
             sources.save(self.folder, rank)
-            write_json_atomic(
+            write_text_atomic(
                 self.folder / "lsh.json",
-                {"bands": bands, "rows": rows, "num_perm": self.p.num_perm, "sorted_by_key": True},
+                json.dumps({"bands": bands, "rows": rows, "num_perm": self.p.num_perm, "sorted_by_key": True}),
             )
         return
         yield
@@ -294,7 +293,7 @@ class NearDedupBuckets(Step):
                 self.stat_update("candidate_edges", value=len(e))
                 shard = shard_of(e[:, 0], self.shards)
                 for s in range(self.shards):
-                    save_npy(
+                    save_npy_atomic(
                         self.folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.range_{g:05d}.npy", e[shard == s]
                     )
         return
@@ -362,9 +361,9 @@ class NearDedupShingles(Step):
                 lengths = np.array([len(x) for x in sets], dtype=np.int64)
                 vals = np.concatenate(sets) if sets else np.empty(0, np.uint64)
                 base = self.folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.part{part:05d}"
-                save_npy(Path(f"{base}.keys.npy"), np.array(keys, dtype=np.uint64))
-                save_npy(Path(f"{base}.lengths.npy"), lengths)
-                save_npy(Path(f"{base}.values.npy"), vals)
+                save_npy_atomic(Path(f"{base}.keys.npy"), np.array(keys, dtype=np.uint64))
+                save_npy_atomic(Path(f"{base}.lengths.npy"), lengths)
+                save_npy_atomic(Path(f"{base}.values.npy"), vals)
                 keys.clear(), sets.clear()
             held, part = 0, part + 1
 
@@ -420,7 +419,7 @@ class NearDedupVerify(Step):
                     sets[k] = part
             keep = np.array([jaccard(sets[u], sets[v]) >= self.threshold for u, v in e.tolist()], dtype=bool)
             keep = keep.reshape(-1) if len(e) else np.zeros(0, bool)
-            save_npy(self.folder / "verified" / f"shard_{rank:03d}" / "edges.npy", e[keep])
+            save_npy_atomic(self.folder / "verified" / f"shard_{rank:03d}" / "edges.npy", e[keep])
         self.stat_update("candidate_pairs", value=len(e))
         self.stat_update("verified_pairs", value=int(keep.sum()))
         return
@@ -435,7 +434,9 @@ def write_cluster_sizes(folder: Path, roots: np.ndarray) -> None:
     per_root = np.unique(roots, return_counts=True)[1] if len(roots) else np.zeros(0, np.int64)
     per_root = per_root[per_root >= 2]
     sizes, counts = np.unique(per_root, return_counts=True) if len(per_root) else ([], [])
-    write_json_atomic(folder / "cluster_sizes.json", {"sizes": {str(int(k)): int(v) for k, v in zip(sizes, counts)}})
+    write_text_atomic(
+        folder / "cluster_sizes.json", json.dumps({"sizes": {str(int(k)): int(v) for k, v in zip(sizes, counts)}})
+    )
 
 
 class NearDedupCluster(Step):
@@ -470,13 +471,15 @@ class NearDedupCluster(Step):
             loaders = [(lambda s=s: _shard_edges(self.edge_folder, s)) for s in range(self.shards)]
             # roots: the kept document each is removed for (itself when kept)
             nodes, roots = (components if self.removal == "components" else kept_neighbour)(loaders)
-            save_npy(self.folder / "clusters.npy", np.stack([nodes, roots], axis=1))
+            save_npy_atomic(self.folder / "clusters.npy", np.stack([nodes, roots], axis=1))
             write_cluster_sizes(self.folder, roots)
             removed = nodes[nodes != roots]
             task_ranks, _ = load_ranks(self.sig_folder)
             src = (removed >> np.uint64(40)).astype(np.int64)
             for t, local in task_ranks.items():  # a task gets the removals of the sources it read
-                save_npy(self.folder / "removed" / f"task_{t:05d}.npy", removed[np.isin(src, local.astype(np.int64))])
+                save_npy_atomic(
+                    self.folder / "removed" / f"task_{t:05d}.npy", removed[np.isin(src, local.astype(np.int64))]
+                )
         self.stat_update("documents_in_clusters", value=len(nodes))
         self.stat_update("clusters", value=len(np.unique(roots[nodes != roots])))  # kept documents with removals
         self.stat_update("removed", value=len(removed))
