@@ -77,8 +77,8 @@ def test_near_dedup_buckets_split_further_to_fit_and_explicit_ranges_are_refused
     buckets = next(s for s in stages if s.name == "near_dedup_buckets")
     step = buckets.pipeline[0]
     need = BUCKET_BYTES_PER_RECORD * gb * DOCUMENTS_PER_GB / (0.5 * (1 << 30) - BASE_TASK_BYTES)
-    assert step.ranges >= need > 8  # more ranges than the default ceil(100 / 9 bands)
-    assert buckets.tasks == step.bands * step.ranges
+    assert step.params.ranges >= need > 8  # more ranges than the default ceil(100 / 9 bands)
+    assert buckets.tasks == step.params.bands * step.params.ranges
     assert all(e.fits for e in estimate_memory(from_dict(_slurm_cfg(0.5)), [buckets]))
     # the user fixed key_ranges: not split behind their back, refused with the setting to change
     cfg = from_dict(_slurm_cfg(0.5, key_ranges=2))

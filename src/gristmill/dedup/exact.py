@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import json
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -38,9 +39,9 @@ from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field
 
 from gristmill.core.configlib import Strict
-from gristmill.core.filter import Filter
+from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import GlobalStep, StageContext, Step, Workload
+from gristmill.core.step import GlobalStep, StageContext, Workload
 from gristmill.dedup import inputs
 from gristmill.dedup.bloom import BLOCK_BITS, BloomFilter, BloomMeta, hash128, size_for
 from gristmill.dedup.order import (
@@ -50,9 +51,9 @@ from gristmill.dedup.order import (
     check_unique,
     load_ranks,
     order_key,
-    save_npy,
     shared_key_error,
 )
+from gristmill.dedup.phase import DedupFilterPhase, DedupPhase
 from gristmill.dedup.text import normalize
 from gristmill.text.words import split_words
 
@@ -93,39 +94,46 @@ def _slice_bounds(n_blocks: int, slices: int) -> np.ndarray:
     return np.array([s * n_blocks // slices for s in range(slices + 1)], dtype=np.int64)
 
 
-class ExactDedupHash(Step):
-    type = "🫂 DEDUP"
+@dataclass
+class ExactDedupPlan:
+    """What every phase of one `exact_dedup` step reads (`self.params`): built once by
+    `ExactDedup.stages`, shared by all its phases. The stage folders are set as `stages()` adds
+    each stage, so they are complete before any task runs; a phase reads only earlier ones."""
+
+    #: the step's validated parameters
+    config: ExactDedup.Config
+    #: the Bloom filter's blocks and hash functions (`ExactDedup.sizing`)
+    n_blocks: int
+    k: int
+    #: filter slices, one per find task
+    slices: int
+    #: the documents the dedup reads, checked unchanged between the hash and filter stages
+    #: (None: not checked)
+    documents: Path | None
+    #: YAML name of the step that planned the phases: what their errors name
+    step: str = "exact_dedup"
+    hash_folder: Path | None = None
+    find_folder: Path | None = None
+
+
+class ExactDedupHash(DedupPhase[ExactDedupPlan]):
     step_name = "exact_dedup_hash"
 
-    def __init__(
-        self,
-        *,
-        granularity: str,
-        n_blocks: int,
-        slices: int,
-        input_folder: Path | None = None,
-        step_id: str | None = None,
-    ):
-        super().__init__(step_id=step_id)
-        self.granularity, self.n_blocks, self.slices = granularity, n_blocks, slices
-        self.input_folder = input_folder and Path(input_folder)
+    def __init__(self, params: ExactDedupPlan, *, step_id: str | None = None):
+        super().__init__(params, step_id=step_id)
         self.spill_records = SPILL_RECORDS
-
-    @property
-    def folder(self) -> Path:
-        return self.stage_folder
 
     def memory_bytes(self, work: Workload) -> int:
         """Held records up to `spill_records` (32 bytes, twice while sorted), the batch's texts,
         8 bytes per document of order keys."""
-        items = estimated_items(work, self.granularity) / max(work.tasks, 1)
-        batch_text = min(
-            BATCH_BYTES, min(BATCH, items) * work.text_bytes / max(estimated_items(work, self.granularity), 1)
-        )
+        all_items = estimated_items(work, self.params.config.granularity)
+        items = all_items / max(work.tasks, 1)
+        batch_text = min(BATCH_BYTES, min(BATCH, items) * work.text_bytes / max(all_items, 1))
         return int(64 * min(items, self.spill_records) + batch_text + 8 * work.documents_per_task)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        bounds = _slice_bounds(self.n_blocks, self.slices)
+        p = self.params
+        bounds = _slice_bounds(p.n_blocks, p.slices)
         sources = SourceTable()
         parts: list[np.ndarray] = []  # records not yet written: at most ~SPILL_RECORDS
         items, meta = [], []
@@ -152,11 +160,12 @@ class ExactDedupHash(Step):
             nonlocal held, part, total
             rec = np.concatenate(parts) if parts else np.empty(0, dtype=RECORD)
             rec = _sort_in_global_order(rec, list(sources.index))
-            block = (rec["hi"] % np.uint64(self.n_blocks)).astype(np.int64)
+            block = (rec["hi"] % np.uint64(p.n_blocks)).astype(np.int64)
             which = np.searchsorted(bounds, block, side="right") - 1
-            for s in range(self.slices):
-                save_npy(
-                    self.folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.part{part:05d}.npy", rec[which == s]
+            for s in range(p.slices):
+                save_npy_atomic(
+                    self.stage_folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.part{part:05d}.npy",
+                    rec[which == s],
                 )
             parts.clear()
             total += len(rec)
@@ -167,10 +176,11 @@ class ExactDedupHash(Step):
                 src, off = sources(doc.metadata.get("source")), doc.metadata.get("offset")
                 if off is None or not 0 <= off < 1 << OFFSET_BITS:
                     raise ValueError(
-                        f"document {doc.id}: no `offset` in [0, 2^40) (the dedup order key needs source and offset)"
+                        f"{p.step}: document {doc.id}: no `offset` in [0, 2^40) "
+                        "(the dedup order key needs source and offset)"
                     )
                 doc_keys.append(src << OFFSET_BITS | off)
-                for para, norm in _paragraphs(doc.text, self.granularity):
+                for para, norm in _paragraphs(doc.text, p.config.granularity):
                     item = norm.encode("utf-8")
                     items.append(item)
                     batch_bytes += len(item)
@@ -187,14 +197,14 @@ class ExactDedupHash(Step):
             flush()
             if held or part == 0:
                 spill()
-            check_unique(np.frombuffer(doc_keys, dtype=np.uint64), list(sources.index), self.yaml_name)
+            check_unique(np.frombuffer(doc_keys, dtype=np.uint64), list(sources.index), p.step)
             self.stat_update("items", value=total)
-            sources.save(self.folder, rank)
-            if self.input_folder is not None:
+            sources.save(self.stage_folder, rank)
+            if p.documents is not None:
                 inputs.save(
-                    self.folder / "inputs" / f"task_{rank:05d}.json",
-                    _task_files(self.input_folder, rank, world_size),
-                    self.input_folder,
+                    self.stage_folder / "inputs" / f"task_{rank:05d}.json",
+                    _task_files(p.documents, rank, world_size),
+                    p.documents,
                 )
         return
         yield
@@ -218,32 +228,12 @@ def _task_files(folder: Path, rank: int, world_size: int) -> list[Path]:
     return ParquetReader(folder).files()[rank::world_size]  # the files this task's reader reads
 
 
-class ExactDedupFind(Step):
-    type = "🫂 DEDUP"
+class ExactDedupFind(DedupPhase[ExactDedupPlan]):
     step_name = "exact_dedup_find"
 
-    def __init__(
-        self,
-        hash_folder: Path,
-        *,
-        capacity: int,
-        fp_rate: float,
-        n_blocks: int,
-        k: int,
-        slices: int,
-        filter_from: str | None,
-        step_id: str | None = None,
-    ):
-        super().__init__(step_id=step_id)
-        self.hash_folder = Path(hash_folder)
-        self.capacity, self.fp_rate, self.n_blocks, self.k = capacity, fp_rate, n_blocks, k
-        self.slices, self.filter_from = slices, filter_from
+    def __init__(self, params: ExactDedupPlan, *, step_id: str | None = None):
+        super().__init__(params, step_id=step_id)
         self.chunk_bytes = FIND_CHUNK_BYTES
-        self.granularity = "document"  # for the memory model; set by `ExactDedup.stages`
-
-    @property
-    def folder(self) -> Path:
-        return self.stage_folder
 
     #: the per-task figure grows with items per slice: more tasks (slices) divide it
     memory_setting = "executor.tasks"
@@ -252,28 +242,35 @@ class ExactDedupFind(Step):
         """Its slice of the Bloom filter (memory-mapped, every page touched), one key range of
         records (`chunk_bytes`), and the duplicates found (28 bytes each; bounded by the items)."""
         # `work` is the dedup's input, as for every stage of a global step
-        items = estimated_items(work, self.granularity) / self.slices
-        bloom = self.n_blocks * BLOCK_BITS // 8 // self.slices
+        p = self.params
+        items = estimated_items(work, p.config.granularity) / p.slices
+        bloom = p.n_blocks * BLOCK_BITS // 8 // p.slices
         return int(bloom + min(items * FIND_BYTES_PER_RECORD, self.chunk_bytes) + 28 * items)
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        p = self.params
         with self.track_time():
-            ranks, _ = load_ranks(self.hash_folder)
+            ranks, _ = load_ranks(p.hash_folder)
             parts = [
                 _SortedPart(np.load(f, mmap_mode="r"), ranks[_part_task(f)], _part_task(f))
-                for f in sorted((self.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
+                for f in sorted((p.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
             ]
-            parts = [p for p in parts if len(p.rec)]
-            n = sum(len(p.rec) for p in parts)
-            bounds = _slice_bounds(self.n_blocks, self.slices)
-            path = self.folder / "filter" / f"slice_{rank:05d}.bloom"
+            parts = [part for part in parts if len(part.rec)]
+            n = sum(len(part.rec) for part in parts)
+            bounds = _slice_bounds(p.n_blocks, p.slices)
+            path = self.stage_folder / "filter" / f"slice_{rank:05d}.bloom"
             bf = BloomFilter.create(
-                path, self.capacity, self.fp_rate, (int(bounds[rank]), int(bounds[rank + 1])), self.n_blocks, self.k
+                path,
+                p.config.capacity,
+                p.config.fp_rate,
+                (int(bounds[rank]), int(bounds[rank + 1])),
+                p.n_blocks,
+                p.k,
             )
-            if self.filter_from:
-                earlier = sorted(Path(self.filter_from).glob("slice_*.bloom"))
+            if p.config.filter_from:
+                earlier = sorted(Path(p.config.filter_from).glob("slice_*.bloom"))
                 if not earlier:
-                    raise FileNotFoundError(f"exact_dedup.filter_from: no slice_*.bloom in {self.filter_from}")
+                    raise FileNotFoundError(f"{p.step}.filter_from: no slice_*.bloom in {p.config.filter_from}")
                 bf.copy_from([BloomFilter.open(p) for p in earlier])
             dups: dict[int, list[np.ndarray]] = {t: [] for t in ranks}
             n_dup = 0
@@ -287,7 +284,7 @@ class ExactDedupFind(Step):
                 rec, task, key = rec[order], task[order], key[order]
                 twice = np.flatnonzero((key[1:] == key[:-1]) & (rec["para"][1:] == rec["para"][:-1]))
                 if len(twice):  # two documents of different tasks with one key (each task checked its own)
-                    raise shared_key_error(int(key[twice[0]]), sorted(load_ranks(self.hash_folder)[1]), self.yaml_name)
+                    raise shared_key_error(int(key[twice[0]]), sorted(load_ranks(p.hash_folder)[1]), p.step)
                 hashes = np.stack([rec["hi"], rec["lo"]], axis=1)
                 dup = np.zeros(len(rec), dtype=bool)
                 for s in range(0, len(rec), BATCH):
@@ -306,8 +303,8 @@ class ExactDedupFind(Step):
                 del rec, task, key, hashes, dup
             bf.save()
             for t in sorted(ranks):  # every hashing task gets a file, maybe empty
-                save_npy(
-                    self.folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy",
+                save_npy_atomic(
+                    self.stage_folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy",
                     np.concatenate(dups[t]) if dups[t] else np.empty(0, dtype=DUP),
                 )
             fill, est = bf.fill_ratio(), bf.estimated_fp_rate()
@@ -315,9 +312,9 @@ class ExactDedupFind(Step):
         self.stat_update("duplicates", value=n_dup)
         self.stat_update("key_ranges", value=len(cuts) + 1)
         # ppm integers: datatrove's stats sum numbers over tasks; the JSON keeps the exact values
-        (self.folder / "filter").mkdir(parents=True, exist_ok=True)
-        (self.folder / "filter" / f"slice_{rank:05d}.stats.json").write_text(
-            json.dumps({"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est})
+        write_text_atomic(
+            self.stage_folder / "filter" / f"slice_{rank:05d}.stats.json",
+            json.dumps({"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est}),
         )
         self.stat_update("fill_ppm_sum", value=int(fill * 1e6))
         return
@@ -365,41 +362,26 @@ def _load_range(parts: list[_SortedPart], lo: int, hi: int) -> tuple[np.ndarray,
     return np.concatenate(recs), np.concatenate(tasks), np.concatenate(keys)
 
 
-class ExactDedupFilter(Filter):
+class ExactDedupFilter(DedupFilterPhase[ExactDedupPlan]):
     step_name = "exact_dedup_filter"
-
-    def __init__(
-        self,
-        hash_folder: Path,
-        find_folder: Path,
-        *,
-        granularity: str,
-        min_doc_chars: int,
-        min_doc_words: int,
-        input_folder: Path | None = None,
-        step_id: str | None = None,
-    ):
-        super().__init__(step_id=step_id)
-        self.hash_folder, self.find_folder, self.granularity = Path(hash_folder), Path(find_folder), granularity
-        self.min_doc_chars, self.min_doc_words = min_doc_chars, min_doc_words
-        self.input_folder = input_folder and Path(input_folder)
 
     def memory_bytes(self, work: Workload) -> int:
         """Its documents' duplicates, 28 bytes each: bounded by the task's items (all duplicates)."""
-        return int(28 * estimated_items(work, self.granularity) / max(work.tasks, 1))
+        return int(28 * estimated_items(work, self.params.config.granularity) / max(work.tasks, 1))
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        if self.input_folder is not None:
+        p = self.params
+        if p.documents is not None:
             inputs.check(
-                self.hash_folder / "inputs" / f"task_{rank:05d}.json",
-                _task_files(self.input_folder, rank, world_size),
-                self.input_folder,
-                "exact_dedup_hash",
+                p.hash_folder / "inputs" / f"task_{rank:05d}.json",
+                _task_files(p.documents, rank, world_size),
+                p.documents,
+                ExactDedupHash.step_name,
             )
-        self._keys = DocKeys(self.hash_folder, "exact_dedup_hash")
+        self._keys = DocKeys(p.hash_folder, ExactDedupHash.step_name)
         # the task's duplicates as one array sorted by key: 28 bytes each (dicts of Python ints
         # took ~250), looked up by binary search
-        parts = [np.load(p) for p in sorted((self.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
+        parts = [np.load(f) for f in sorted((p.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
         d = np.concatenate(parts) if parts else np.empty(0, dtype=DUP)
         self._dups = d[np.argsort(d["key"], kind="stable")]
         yield from super().run(data, rank, world_size)
@@ -415,20 +397,21 @@ class ExactDedupFilter(Filter):
         if not paras:
             return True
         self._check_hashes(doc, paras)
-        if self.granularity == "document":
+        config = self.params.config
+        if config.granularity == "document":
             return False, "exact_duplicate"
         lines = doc.text.split("\n")
         doc.text = "\n".join(line for i, line in enumerate(lines) if i not in paras)
         self.stat_update("paragraphs_removed", value=len(paras))
         # words as the Gopher filters count them: ICU's for zh/ja/th/lo/km/my pages
-        n_words = len(split_words(doc.text, doc.metadata.get("language"))) if self.min_doc_words else 0
-        if len(doc.text.strip()) < max(self.min_doc_chars, 1) or n_words < self.min_doc_words:
+        n_words = len(split_words(doc.text, doc.metadata.get("language"))) if config.min_doc_words else 0
+        if len(doc.text.strip()) < max(config.min_doc_chars, 1) or n_words < config.min_doc_words:
             return False, "exact_duplicate_paragraphs"
         return True
 
     def _check_hashes(self, doc: Document, paras: dict[int, tuple[int, int]]) -> None:
         """The text to remove is the text that was found duplicate, or the task stops."""
-        items = dict(_paragraphs(doc.text, self.granularity))
+        items = dict(_paragraphs(doc.text, self.params.config.granularity))
         found = [items.get(p) for p in paras]
         ok = None not in found and hash128([t.encode("utf-8") for t in found]).tolist() == [
             list(h) for h in paras.values()
@@ -470,52 +453,13 @@ class ExactDedup(GlobalStep):
         return size_for(p.capacity, p.fp_rate)
 
     def stages(self, ctx: StageContext) -> None:
-        p = self.config
         n_blocks, k = self.sizing()
-        slices = min(ctx.tasks, n_blocks)
-        hashed = ctx.stage(
-            "exact_dedup_hash",
-            [
-                ParquetReader(ctx.documents),
-                ExactDedupHash(
-                    granularity=p.granularity,
-                    n_blocks=n_blocks,
-                    slices=slices,
-                    input_folder=ctx.documents,
-                    step_id=self.name,
-                ),
-            ],
+        # one plan for every phase; each stage's folder is set once the stage is added
+        plan = ExactDedupPlan(
+            self.config, n_blocks, k, slices=min(ctx.tasks, n_blocks), documents=ctx.documents, step=self.yaml_name
         )
-        found = ctx.stage(
-            "exact_dedup_find",
-            [
-                ExactDedupFind(
-                    hashed.folder,
-                    capacity=p.capacity,
-                    fp_rate=p.fp_rate,
-                    n_blocks=n_blocks,
-                    k=k,
-                    slices=slices,
-                    filter_from=p.filter_from,
-                    step_id=self.name,
-                )
-            ],
-            tasks=slices,
-        )
-        found.pipeline[0].granularity = p.granularity
-        ctx.stage(
-            "exact_dedup_filter",
-            [
-                ParquetReader(ctx.documents),
-                ExactDedupFilter(
-                    hashed.folder,
-                    found.folder,
-                    granularity=p.granularity,
-                    min_doc_chars=p.min_doc_chars,
-                    min_doc_words=p.min_doc_words,
-                    input_folder=ctx.documents,
-                    step_id=self.name,
-                ),
-                ctx.writer(),
-            ],
-        )
+        docs, name = ctx.documents, self.name
+        hashed = ctx.stage("exact_dedup_hash", [ParquetReader(docs), ExactDedupHash(plan, step_id=name)])
+        plan.hash_folder = hashed.folder
+        plan.find_folder = ctx.stage("exact_dedup_find", [ExactDedupFind(plan, step_id=name)], tasks=plan.slices).folder
+        ctx.stage("exact_dedup_filter", [ParquetReader(docs), ExactDedupFilter(plan, step_id=name), ctx.writer()])

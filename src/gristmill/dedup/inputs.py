@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from gristmill.dedup.order import write_json_atomic
+from gristmill.core.files import write_text_atomic
 
 
 def fingerprint(files: list[Path], root: Path) -> dict[str, dict]:
@@ -34,7 +34,7 @@ def fingerprint(files: list[Path], root: Path) -> dict[str, dict]:
 
 
 def save(path: Path, files: list[Path], root: Path) -> None:
-    write_json_atomic(path, fingerprint(files, root))
+    write_text_atomic(path, json.dumps(fingerprint(files, root)))
 
 
 def check(path: Path, files: list[Path], root: Path, first_stage: str) -> None:

@@ -26,7 +26,7 @@ A node's root is the smallest index of its component, i.e. the first document in
 Peak memory of the cluster task: the node keys and parents (16 bytes per node), one shard of
 edges as node indices, and the temporaries of the merge (pass 1: old and new node arrays while a
 shard's keys are merged in) and of pointer jumping (pass 2: `parent[parent]`, 8 bytes per node):
-measured ~41 bytes per node for E ~ 0.7 D in 4 shards (near.py's docstring has the figures),
+measured ~41 bytes per node for E ~ 0.7 D in 4 shards (docs/scale.md, "Near dedup memory models"),
 i.e. about 40*D + 32*E/S bytes for D documents in duplicate clusters and E candidate edges in
 S shards. It holds no per-document state for the documents that have no near duplicate, and
 never all edges at once. For a Common Crawl snapshot (3e9 docs, ~1e9 in clusters) that is
@@ -85,12 +85,6 @@ def key_range_bounds(ranges: int) -> list[int]:
     return [-(-(g << 64) // ranges) for g in range(ranges + 1)]
 
 
-def key_range(keys: np.ndarray, ranges: int) -> np.ndarray:
-    """Index of the range (of `ranges`, as `key_range_bounds`) that holds each key."""
-    inner = np.array(key_range_bounds(ranges)[1:-1], dtype=np.uint64)
-    return np.searchsorted(inner, keys, side="right")
-
-
 def sort_records(keys: np.ndarray, nodes: np.ndarray) -> None:
     """Sorts (keys, nodes) by (key, node) in place. Peak: the two arrays + the int64 order + one
     8-byte temporary = 32 bytes per record (a sort returning new arrays while the caller still
@@ -101,9 +95,10 @@ def sort_records(keys: np.ndarray, nodes: np.ndarray) -> None:
 
 
 def sorted_band_edges(keys: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """`band_edges` of records already sorted by (key, node) (`sort_records`), the same edges in
-    the same order. Temporaries: a few bool arrays (1 byte per record each) and the edges; no
-    per-record integer array, since in a band most keys are unique."""
+    """(E, 2) uint64 star edges (anchor, other) of the documents `nodes` sharing a band key, in
+    (key, other) order, from records already sorted by (key, node) (`sort_records`).
+    Temporaries: a few bool arrays (1 byte per record each) and the edges; no per-record
+    integer array, since in a band most keys are unique."""
     if len(keys) < 2:
         return np.empty((0, 2), dtype=np.uint64)
     same = keys[1:] == keys[:-1]  # same[i]: record i+1 continues the run of record i
@@ -115,13 +110,6 @@ def sorted_band_edges(keys: np.ndarray, nodes: np.ndarray) -> np.ndarray:
     anchor = nodes[first[np.searchsorted(first, member - 1, side="right") - 1]]
     e = np.stack([anchor, nodes[member]], axis=1)
     return e[e[:, 0] != e[:, 1]]  # the same document twice in a bucket is no edge
-
-
-def band_edges(keys: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """(E, 2) uint64 star edges (anchor, other) of the documents `nodes` sharing a band key,
-    in (key, other) order."""
-    order = np.lexsort((nodes, keys))
-    return sorted_band_edges(keys[order], nodes[order])
 
 
 def shard_of(anchor: np.ndarray, shards: int) -> np.ndarray:

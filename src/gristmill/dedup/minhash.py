@@ -64,7 +64,3 @@ class MinHasher:
             ids = d[starts]  # each document once per chunk: plain fancy assignment is safe
             sig[ids] = np.minimum(sig[ids], mins)
         return sig
-
-
-def estimate_jaccard(s1: np.ndarray, s2: np.ndarray) -> float:
-    return float(np.mean(s1 == s2))

@@ -8,8 +8,9 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
    `bands/band_BBB/task_RRRRR.partPPPPP.npy` = (key, source index, offset) records, sorted by
    key, one part per `SPILL_DOCS` documents (so a task holds at most that many: ~20 bytes x
    bands each, plus 8 bytes per document of order keys), and the task's sources table.
-2. `near_dedup_buckets` (b x R: one (band, key range) pair per task; R = `key_ranges`, default
-   ceil(T / b); with T < b and no `key_ranges`, T tasks of whole bands): a task takes its range
+2. `near_dedup_buckets` (b x R: one (band, key range) pair per task; R and the task count from
+   `bucket_tasks`: R = `key_ranges`, default ceil(T / b), more when a pair would not fit a
+   task's memory; with T < b and no `key_ranges`, T tasks of whole bands): a task takes its range
    of the 64-bit key space (`lsh.key_range_bounds`) from every signature task's file of its band
    (binary search in the memory-mapped, key-sorted file: only that slice is read), sorts by
    (key, order key); runs of equal keys give star edges (first document, other)
@@ -24,36 +25,25 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
    document it is a verified pair with is kept, so every removal is within the threshold of the
    document kept in its place; `removal: components` (`lsh.components`) removes every document of
    a connected component but its first (order key), as datatrove does, where chains remove
-   documents far from the kept one (4 GB scale run: 3.5% of removals below Jaccard 0.8 with it).
-   Removals are written per task.
+   documents far from the kept one (docs/scale.md). Removals are written per task.
 6. `near_dedup_filter` (T): drops the removed documents (reason `near_duplicate`).
 
-Memory of a buckets task (N = documents with shingles; a pair holds ~N/R records: keys leave
-`band_keys` through a multiply-xorshift, so the ranges of a band are even, within 5% at 225k
-records per range in tests/dedup/test_buckets.py). Per record held: 16 bytes of arrays (band key
-and order key; the 20-byte file record is read one signature task's slice at a time), then the
-in-place sort (`lsh.sort_records`) adds its int64 order and one 8-byte temporary: peak 32 bytes
-per record, edges and a few 1-byte masks on top (tracemalloc: 33.3 bytes per record for 3e6
-records in one range; tests/dedup/test_buckets.py bounds it by 36). So a task holds ~33 * N / R
-bytes: for 3e9 documents and 4,000 tasks over b = 14 bands (R = 286), ~0.35 GB; R bounds it,
-whatever the corpus, and `key_ranges` sets it directly (R = ceil(33 * N / budget)). Before the
-split a task held a whole band, all N records, at 44 bytes each (same measurement): 130 GB for
-3e9 documents.
+Memory models (each phase's `memory_bytes`; measured figures in docs/scale.md, "Near dedup
+memory models"):
+- a buckets task holds ~33 bytes per record of its (band, key range): ~33 x N / R for N
+  documents, so `key_ranges` (R) bounds it whatever the corpus (`BUCKET_BYTES_PER_RECORD`);
+- the cluster task (one task: the stage that does not divide) holds ~41 bytes per document in
+  some cluster.
 
-Memory of the cluster task (`lsh.components`, one task): the sorted node keys and int64 parents
-(16 bytes per document in some cluster, D) plus, while a shard is hooked in, one shard of edges
-as node indices and the pointer-jumping temporaries (`parent[parent]`, 8 bytes per node). Measured
-with tracemalloc on D = 3.8e6 nodes, E = 2.7e6 edges in 4 shards: peak 155 MB = 41 bytes per node
-(the union1d of pass 1 holds old and new node arrays plus one shard's keys: ~24 B/node + 16 B/edge
-of a shard; pass 2: nodes + parent + jump temporary + u, v: ~24 B/node + 16-32 B/shard edge), in
-17 s on one core (4.5 us per node). For a snapshot with D ~ 1e9 that is ~40 GB and ~75 min in
-one task: the stage that does not divide.
+Every phase reads one `NearDedupPlan` (`self.params`), resolved once by `NearDedup.stages`.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -62,9 +52,9 @@ from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import Strict
-from gristmill.core.filter import Filter
+from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import BASE_TASK_BYTES, GlobalStep, StageContext, Step, Workload
+from gristmill.core.step import BASE_TASK_BYTES, GlobalStep, StageContext, Workload
 from gristmill.dedup.lsh import (
     band_keys,
     components,
@@ -83,9 +73,8 @@ from gristmill.dedup.order import (
     check_unique,
     load_ranks,
     order_key,
-    save_npy,
-    write_json_atomic,
 )
+from gristmill.dedup.phase import DedupFilterPhase, DedupPhase
 from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
@@ -106,28 +95,56 @@ CANDIDATE_SHARE = 0.3
 TEXT_BYTES_PER_SHINGLE = 6
 
 
-class NearDedupSignature(Step):
-    type = "🫂 DEDUP"
-    step_name = "near_dedup_signature"
+@dataclass
+class NearDedupPlan:
+    """What every phase of one `near_dedup` step reads (`self.params`): built once by
+    `NearDedup.stages`, shared by all its phases. The stage folders are set as `stages()` adds
+    each stage, so they are complete before any task runs; a phase reads only earlier ones."""
 
-    def __init__(self, p: NearDedup.Config, *, step_id: str | None = None):
-        super().__init__(step_id=step_id)
-        self.p = p
-        self.spill_docs = SPILL_DOCS
+    #: the step's validated parameters
+    config: NearDedup.Config
+    #: LSH bands and rows per band (`Config.band_rows`)
+    bands: int
+    rows: int
+    #: key ranges per band of `near_dedup_buckets` (`bucket_tasks`)
+    ranges: int
+    #: edge shards: one per verify task (executor.tasks)
+    shards: int
+    #: YAML name of the step that planned the phases: what their errors name
+    step: str = "near_dedup"
+    signature_folder: Path | None = None
+    buckets_folder: Path | None = None
+    shingles_folder: Path | None = None
+    verify_folder: Path | None = None
+    cluster_folder: Path | None = None
 
     @property
-    def folder(self) -> Path:
-        return self.stage_folder
+    def candidate_edges(self) -> Path:
+        """The buckets' edges (LSH candidates), `edges/shard_SSS/*.npy`."""
+        return self.buckets_folder / "edges"
+
+    @property
+    def cluster_edges(self) -> Path:
+        """The edges the cluster stage joins: verified ones, or the candidates without `verify`."""
+        return self.verify_folder / "verified" if self.config.verify else self.candidate_edges
+
+
+class NearDedupSignature(DedupPhase[NearDedupPlan]):
+    step_name = "near_dedup_signature"
+
+    def __init__(self, params: NearDedupPlan, *, step_id: str | None = None):
+        super().__init__(params, step_id=step_id)
+        self.spill_docs = SPILL_DOCS
 
     def memory_bytes(self, work: Workload) -> int:
         """Band records of up to `spill_docs` documents (20 bytes x bands, three copies while a
         part is sorted and written), 8 bytes per document of order keys."""
-        bands, _ = self.p.band_rows()
-        return int(60 * bands * min(work.documents_per_task, self.spill_docs) + 8 * work.documents_per_task)
+        return int(60 * self.params.bands * min(work.documents_per_task, self.spill_docs) + 8 * work.documents_per_task)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        bands, rows = self.p.band_rows()
-        hasher = MinHasher(self.p.num_perm, self.p.seed)
+        p = self.params
+        bands, rows = p.bands, p.rows
+        hasher = MinHasher(p.config.num_perm, p.config.seed)
         sources = SourceTable()
         out: list[np.ndarray] = []  # band records not yet written (at most SPILL_DOCS documents)
         held = 0
@@ -137,7 +154,7 @@ class NearDedupSignature(Step):
 
         def flush():
             nonlocal held
-            x, counts = shingle_hashes([words(d.text, d.metadata.get("language")) for d in batch], self.p.ngram)
+            x, counts = shingle_hashes([words(d.text, d.metadata.get("language")) for d in batch], p.config.ngram)
             keep = counts > 0  # no words: never a near duplicate
             sig = hasher.signatures_flat(x, counts[keep])
             rec = np.empty((int(keep.sum()), bands), dtype=BAND_REC)
@@ -146,7 +163,7 @@ class NearDedupSignature(Step):
             rec["src"] = np.array([sources(d.metadata.get("source")) for d in docs], dtype=np.uint32)[:, None]
             offs = [d.metadata.get("offset") for d in docs]
             if any(o is None for o in offs):
-                raise ValueError("near_dedup needs each document's `offset` (and `source`) for its order key")
+                raise ValueError(f"{p.step} needs each document's `offset` (and `source`) for its order key")
             rec["offset"] = np.array(offs, dtype=np.int64)[:, None]
             out.append(rec)
             held += len(rec)
@@ -161,8 +178,8 @@ class NearDedupSignature(Step):
             rec = np.concatenate(out) if out else np.empty((0, bands), dtype=BAND_REC)
             for b in range(bands):
                 col = rec[:, b]
-                save_npy(
-                    self.folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.part{part:05d}.npy",
+                save_npy_atomic(
+                    self.stage_folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.part{part:05d}.npy",
                     col[np.argsort(col["key"], kind="stable")],
                 )
             out.clear()
@@ -183,11 +200,11 @@ class NearDedupSignature(Step):
             if held or part == 0:  # a task with no documents still writes its (empty) part
                 spill()
             keys = np.concatenate(order_keys) if order_keys else np.empty(0, np.uint64)
-            check_unique(keys, list(sources.index), self.yaml_name)
-            sources.save(self.folder, rank)
-            write_json_atomic(
-                self.folder / "lsh.json",
-                {"bands": bands, "rows": rows, "num_perm": self.p.num_perm, "sorted_by_key": True},
+            check_unique(keys, list(sources.index), p.step)
+            sources.save(self.stage_folder, rank)
+            write_text_atomic(
+                self.stage_folder / "lsh.json",
+                json.dumps({"bands": bands, "rows": rows, "num_perm": p.config.num_perm, "sorted_by_key": True}),
             )
         return
         yield
@@ -263,54 +280,45 @@ def _check_shared_sources(sig_folder: Path, task_ranks, part: int, parts: int, n
         check_unique(np.concatenate(found), names, step)
 
 
-class NearDedupBuckets(Step):
+class NearDedupBuckets(DedupPhase[NearDedupPlan]):
     """Stage 2, one (band, key range) pair per task: see the module docstring's memory model."""
 
-    type = "🫂 DEDUP"
     step_name = "near_dedup_buckets"
-
-    def __init__(self, sig_folder: Path, *, bands: int, ranges: int, shards: int, step_id: str | None = None):
-        super().__init__(step_id=step_id)
-        self.sig_folder, self.bands, self.ranges, self.shards = Path(sig_folder), bands, ranges, shards
-
     memory_setting = "near_dedup.key_ranges"
-
-    @property
-    def folder(self) -> Path:
-        return self.stage_folder
 
     def memory_bytes(self, work: Workload) -> int:
         """36 bytes per record of its (band, key range): the module docstring's model."""
-        return int(BUCKET_BYTES_PER_RECORD * work.documents / self.ranges)
+        return int(BUCKET_BYTES_PER_RECORD * work.documents / self.params.ranges)
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        p = self.params
+        sig = p.signature_folder
         with self.track_time():
-            meta = self.sig_folder / "lsh.json"
+            meta = sig / "lsh.json"
             if not json.loads(meta.read_text()).get("sorted_by_key"):
                 raise ValueError(
                     f"{meta}: band files not sorted by key (an older near_dedup_signature wrote them); "
-                    "run near_dedup again with --force"
+                    f"run {p.step} again with --force"
                 )
-            task_ranks, rank_of = load_ranks(self.sig_folder)
-            bounds = key_range_bounds(self.ranges)
+            task_ranks, rank_of = load_ranks(sig)
+            bounds = key_range_bounds(p.ranges)
             # a stage planned with one task per pair runs one pair here; fewer tasks run several,
-            # one after the other, holding one pair at a time
-            for pair in range(rank, self.bands * self.ranges, world_size):
-                b, g = divmod(pair, self.ranges)
+            # one after the other, holding one pair at a time (`bucket_tasks`)
+            for pair in range(rank, p.bands * p.ranges, world_size):
+                b, g = divmod(pair, p.ranges)
                 if b == 0:
-                    _check_shared_sources(
-                        self.sig_folder, task_ranks, g, self.ranges, sorted(rank_of, key=rank_of.get), self.yaml_name
-                    )
-                keys, ords = _load_pair(self.sig_folder, b, bounds[g], bounds[g + 1], task_ranks)
+                    _check_shared_sources(sig, task_ranks, g, p.ranges, sorted(rank_of, key=rank_of.get), p.step)
+                keys, ords = _load_pair(sig, b, bounds[g], bounds[g + 1], task_ranks)
                 self.stat_update("records", value=len(keys))
                 sort_records(keys, ords)
                 e = sorted_band_edges(keys, ords)
                 del keys, ords
                 self.stat_update("candidate_edges", value=len(e))
-                shard = shard_of(e[:, 0], self.shards)
-                for s in range(self.shards):
-                    save_npy(
-                        self.folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.range_{g:05d}.npy", e[shard == s]
+                shard = shard_of(e[:, 0], p.shards)
+                for s in range(p.shards):
+                    save_npy_atomic(
+                        self.stage_folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.range_{g:05d}.npy",
+                        e[shard == s],
                     )
         return
         yield
@@ -322,42 +330,38 @@ def _shard_edges(folder: Path, shard: int) -> np.ndarray:
     return np.unique(e, axis=0) if len(e) else e  # the same pair from several bands once
 
 
-class NearDedupShingles(Step):
-    type = "🫂 DEDUP"
+class NearDedupShingles(DedupPhase[NearDedupPlan]):
     step_name = "near_dedup_shingles"
 
-    def __init__(self, sig_folder: Path, edge_folder: Path, *, ngram: int, shards: int, step_id: str | None = None):
-        super().__init__(step_id=step_id)
-        self.sig_folder, self.edge_folder = Path(sig_folder), Path(edge_folder)
-        self.ngram, self.shards = ngram, shards
+    def __init__(self, params: NearDedupPlan, *, step_id: str | None = None):
+        super().__init__(params, step_id=step_id)
         self.spill_shingles = SPILL_SHINGLES
-
-    @property
-    def folder(self) -> Path:
-        return self.stage_folder
 
     def memory_bytes(self, work: Workload) -> int:
         """(candidate, shard) pairs of its documents (16 bytes), one edge shard while reading
         them, held shingles up to `spill_shingles` (8 bytes, twice while written)."""
         candidates = CANDIDATE_SHARE * work.documents_per_task
         return int(
-            16 * candidates + 32 * CANDIDATE_SHARE * work.documents / max(self.shards, 1) + 16 * self.spill_shingles
+            16 * candidates
+            + 32 * CANDIDATE_SHARE * work.documents / max(self.params.shards, 1)
+            + 16 * self.spill_shingles
         )
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        p = self.params
         with self.track_time():
-            ords = DocKeys(self.sig_folder, "near_dedup_signature")
+            ords = DocKeys(p.signature_folder, NearDedupSignature.step_name)
             # (candidate, shard that needs its shingles) sorted by candidate, for this task's own
             # documents only (it reads the signature task's files again, so the same sources):
             # 16 bytes per pair of its share, where a Python set per shard of every candidate of
             # the run took ~60 bytes per candidate of the run
-            task_ranks, _ = load_ranks(self.sig_folder)
+            task_ranks, _ = load_ranks(p.signature_folder)
             mine = task_ranks.get(rank, np.empty(0, np.uint64)).astype(np.int64)
 
             def own(nodes: np.ndarray) -> np.ndarray:
                 return nodes[np.isin((nodes >> np.uint64(OFFSET_BITS)).astype(np.int64), mine)]
 
-            need = [own(np.unique(_shard_edges(self.edge_folder, s))) for s in range(self.shards)]
+            need = [own(np.unique(_shard_edges(p.candidate_edges, s))) for s in range(p.shards)]
             nodes = np.concatenate(need) if need else np.empty(0, np.uint64)
             where = (
                 np.concatenate([np.full(len(n), s, np.int32) for s, n in enumerate(need)])
@@ -367,7 +371,7 @@ class NearDedupShingles(Step):
             order = np.argsort(nodes, kind="stable")
             nodes, where = nodes[order], where[order]
             del need, order
-            out = [([], []) for _ in range(self.shards)]
+            out = [([], []) for _ in range(p.shards)]
             held, part = 0, 0
 
         def spill():
@@ -376,10 +380,10 @@ class NearDedupShingles(Step):
             for s, (keys, sets) in enumerate(out):
                 lengths = np.array([len(x) for x in sets], dtype=np.int64)
                 vals = np.concatenate(sets) if sets else np.empty(0, np.uint64)
-                base = self.folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.part{part:05d}"
-                save_npy(Path(f"{base}.keys.npy"), np.array(keys, dtype=np.uint64))
-                save_npy(Path(f"{base}.lengths.npy"), lengths)
-                save_npy(Path(f"{base}.values.npy"), vals)
+                base = self.stage_folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.part{part:05d}"
+                save_npy_atomic(Path(f"{base}.keys.npy"), np.array(keys, dtype=np.uint64))
+                save_npy_atomic(Path(f"{base}.lengths.npy"), lengths)
+                save_npy_atomic(Path(f"{base}.values.npy"), vals)
                 keys.clear(), sets.clear()
             held, part = 0, part + 1
 
@@ -389,7 +393,7 @@ class NearDedupShingles(Step):
                 o = np.uint64(ords(doc))
                 lo, hi = int(np.searchsorted(nodes, o, side="left")), int(np.searchsorted(nodes, o, side="right"))
                 if hi > lo:
-                    sh = shingles(doc.text, self.ngram, doc.metadata.get("language"))
+                    sh = shingles(doc.text, p.config.ngram, doc.metadata.get("language"))
                     self.stat_update("candidates")
                     for s in where[lo:hi].tolist():
                         out[s][0].append(int(o))
@@ -404,18 +408,8 @@ class NearDedupShingles(Step):
         yield
 
 
-class NearDedupVerify(Step):
-    type = "🫂 DEDUP"
+class NearDedupVerify(DedupPhase[NearDedupPlan]):
     step_name = "near_dedup_verify"
-
-    def __init__(self, edge_folder: Path, shingle_folder: Path, *, threshold: float, step_id: str | None = None):
-        super().__init__(step_id=step_id)
-        self.edge_folder, self.shingle_folder = Path(edge_folder), Path(shingle_folder)
-        self.threshold = threshold
-
-    @property
-    def folder(self) -> Path:
-        return self.stage_folder
 
     def memory_bytes(self, work: Workload) -> int:
         """The shingle sets of its shard's candidates (8 bytes per shingle) and its edges."""
@@ -424,18 +418,19 @@ class NearDedupVerify(Step):
         return int(candidates * (8 * shingles + 48))
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        p = self.params
         with self.track_time():
-            e = _shard_edges(self.edge_folder, rank)
+            e = _shard_edges(p.candidate_edges, rank)
             sets: dict[int, np.ndarray] = {}
-            d = self.shingle_folder / "shingles" / f"shard_{rank:03d}"
+            d = p.shingles_folder / "shingles" / f"shard_{rank:03d}"
             for kf in sorted(d.glob("task_*.keys.npy")):
                 base = str(kf)[: -len(".keys.npy")]
                 keys, lengths, vals = np.load(kf), np.load(base + ".lengths.npy"), np.load(base + ".values.npy")
                 for k, part in zip(keys.tolist(), np.split(vals, np.cumsum(lengths)[:-1]) if len(keys) else []):
                     sets[k] = part
-            keep = np.array([jaccard(sets[u], sets[v]) >= self.threshold for u, v in e.tolist()], dtype=bool)
+            keep = np.array([jaccard(sets[u], sets[v]) >= p.config.threshold for u, v in e.tolist()], dtype=bool)
             keep = keep.reshape(-1) if len(e) else np.zeros(0, bool)
-            save_npy(self.folder / "verified" / f"shard_{rank:03d}" / "edges.npy", e[keep])
+            save_npy_atomic(self.stage_folder / "verified" / f"shard_{rank:03d}" / "edges.npy", e[keep])
         self.stat_update("candidate_pairs", value=len(e))
         self.stat_update("verified_pairs", value=int(keep.sum()))
         return
@@ -450,48 +445,34 @@ def write_cluster_sizes(folder: Path, roots: np.ndarray) -> None:
     per_root = np.unique(roots, return_counts=True)[1] if len(roots) else np.zeros(0, np.int64)
     per_root = per_root[per_root >= 2]
     sizes, counts = np.unique(per_root, return_counts=True) if len(per_root) else ([], [])
-    write_json_atomic(folder / "cluster_sizes.json", {"sizes": {str(int(k)): int(v) for k, v in zip(sizes, counts)}})
+    write_text_atomic(
+        folder / "cluster_sizes.json", json.dumps({"sizes": {str(int(k)): int(v) for k, v in zip(sizes, counts)}})
+    )
 
 
-class NearDedupCluster(Step):
-    type = "🫂 DEDUP"
+class NearDedupCluster(DedupPhase[NearDedupPlan]):
     step_name = "near_dedup_cluster"
-
-    def __init__(
-        self,
-        sig_folder: Path,
-        edge_folder: Path,
-        *,
-        shards: int,
-        removal: str = "kept_neighbour",
-        step_id: str | None = None,
-    ):
-        super().__init__(step_id=step_id)
-        self.sig_folder, self.edge_folder, self.shards = Path(sig_folder), Path(edge_folder), shards
-        self.removal = removal
-
     memory_setting = "executor.memory_gb_per_task (it is one task)"
-
-    @property
-    def folder(self) -> Path:
-        return self.stage_folder
 
     def memory_bytes(self, work: Workload) -> int:
         """41 bytes per document in some cluster (the module docstring's model)."""
         return int(41 * CANDIDATE_SHARE * work.documents)
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        p = self.params
         with self.track_time():
-            loaders = [(lambda s=s: _shard_edges(self.edge_folder, s)) for s in range(self.shards)]
+            loaders = [(lambda s=s: _shard_edges(p.cluster_edges, s)) for s in range(p.shards)]
             # roots: the kept document each is removed for (itself when kept)
-            nodes, roots = (components if self.removal == "components" else kept_neighbour)(loaders)
-            save_npy(self.folder / "clusters.npy", np.stack([nodes, roots], axis=1))
-            write_cluster_sizes(self.folder, roots)
+            nodes, roots = (components if p.config.removal == "components" else kept_neighbour)(loaders)
+            save_npy_atomic(self.stage_folder / "clusters.npy", np.stack([nodes, roots], axis=1))
+            write_cluster_sizes(self.stage_folder, roots)
             removed = nodes[nodes != roots]
-            task_ranks, _ = load_ranks(self.sig_folder)
-            src = (removed >> np.uint64(40)).astype(np.int64)
+            task_ranks, _ = load_ranks(p.signature_folder)
+            src = (removed >> np.uint64(OFFSET_BITS)).astype(np.int64)
             for t, local in task_ranks.items():  # a task gets the removals of the sources it read
-                save_npy(self.folder / "removed" / f"task_{t:05d}.npy", removed[np.isin(src, local.astype(np.int64))])
+                save_npy_atomic(
+                    self.stage_folder / "removed" / f"task_{t:05d}.npy", removed[np.isin(src, local.astype(np.int64))]
+                )
         self.stat_update("documents_in_clusters", value=len(nodes))
         self.stat_update("clusters", value=len(np.unique(roots[nodes != roots])))  # kept documents with removals
         self.stat_update("removed", value=len(removed))
@@ -499,20 +480,16 @@ class NearDedupCluster(Step):
         yield
 
 
-class NearDedupFilter(Filter):
+class NearDedupFilter(DedupFilterPhase[NearDedupPlan]):
     step_name = "near_dedup_filter"
-
-    def __init__(self, sig_folder: Path, cluster_folder: Path, *, step_id: str | None = None):
-        super().__init__(step_id=step_id)
-        self.sig_folder, self.cluster_folder = Path(sig_folder), Path(cluster_folder)
 
     def memory_bytes(self, work: Workload) -> int:
         """The order keys its documents lost to dedup: 8 bytes each."""
         return int(8 * CANDIDATE_SHARE * work.documents_per_task)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        self._ords = DocKeys(self.sig_folder, "near_dedup_signature")
-        path = self.cluster_folder / "removed" / f"task_{rank:05d}.npy"
+        self._ords = DocKeys(self.params.signature_folder, NearDedupSignature.step_name)
+        path = self.params.cluster_folder / "removed" / f"task_{rank:05d}.npy"
         # sorted order keys, 8 bytes each (a Python set took ~60), found by binary search
         self._removed = np.sort(np.load(path)) if path.is_file() else np.empty(0, np.uint64)
         yield from super().run(data, rank, world_size)
@@ -573,48 +550,50 @@ class NearDedup(GlobalStep):
                 return self.bands, self.rows
             return optimal_bands(self.threshold, self.num_perm, self.fp_weight, self.fn_weight)
 
-        def ranges(self, tasks: int) -> int:
-            """Key ranges per band: as configured, else the fewest that give every task a pair."""
-            return self.key_ranges or -(-tasks // self.band_rows()[0])
-
     def stages(self, ctx: StageContext) -> None:
-        p, tasks, documents = self.config, ctx.tasks, ctx.documents
-        bands, _ = p.band_rows()
-        sig = ctx.stage("near_dedup_signature", [ParquetReader(documents), NearDedupSignature(p, step_id=self.name)])
-        ranges = p.ranges(tasks)
-        if p.key_ranges is None:
-            # split further when a pair would not fit in a task's memory (the buckets model)
-            budget = ctx.task_memory_bytes("near_dedup_buckets", bands * ranges) - BASE_TASK_BYTES
-            need = -(-int(BUCKET_BYTES_PER_RECORD * ctx.workload(1).documents) // max(budget, 1 << 20))
-            ranges = max(ranges, need)
-        # one (band, range) pair per task; with fewer tasks than bands and no key_ranges, `tasks`
-        # tasks of whole bands (ceil(bands / tasks) each, one at a time), as many processes as
-        # the other stages: a small local run does not start a process per band
-        pairs = bands * ranges
-        buckets = ctx.stage(
-            "near_dedup_buckets",
-            [NearDedupBuckets(sig.folder, bands=bands, ranges=ranges, shards=tasks, step_id=self.name)],
-            tasks=pairs if p.key_ranges or tasks >= bands or ranges > p.ranges(tasks) else tasks,
+        bands, rows = self.config.band_rows()
+        ranges, buckets_tasks = bucket_tasks(
+            self.config,
+            ctx.tasks,
+            ctx.workload(1).documents,
+            lambda n: ctx.task_memory_bytes("near_dedup_buckets", n) - BASE_TASK_BYTES,
         )
-        edges = buckets.folder / "edges"
-        if p.verify:
-            sh = ctx.stage(
-                "near_dedup_shingles",
-                [
-                    ParquetReader(documents),
-                    NearDedupShingles(sig.folder, edges, ngram=p.ngram, shards=tasks, step_id=self.name),
-                ],
-            )
-            ver = ctx.stage(
-                "near_dedup_verify", [NearDedupVerify(edges, sh.folder, threshold=p.threshold, step_id=self.name)]
-            )
-            edges = ver.folder / "verified"
-        cl = ctx.stage(
-            "near_dedup_cluster",
-            [NearDedupCluster(sig.folder, edges, shards=tasks, removal=p.removal, step_id=self.name)],
-            tasks=1,
-        )
-        ctx.stage(
-            "near_dedup_filter",
-            [ParquetReader(documents), NearDedupFilter(sig.folder, cl.folder, step_id=self.name), ctx.writer()],
-        )
+        # one plan for every phase; each stage's folder is set once the stage is added
+        plan = NearDedupPlan(self.config, bands, rows, ranges, shards=ctx.tasks, step=self.yaml_name)
+        docs, name = ctx.documents, self.name
+        sig = ctx.stage("near_dedup_signature", [ParquetReader(docs), NearDedupSignature(plan, step_id=name)])
+        plan.signature_folder = sig.folder
+        buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(plan, step_id=name)], tasks=buckets_tasks)
+        plan.buckets_folder = buckets.folder
+        if plan.config.verify:
+            sh = ctx.stage("near_dedup_shingles", [ParquetReader(docs), NearDedupShingles(plan, step_id=name)])
+            plan.shingles_folder = sh.folder
+            plan.verify_folder = ctx.stage("near_dedup_verify", [NearDedupVerify(plan, step_id=name)]).folder
+        plan.cluster_folder = ctx.stage("near_dedup_cluster", [NearDedupCluster(plan, step_id=name)], tasks=1).folder
+        ctx.stage("near_dedup_filter", [ParquetReader(docs), NearDedupFilter(plan, step_id=name), ctx.writer()])
+
+
+def bucket_tasks(
+    config: NearDedup.Config, tasks: int, documents: float, memory_budget: Callable[[int], int]
+) -> tuple[int, int]:
+    """(key ranges per band, tasks) of `near_dedup_buckets`, for `tasks` tasks per stage and
+    `documents` documents; `memory_budget(n)`: the bytes a task of a stage of n tasks may hold
+    for its pair (beyond `BASE_TASK_BYTES`).
+
+    - `key_ranges` set: that many ranges, one (band, range) pair per task; a pair that does not
+      fit is refused by the planner's memory check, naming `near_dedup.key_ranges`;
+    - else the fewest ranges that give each of `tasks` tasks a pair, ceil(tasks / bands), raised
+      when a pair would not fit in the budget (`BUCKET_BYTES_PER_RECORD` per record), one pair
+      per task;
+    - with fewer tasks than bands and no split forced by memory: `tasks` tasks of whole bands
+      (ceil(bands / tasks) each, one after the other), as many processes as the other stages:
+      a small local run does not start a process per band.
+    """
+    bands, _ = config.band_rows()
+    if config.key_ranges is not None:
+        return config.key_ranges, bands * config.key_ranges
+    ranges = -(-tasks // bands)
+    need = -(-int(BUCKET_BYTES_PER_RECORD * documents) // max(memory_budget(bands * ranges), 1 << 20))
+    if need > ranges:
+        return need, bands * need
+    return ranges, bands * ranges if tasks >= bands else tasks

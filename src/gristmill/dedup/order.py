@@ -14,7 +14,6 @@ the file's decompressed stream, and the first stages refuse documents that share
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,7 +41,7 @@ class SourceTable:
         return i
 
     def save(self, folder: Path, rank: int) -> None:
-        write_json_atomic(folder / "sources" / f"task_{rank:05d}.json", list(self.index))
+        write_text_atomic(folder / "sources" / f"task_{rank:05d}.json", json.dumps(list(self.index)))
 
 
 def load_ranks(folder: Path) -> tuple[dict[int, np.ndarray], dict[str, int]]:
@@ -95,16 +94,3 @@ def order_key(ranks: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     if len(off) and (off.min() < 0 or off.max() >= 1 << OFFSET_BITS):
         raise ValueError("document offsets must be in [0, 2^40): the dedup order key needs `offset`")
     return (ranks.astype(np.uint64) << np.uint64(OFFSET_BITS)) | off.astype(np.uint64)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj))
-
-
-def save_npy(path: Path, arr: np.ndarray) -> None:
-    """np.save via a temporary file renamed into place (a killed task leaves no half file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, arr)
-    os.replace(tmp, path)
