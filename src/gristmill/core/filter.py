@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from datatrove.data import Document, DocumentsPipeline
+from datatrove.utils.batching import batched
 
 from gristmill.core.configlib import Strict, language_configs, with_per_language
 from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
@@ -27,17 +28,6 @@ from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import Step, Workload
 
 FilterResult = bool | tuple[bool, str]
-
-
-def _batched(data, n):
-    batch = []
-    for doc in data:
-        batch.append(doc)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 class Filter(Step):
@@ -96,7 +86,7 @@ class Filter(Step):
             self.dropped.open(rank)
         scores = ScoreRecorder(self.name, self.score_field, self.score_bins)
         try:
-            for batch in _batched(data, self.batch_size):
+            for batch in batched(data, self.batch_size):
                 sizes = [len(d.text.encode("utf-8")) for d in batch]
                 chars = [len(d.text) for d in batch]
                 with self.track_time():
