@@ -245,3 +245,14 @@ def test_a_filter_config_without_per_language_is_refused_when_the_class_is_made(
 
             def filter(self, doc, config):
                 return True
+
+
+def test_per_language_follows_the_parameters_it_overrides_in_config_yaml_and_errors():
+    """FilterConfig declares per_language, so pydantic lists it first; what a user reads (the
+    run's config.yaml, an unknown key's allowed list) names the filter's own parameters first."""
+    cfg = run_config([{"c4_lines": {"per_language": {"th": {"filter_no_terminal_punct": False}}}}])
+    keys = list(cfg.resolved()["steps"][0]["c4_lines"])
+    assert keys[0] == "split_paragraph" and keys[-1] == "per_language"
+    with pytest.raises(ConfigError) as e:
+        run_config([{"quality": {"min_scor": 0.5}}])
+    assert "steps[0].quality.min_scor: unknown key (allowed: model, label, min_score, per_language)" in str(e.value)

@@ -19,7 +19,16 @@ import typing
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 __all__ = [
@@ -136,6 +145,15 @@ class FilterConfig(Strict):
         if self.per_language:
             _resolve(self)  # raises with every problem listed
         return self
+
+    @model_serializer(mode="wrap")
+    def _per_language_last(self, handler):
+        # a base's field comes first; in config.yaml the filter's own parameters lead, and
+        # per_language (a calibration file's can be hundreds of lines) follows them
+        data = handler(self)
+        if isinstance(data, dict) and "per_language" in data:
+            data["per_language"] = data.pop("per_language")
+        return data
 
 
 def _resolve(config: FilterConfig) -> dict[str, FilterConfig]:
@@ -277,8 +295,11 @@ def messages(err: ValidationError, prefix: str, model: type[BaseModel] | None = 
         if e["type"] == "extra_forbidden":
             allowed = ""
             if model is not None and len(e["loc"]) == 1:
-                # inside per_language, per_language itself is no allowed key
-                names = [n for n in model.model_fields if n != "per_language" or "per_language." not in where]
+                # inside per_language, per_language itself is no allowed key; elsewhere it is named
+                # last, after the parameters it overrides
+                names = [n for n in model.model_fields if n != "per_language"]
+                if "per_language" in model.model_fields and "per_language." not in where:
+                    names.append("per_language")
                 allowed = f" (allowed: {', '.join(names)})"
             msgs.append(f"{where}: unknown key{allowed}")
         elif e["type"] == "missing":
