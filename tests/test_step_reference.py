@@ -72,5 +72,5 @@ def test_architecture_docs_example_step_works():
     assert registered_steps()["min_lines"] is namespace["MinLines"]
     cfg = from_dict({"input": {"paths": ["x"]}, "steps": [{"min_lines": {"min_lines": 2}}]})
     step = namespace["MinLines"](cfg.specs[0].params)
-    assert step.filter(Document(text="one\n\ntwo", id="a")) is True
-    assert step.filter(Document(text="one line", id="b")) == (False, "too_few_lines")
+    assert step.filter_batch([Document(text="one\n\ntwo", id="a")])[0] is True
+    assert step.filter_batch([Document(text="one line", id="b")])[0] == (False, "too_few_lines")

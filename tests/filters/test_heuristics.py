@@ -68,7 +68,7 @@ def decisions(filter_, texts):
     out = []
     for text in texts:
         doc = Document(text=text, id="x")
-        result = filter_.filter(doc)
+        result = filter_.filter_batch([doc])[0]
         keep, reason = (result, None) if isinstance(result, bool) else result
         out.append((keep, reason, doc.text))
     return out
@@ -286,11 +286,11 @@ def doc(text):
 
 
 def test_min_and_max_doc_words(texts):
-    text = next(t for t in texts if GopherQuality().filter(doc(t)) is True)
+    text = next(t for t in texts if GopherQuality().filter_batch([doc(t)])[0] is True)
     n = len(split_words(text))
-    assert GopherQuality(min_doc_words=n + 1).filter(doc(text)) == (False, "gopher_short_doc")
-    assert GopherQuality(max_doc_words=10).filter(doc(text)) == (False, "gopher_long_doc")
-    assert GopherQuality(stop_words=["zzzz", "qqqq"]).filter(doc(text)) == (False, "gopher_enough_stop_words")
+    assert GopherQuality(min_doc_words=n + 1).filter_batch([doc(text)])[0] == (False, "gopher_short_doc")
+    assert GopherQuality(max_doc_words=10).filter_batch([doc(text)])[0] == (False, "gopher_long_doc")
+    assert GopherQuality(stop_words=["zzzz", "qqqq"]).filter_batch([doc(text)]) == [(False, "gopher_enough_stop_words")]
 
 
 def test_disabled_rules_stop_dropping(texts):
@@ -309,16 +309,16 @@ def test_disabled_rules_stop_dropping(texts):
 def test_c4_keeps_only_the_good_lines():
     text = "Short line.\nThis line has enough words.\nNo end punctuation here\nEnable JavaScript to see it.\n"
     d = doc(text * 3)
-    assert C4Lines(min_num_sentences=3).filter(d) is True
+    assert C4Lines(min_num_sentences=3).filter_batch([d])[0] is True
     assert d.text == "\n".join(["This line has enough words."] * 3)
-    assert C4Lines().filter(doc("A fine line with lorem ipsum in it.")) == (False, "lorem_ipsum")
+    assert C4Lines().filter_batch([doc("A fine line with lorem ipsum in it.")])[0] == (False, "lorem_ipsum")
 
 
 def test_empty_documents():
-    assert GopherRepetition().filter(doc("")) == (False, "empty")
-    assert GopherQuality().filter(doc("")) == (False, "gopher_short_doc")
-    assert GopherQuality(min_doc_words=None).filter(doc(" \n ")) == (False, "gopher_short_doc")
-    assert C4Lines().filter(doc("")) == (False, "too_few_sentences")
+    assert GopherRepetition().filter_batch([doc("")])[0] == (False, "empty")
+    assert GopherQuality().filter_batch([doc("")])[0] == (False, "gopher_short_doc")
+    assert GopherQuality(min_doc_words=None).filter_batch([doc(" \n ")])[0] == (False, "gopher_short_doc")
+    assert C4Lines().filter_batch([doc("")])[0] == (False, "too_few_sentences")
 
 
 # --- Filter.run bookkeeping ---

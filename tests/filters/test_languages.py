@@ -37,8 +37,8 @@ def copies(docs):
 def test_persian_pages_meet_the_stop_word_rule_with_persian_stop_words(labelled):
     fa = pages(labelled, "fa")
     english_list = GopherQuality(stop_words=sorted(STOP_WORDS))  # what every page got before
-    before = [english_list.filter(d) for d in copies(fa)]
-    after = [GopherQuality().filter(d) for d in copies(fa)]
+    before = english_list.filter_batch(copies(fa))
+    after = GopherQuality().filter_batch(copies(fa))
     dropped_on_english = [i for i, r in enumerate(before) if r == (False, "gopher_enough_stop_words")]
     assert len(dropped_on_english) >= 3  # Persian has none of "the", "and", "to", "of", "that", ...
     assert all(after[i] != (False, "gopher_enough_stop_words") for i in dropped_on_english)
@@ -52,19 +52,19 @@ def test_english_keeps_datatroves_stop_words_and_decisions(labelled):
     assert language_stop_words("en") == language_stop_words(None) == frozenset(STOP_WORDS)
     en = pages(labelled, "en")
     given = GopherQuality(stop_words=sorted(STOP_WORDS))
-    assert [GopherQuality().filter(d) for d in copies(en)] == [given.filter(d) for d in copies(en)]
+    assert GopherQuality().filter_batch(copies(en)) == given.filter_batch(copies(en))
 
 
 def test_a_language_without_a_list_skips_the_stop_word_rule(labelled):
     assert language_stop_words("sr") is None  # Serbian: no stopwords-iso list
     en = pages(labelled, "en")
-    no_stop_words = [d for d in en if GopherQuality().filter(d) == (False, "gopher_enough_stop_words")]
+    no_stop_words = [d for d in en if GopherQuality().filter_batch([d])[0] == (False, "gopher_enough_stop_words")]
     assert no_stop_words
     for d in no_stop_words:
         d.metadata["language"] = "sr"
-        assert GopherQuality().filter(d) != (False, "gopher_enough_stop_words")
+        assert GopherQuality().filter_batch([d])[0] != (False, "gopher_enough_stop_words")
         # an explicit list applies to every language, as before
-        assert GopherQuality(stop_words=sorted(STOP_WORDS)).filter(d) == (False, "gopher_enough_stop_words")
+        assert GopherQuality(stop_words=sorted(STOP_WORDS)).filter_batch([d])[0] == (False, "gopher_enough_stop_words")
 
 
 def test_stop_word_lists_hold_only_entries_that_can_match_a_word():
@@ -78,7 +78,7 @@ def test_stop_word_lists_hold_only_entries_that_can_match_a_word():
 def test_per_language_stop_words_override_the_package(labelled):
     fa = pages(labelled, "fa")
     flt = GopherQuality(per_language={"fa": {"stop_words": ["نامی_که_نیست", "واژه_ای_دیگر"]}})
-    assert any(flt.filter(d) == (False, "gopher_enough_stop_words") for d in copies(fa))
+    assert any(flt.filter_batch([d])[0] == (False, "gopher_enough_stop_words") for d in copies(fa))
 
 
 # --- the letter-share rule: datatrove's tokens or the paper's whitespace words ---
@@ -98,7 +98,7 @@ def test_alpha_words_whitespace_counts_whitespace_separated_words(labelled):
     tokens, spaced = GopherQuality(), GopherQuality(alpha_words="whitespace")
     changed = 0
     for d in docs:
-        a, b = tokens.filter(d), spaced.filter(d)
+        a, b = tokens.filter_batch([d])[0], spaced.filter_batch([d])[0]
         by_tokens, by_space = ratios(d.text, d.metadata["language"])
         if a != b:
             changed += 1
@@ -120,9 +120,9 @@ def test_japanese_lines_ending_in_kuten_are_sentences_to_c4(labelled):
 
     ja = pages(labelled, "ja")
     ascii_only = C4Lines(end_punctuation=list(END_PUNCTUATION))  # datatrove's set: what every page got before
-    before = [ascii_only.filter(d) for d in copies(ja)]
+    before = ascii_only.filter_batch(copies(ja))
     after_docs = copies(ja)
-    after = [C4Lines().filter(d) for d in after_docs]
+    after = C4Lines().filter_batch(after_docs)
     newly_kept = [i for i, (a, b) in enumerate(zip(before, after)) if a == (False, "too_few_sentences") and b is True]
     assert len(newly_kept) >= 3
     for i in newly_kept:
@@ -138,10 +138,8 @@ def test_c4_english_decisions_and_text_are_datatroves(labelled):
 
     en = pages(labelled, "en", min_score=0.0)
     a, b = copies(en), copies(en)
-    assert [C4Lines().filter(d) for d in a] == [C4Lines(end_punctuation=list(END_PUNCTUATION)).filter(d) for d in b]
+    assert C4Lines().filter_batch(a) == C4Lines(end_punctuation=list(END_PUNCTUATION)).filter_batch(b)
     assert [d.text for d in a] == [d.text for d in b]
     # an ellipsis ends no sentence, in any script
-    assert C4Lines(min_num_sentences=1).filter(Document(text="これは文です…", id="x", metadata={"language": "ja"})) == (
-        False,
-        "too_few_sentences",
-    )
+    ellipsis = Document(text="これは文です…", id="x", metadata={"language": "ja"})
+    assert C4Lines(min_num_sentences=1).filter_batch([ellipsis]) == [(False, "too_few_sentences")]

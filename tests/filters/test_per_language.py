@@ -81,6 +81,7 @@ def test_a_language_gets_its_values_then_default_then_the_top_level():
     assert (zh.min_avg_word_length, zh.min_stop_words, zh.min_doc_words) == (1, 0, 30)
     assert (fa.min_avg_word_length, fa.min_stop_words, fa.min_doc_words) == (3, 0, 30)
     assert en is fa and flt.config_for(None) is fa  # `default` is every language not listed
+    assert flt.config.min_doc_words == 40  # the step's own Config is left as given
     plain = GopherQuality(min_doc_words=40, per_language={"zh": {"min_avg_word_length": 1}})
     assert plain.config_for("en") is plain.config and plain.config_for("en").min_doc_words == 40
     # resolved once, when the step is built; workers get the step by pickle
@@ -91,11 +92,11 @@ def test_a_language_gets_its_values_then_default_then_the_top_level():
 def test_chinese_sample_pages_pass_the_word_length_rule_with_a_chinese_threshold(labelled):
     zh = pages(labelled, "zh")
     assert len(zh) >= 5
-    before = [GopherQuality().filter(d) for d in zh]
+    before = GopherQuality().filter_batch(zh)
     # ICU's Chinese words average under 3 characters: every page fails English's threshold
     assert before == [(False, "gopher_below_avg_threshold")] * len(zh)
     flt = GopherQuality(per_language={"zh": {"min_avg_word_length": 1}})
-    after = [flt.filter(d) for d in zh]
+    after = flt.filter_batch(zh)
     # past that rule, each page meets the later ones (alpha share, stop words)
     assert all(r != (False, "gopher_below_avg_threshold") for r in after)
     later = {
@@ -120,7 +121,7 @@ def test_english_decisions_and_text_do_not_change_with_other_languages_settings(
         a = [Document(text=d.text, id=d.id, metadata=dict(d.metadata)) for d in en]
         b = [Document(text=d.text, id=d.id, metadata=dict(d.metadata)) for d in en]
         plain, tuned = cls(), cls(per_language=per)
-        assert [plain.filter(d) for d in a] == [tuned.filter(d) for d in b]
+        assert plain.filter_batch(a) == tuned.filter_batch(b)
         assert [d.text for d in a] == [d.text for d in b]
 
 
@@ -194,23 +195,26 @@ def test_bad_calibration_files_name_the_file(tmp_path):
         run_config(["gopher_quality"], calibration=str(bad))
 
 
-def test_a_filter_reading_self_config_follows_per_language():
-    """A plugin's filter written as docs/architecture.md shows (it reads `self.config`) gets the
-    document's language's parameters without knowing of per_language."""
+def test_a_plugin_filter_gets_its_documents_language_config():
+    """A plugin's filter written as docs/architecture.md shows (a FilterConfig, `filter(doc,
+    config)`) is handed the Config of each document's language; the step's own never changes."""
     from pydantic import Field
 
-    from gristmill.core.configlib import Strict
+    from gristmill.core.configlib import FilterConfig
     from gristmill.core.filter import Filter
+
+    seen = []
 
     class FewLines(Filter):
         step_name = "test_few_lines"
 
-        class Config(Strict):
+        class Config(FilterConfig):
             min_lines: int = Field(3, ge=1)
 
-        def filter(self, doc):
+        def filter(self, doc, config):
+            seen.append((config.min_lines, self.config.min_lines))
             n = sum(1 for line in doc.text.splitlines() if line.strip())
-            return True if n >= self.config.min_lines else (False, "too_few_lines")
+            return True if n >= config.min_lines else (False, "too_few_lines")
 
     flt = FewLines(per_language={"zh": {"min_lines": 1}, "default": {"min_lines": 2}})
     docs = [
@@ -220,7 +224,35 @@ def test_a_filter_reading_self_config_follows_per_language():
         Document(text="one", id="d"),
     ]
     assert flt.filter_batch(docs) == [True, True, (False, "too_few_lines"), (False, "too_few_lines")]
-    assert flt.config.min_lines == 3 and flt.config.per_language  # the step's own, between batches
+    assert seen == [(1, 3), (2, 3), (2, 3), (2, 3)]  # the language's config given; self.config the step's
+    assert flt.config.min_lines == 3 and flt.config.per_language
     with pytest.raises(ValueError, match=r"per_language.zh.min_lines"):
         FewLines(per_language={"zh": {"min_lines": 0}})
     assert list(FewLines(min_lines=1).run(iter(docs))) == docs
+
+
+def test_a_filter_config_without_per_language_is_refused_when_the_class_is_made():
+    from gristmill.core.configlib import Strict
+    from gristmill.core.filter import Filter
+
+    with pytest.raises(TypeError, match=r"OldStyle.Config: a filter's Config must subclass .*FilterConfig"):
+
+        class OldStyle(Filter):
+            step_name = "test_old_style"
+
+            class Config(Strict):
+                min_lines: int = 3
+
+            def filter(self, doc, config):
+                return True
+
+
+def test_per_language_follows_the_parameters_it_overrides_in_config_yaml_and_errors():
+    """FilterConfig declares per_language, so pydantic lists it first; what a user reads (the
+    run's config.yaml, an unknown key's allowed list) names the filter's own parameters first."""
+    cfg = run_config([{"c4_lines": {"per_language": {"th": {"filter_no_terminal_punct": False}}}}])
+    keys = list(cfg.resolved()["steps"][0]["c4_lines"])
+    assert keys[0] == "split_paragraph" and keys[-1] == "per_language"
+    with pytest.raises(ConfigError) as e:
+        run_config([{"quality": {"min_scor": 0.5}}])
+    assert "steps[0].quality.min_scor: unknown key (allowed: model, label, min_score, per_language)" in str(e.value)

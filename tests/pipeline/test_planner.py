@@ -12,7 +12,7 @@ from pydantic import Field
 
 import gristmill.pipeline.planner as planner_mod
 from gristmill.config import ConfigError, from_dict
-from gristmill.core.configlib import Strict
+from gristmill.core.configlib import FilterConfig, Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, Step, registered_steps
@@ -62,11 +62,11 @@ class MentionsWord(Filter):
 
     yaml_name = "mentions_word"
 
-    class Config(Strict):
+    class Config(FilterConfig):
         word: str = Field(description="the word a kept document must contain")
 
-    def filter(self, doc):
-        return True if self.config.word in doc.text.split() else (False, "word_missing")
+    def filter(self, doc, config):
+        return True if config.word in doc.text.split() else (False, "word_missing")
 
 
 def _cfg(tmp_path, wet_files, lid_model, steps):

@@ -137,8 +137,9 @@ def test_gopher_counts_chinese_words_not_characters(labelled):
         # a minimum between the two counts: met by the characters, not by the words
         f = GopherQuality(min_doc_words=words + 1, min_avg_word_length=None)
         unlabelled = Document(text=d.text, id=d.id)
-        assert f.filter(unlabelled) != (False, "gopher_short_doc"), d.id
-        assert f.filter(Document(text=d.text, id=d.id, metadata={"language": "zh"})) == (False, "gopher_short_doc")
+        assert f.filter_batch([unlabelled])[0] != (False, "gopher_short_doc"), d.id
+        labelled_zh = Document(text=d.text, id=d.id, metadata={"language": "zh"})
+        assert f.filter_batch([labelled_zh]) == [(False, "gopher_short_doc")]
 
 
 def test_gopher_mean_word_length_of_words(labelled):
@@ -162,8 +163,8 @@ def test_repetition_sees_repeated_words_not_common_characters(labelled):
     f = GopherRepetition()
     changed = 0
     for d in pages(labelled, "zh", "ja"):
-        before = f.filter(Document(text=d.text, id=d.id))
-        after = f.filter(Document(text=d.text, id=d.id, metadata=dict(d.metadata)))
+        before = f.filter_batch([Document(text=d.text, id=d.id)])[0]
+        after = f.filter_batch([Document(text=d.text, id=d.id, metadata=dict(d.metadata))])[0]
         changed += before != after
         if after is not True:
             assert after[1].startswith(("top_", "duplicated_")) and before is not True, (d.id, before, after)
@@ -172,7 +173,7 @@ def test_repetition_sees_repeated_words_not_common_characters(labelled):
 
 def c4_kept_lines(text, language, **params) -> int:
     f = C4Lines(**params)
-    f.filter(Document(text=text, id="x", metadata={"language": language} if language else {}))
+    f.filter_batch([Document(text=text, id="x", metadata={"language": language} if language else {})])
     kept = f.stats.to_dict()["stats"].get("line-kept", 0)
     return kept["total"] if isinstance(kept, dict) else kept
 
@@ -195,7 +196,7 @@ def test_c4_counts_icu_words_per_line(labelled):
         more += after > before
     assert more >= 10  # of 15; the others are one line, or short menu items either way
     # an English page decides as before when labelled
-    en = next(d for d in pages(labelled, "en") if C4Lines().filter(Document(text=d.text, id="x")) is True)
+    en = next(d for d in pages(labelled, "en") if C4Lines().filter_batch([Document(text=d.text, id="x")])[0] is True)
     assert c4_kept_lines(en.text, "en") == c4_kept_lines(en.text, None) > 0
 
 

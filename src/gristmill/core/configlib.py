@@ -4,6 +4,11 @@
 Errors name the key path the user wrote (`steps[2].langid.min_score: expected a number between
 0 and 1, got 'high'`), so a typo in a 40-line config is found in one look. Strings may use
 `${VAR}` / `${VAR:-default}`; `--set dotted.key=value` overrides are applied before validation.
+
+Per-language parameters have one way: a filter's Config subclasses `FilterConfig`, which
+carries `per_language` (and `language_fixed`, what it may not set) and validates it with the
+filter's own Config; `language_configs` resolves it into one Config per language, which the
+filter is handed with each document. Nothing rewrites a Config when its class is made.
 """
 
 from __future__ import annotations
@@ -16,11 +21,21 @@ from collections.abc import Callable, Iterable
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 __all__ = [
     "ConfigError",
+    "FilterConfig",
     "Fraction",
     "LID176_LABELS",
     "OMIT_DEFAULT",
@@ -32,7 +47,6 @@ __all__ = [
     "messages",
     "omitted_defaults",
     "validate_config",
-    "with_per_language",
 ]
 
 
@@ -113,39 +127,46 @@ PER_LANGUAGE_HELP = (
 )
 
 
-def with_per_language(config_cls: type[Strict], fixed: tuple[str, ...] = ()) -> type[Strict]:
-    """`config_cls` plus an optional `per_language` mapping of partial configs.
+class FilterConfig(Strict):
+    """The base of every filter's Config (a plugin's too): the filter's own parameters, plus an
+    optional `per_language` mapping of partial configs.
 
     `per_language: {zh: {min_avg_word_length: 1}, default: {...}}`: each value holds some of
     the step's own parameters, validated by the step's own Config once merged (a bad key or
-    value is an error naming the language and the key). `fixed` names the parameters that
-    cannot differ by language (a model file, langid's keep-list).
+    value is an error naming the language and the key). `language_fixed` names the parameters
+    that cannot differ by language (a model file, langid's keep-list). The filter never reads
+    `per_language` itself: `language_configs` resolves it once, and the filter is handed the
+    Config of each document's language (`core/filter.py`).
     """
 
-    class Config(config_cls):
-        per_language: dict[str, Any] | None = Field(None, description=PER_LANGUAGE_HELP, json_schema_extra=OMIT_DEFAULT)
+    #: parameters that `per_language` may not set (a model file: one is loaded per step)
+    language_fixed: typing.ClassVar[tuple[str, ...]] = ()
 
-        @model_validator(mode="after")
-        def _check_per_language(self):
-            if self.per_language:
-                _resolve(self)  # raises with every problem listed
-            return self
+    per_language: dict[str, Any] | None = Field(None, description=PER_LANGUAGE_HELP, json_schema_extra=OMIT_DEFAULT)
 
-    Config.__name__ = config_cls.__name__
-    Config.__qualname__ = config_cls.__qualname__
-    Config.__module__ = config_cls.__module__
-    Config.__doc__ = config_cls.__doc__
-    Config.per_language_fixed = tuple(fixed)
-    return Config
+    @model_validator(mode="after")
+    def _check_per_language(self):
+        if self.per_language:
+            _resolve(self)  # raises with every problem listed
+        return self
+
+    @model_serializer(mode="wrap")
+    def _per_language_last(self, handler):
+        # a base's field comes first; in config.yaml the filter's own parameters lead, and
+        # per_language (a calibration file's can be hundreds of lines) follows them
+        data = handler(self)
+        if isinstance(data, dict) and "per_language" in data:
+            data["per_language"] = data.pop("per_language")
+        return data
 
 
-def _resolve(config: BaseModel) -> dict[str, BaseModel]:
+def _resolve(config: FilterConfig) -> dict[str, FilterConfig]:
     """{language: the complete Config of that language}, per key: the language's value, else
     `default`'s, else the top-level one. Every problem is collected into one error."""
     cls = type(config)
     names = [n for n in cls.model_fields if n != "per_language"]
     top = {n: getattr(config, n) for n in names}
-    fixed = getattr(cls, "per_language_fixed", ())
+    fixed = cls.language_fixed
     per = config.per_language or {}
     problems: list[str] = []
     partials: dict[str, dict] = {}
@@ -165,7 +186,7 @@ def _resolve(config: BaseModel) -> dict[str, BaseModel]:
             elif key in fixed:
                 problems.append(f"{where}.{key}: the same for every language in this step; set it at the top level")
         partials[lang] = partial
-    out: dict[str, BaseModel] = {}
+    out: dict[str, FilterConfig] = {}
     default = partials.get(DEFAULT_LANGUAGE, {})
     for lang, partial in partials.items():
         merged = {**top, **(default if lang != DEFAULT_LANGUAGE else {}), **partial}
@@ -298,8 +319,11 @@ def messages(err: ValidationError, prefix: str, model: type[BaseModel] | None = 
         if e["type"] == "extra_forbidden":
             allowed = ""
             if model is not None and len(e["loc"]) == 1:
-                # inside per_language, per_language itself is no allowed key
-                names = [n for n in model.model_fields if n != "per_language" or "per_language." not in where]
+                # inside per_language, per_language itself is no allowed key; elsewhere it is named
+                # last, after the parameters it overrides
+                names = [n for n in model.model_fields if n != "per_language"]
+                if "per_language" in model.model_fields and "per_language." not in where:
+                    names.append("per_language")
                 allowed = f" (allowed: {', '.join(names)})"
             msgs.append(f"{where}: unknown key{allowed}")
         elif e["type"] == "missing":

@@ -1,43 +1,35 @@
-"""The filter contract: `filter(doc)` returns True to keep or `(False, "reason")` to drop.
+"""The filter contract: `filter(doc, config)` returns True to keep or `(False, "reason")` to drop.
 
 Like datatrove's BaseFilter, plus what our stats need: bytes in and out (a filter such as
 `c4_lines` rewrites text), every drop counted under its reason, and an optional sample of
 dropped documents written for inspection.
 
-Every filter's parameters may differ by language: a filter's `Config` gets a `per_language`
-key (`per_language: {zh: {min_avg_word_length: 1}, default: {...}}`, see
-`configlib.with_per_language`), and `config_for(language)` is the Config of a page's
-language, resolved once per language when the step is built. While `filter(doc)` runs (from
-the default `filter_batch`), `self.config` is the Config of the document's language, so a
-filter that reads `self.config` follows `per_language` without knowing of it; a filter that
-overrides `filter_batch` calls `config_for` itself.
+Every filter's parameters may differ by language, and every filter gets them one way: its
+`Config` subclasses `configlib.FilterConfig`, which carries `per_language`
+(`per_language: {zh: {min_avg_word_length: 1}, default: {...}}`) and `language_fixed`; the
+step resolves it once per language when it is built (`config_for(language)`), and
+`filter_batch` hands `filter(doc, config)` the Config of the document's language
+(`language_of(doc)`: langid's label). A filter reads its parameters from that `config`, never
+resolves a language itself, and nothing changes `self.config` (the step's top-level Config)
+while documents pass. A filter that scores a batch at once (a model predicts faster on one)
+does it in `score_batch(docs)`, which runs first and writes the scores onto the documents
+(langid: the language, which then picks the Config); `filter` decides on them.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import ClassVar
 
 from datatrove.data import Document, DocumentsPipeline
+from datatrove.utils.batching import batched
 
-from gristmill.core.configlib import Strict, language_configs, with_per_language
+from gristmill.core.configlib import FilterConfig, Strict, language_configs
 from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import Step, Workload
 
 FilterResult = bool | tuple[bool, str]
-
-
-def _batched(data, n):
-    batch = []
-    for doc in data:
-        batch.append(doc)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 class Filter(Step):
@@ -54,20 +46,19 @@ class Filter(Step):
     dropped: DroppedSampler | None = None
     #: set by the stage context to `<stage>/scores/<step>`; None: scores are kept but not written
     scores_folder: str | None = None
-    #: parameters that `per_language` may not set (a model file: one is loaded per step)
-    language_fixed: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        # every filter that declares parameters accepts `per_language` overrides of them,
-        # without each filter declaring it (a plugin's filter included)
+        # checked, never rewritten: a filter whose Config lacked per_language would refuse it
         own = cls.__dict__.get("Config")
-        if own is not None and "per_language" not in own.model_fields:
-            cls.Config = with_per_language(own, cls.language_fixed)
+        if own is not None and not issubclass(own, FilterConfig):
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__}.Config: a filter's Config must subclass "
+                "gristmill.core.configlib.FilterConfig (it carries `per_language`)"
+            )
 
     def __init__(self, config: Strict | None = None, /, *, step_id: str | None = None, **params):
         super().__init__(config, step_id=step_id, **params)
-        self._step_config = self.config
         self._language_configs, self._other_config = language_configs(self.config)
 
     def config_for(self, language: str | None) -> Strict:
@@ -75,28 +66,35 @@ class Filter(Step):
         language's own, else `default`'s, else the top-level ones."""
         return self._language_configs.get(language, self._other_config)
 
+    def language_of(self, doc: Document) -> str | None:
+        """The language whose parameters `filter` gets for `doc`: langid's label."""
+        return doc.metadata.get("language")
+
+    def score_batch(self, docs: list[Document]) -> None:
+        """Score `docs` at once, before any of them is decided, writing each score onto its
+        document's metadata (a model predicts a batch faster than one document at a time)."""
+
     @abstractmethod
-    def filter(self, doc: Document) -> FilterResult:
+    def filter(self, doc: Document, config: Strict) -> FilterResult:
+        """Keep `doc` (True) or drop it (`(False, "reason")`) by `config`: this step's
+        parameters for the document's language."""
         raise NotImplementedError
 
     def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
-        if not self._language_configs and self._other_config is self._step_config:
-            return [self.filter(d) for d in docs]  # no per_language: one config for all
-        results = []
-        try:
-            for d in docs:
-                self.config = self.config_for(d.metadata.get("language"))
-                results.append(self.filter(d))
-        finally:
-            self.config = self._step_config
-        return results
+        """Each document's result, decided with its language's parameters (after `score_batch`)."""
+        self.score_batch(docs)
+        if not self._language_configs:  # one Config for every language
+            config = self._other_config
+            return [self.filter(d, config) for d in docs]
+        config_for, language_of = self.config_for, self.language_of
+        return [self.filter(d, config_for(language_of(d))) for d in docs]
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if self.dropped:
             self.dropped.open(rank)
         scores = ScoreRecorder(self.name, self.score_field, self.score_bins)
         try:
-            for batch in _batched(data, self.batch_size):
+            for batch in batched(data, self.batch_size):
                 sizes = [len(d.text.encode("utf-8")) for d in batch]
                 chars = [len(d.text) for d in batch]
                 with self.track_time():

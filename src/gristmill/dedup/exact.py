@@ -392,7 +392,7 @@ class ExactDedupFilter(DedupFilterPhase[ExactDedupPlan]):
         d = self._dups[a:b]
         return {int(p): (int(h), int(lo)) for p, h, lo in zip(d["para"], d["hi"], d["lo"])}
 
-    def filter(self, doc: Document):
+    def filter(self, doc: Document, config: Strict):
         paras = self._paras(self._keys(doc)) if len(self._dups) else None
         if not paras:
             return True

@@ -494,7 +494,7 @@ class NearDedupFilter(DedupFilterPhase[NearDedupPlan]):
         self._removed = np.sort(np.load(path)) if path.is_file() else np.empty(0, np.uint64)
         yield from super().run(data, rank, world_size)
 
-    def filter(self, doc: Document):
+    def filter(self, doc: Document, config: Strict):
         if len(self._removed):
             o = np.uint64(self._ords(doc))
             i = int(np.searchsorted(self._removed, o))

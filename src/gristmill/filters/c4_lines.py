@@ -25,7 +25,7 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, END_PUNCTUATION, POLICY_SUBSTRINGS
 from pydantic import Field
 
-from gristmill.core.configlib import OMIT_DEFAULT, Strict
+from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_sentences, split_words
 
@@ -71,7 +71,7 @@ class C4Lines(Filter):
     yaml_name = "c4_lines"
     drop_reasons = ("lorem_ipsum", "curly_bracket", "too_few_sentences")
 
-    class Config(Strict):
+    class Config(FilterConfig):
         """As datatrove's C4QualityFilter; -1 disables the numeric rules."""
 
         split_paragraph: bool = Field(
@@ -93,9 +93,8 @@ class C4Lines(Filter):
         filter_curly_bracket: bool = Field(True, description="drop documents with a curly bracket")
         filter_policy: bool = Field(True, description="drop lines about cookie, privacy or terms-of-use policies")
 
-    def filter(self, doc: Document) -> FilterResult:
+    def filter(self, doc: Document, c: Config) -> FilterResult:
         language = doc.metadata.get("language")
-        c = self.config_for(language)
         lines = doc.text.splitlines() if c.split_paragraph else split_sentences(doc.text)
         # Words of a line are whitespace-separated, as in C4, except on pages whose lid label is a
         # language written without spaces (zh, ja, th, ...): there a whitespace split sees a

@@ -20,7 +20,7 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.gopher_quality_filter import STOP_WORDS
 from pydantic import Field
 
-from gristmill.core.configlib import OMIT_DEFAULT, Strict
+from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.text.words import PUNCTUATION_CHARS, split_words
 
@@ -72,7 +72,7 @@ class GopherQuality(Filter):
         "gopher_enough_stop_words",
     )
 
-    class Config(Strict):
+    class Config(FilterConfig):
         """Each threshold, when null or 0, disables its rule (as in datatrove).
 
         `max_non_alpha_words_ratio` is, despite its name, the minimum share of words holding a
@@ -116,9 +116,8 @@ class GopherQuality(Filter):
             self._stop_words[language] = words
             return words
 
-    def filter(self, doc: Document) -> FilterResult:
+    def filter(self, doc: Document, c: Config) -> FilterResult:
         language = doc.metadata.get("language")
-        c = self.config_for(language)
         text = doc.text
         # the lid label picks ICU words for Chinese, Japanese, Thai, Lao, Khmer and Burmese pages
         words = split_words(text, language)

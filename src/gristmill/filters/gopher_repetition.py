@@ -24,7 +24,7 @@ import numpy as np
 from datatrove.data import Document
 from pydantic import Field, field_validator
 
-from gristmill.core.configlib import Strict
+from gristmill.core.configlib import FilterConfig
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.text.words import split_lines, split_paragraphs, split_words
 
@@ -204,7 +204,7 @@ class GopherRepetition(Filter):
         "duplicated_<n>_n_grams",
     )
 
-    class Config(Strict):
+    class Config(FilterConfig):
         """Fractions, when null or 0, disable their rule (as in datatrove); the n-gram rules are
         [n, max fraction] pairs, applied in the order given."""
 
@@ -227,9 +227,8 @@ class GopherRepetition(Filter):
                 raise ValueError("n-gram rules need n >= 1")
             return rules
 
-    def filter(self, doc: Document) -> FilterResult:
+    def filter(self, doc: Document, c: Config) -> FilterResult:
         language = doc.metadata.get("language")
-        c = self.config_for(language)
         text = doc.text
         if not text:
             return False, "empty"

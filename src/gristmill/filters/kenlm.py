@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pyarrow as pa
 from datatrove.data import Document
 from pydantic import Field, field_validator
 
-from gristmill.core.configlib import Strict
+from gristmill.core.configlib import FilterConfig
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.filters.ccnet_normalize import normalize_lines
 from gristmill.filters.model_check import Checked, ModelError, check_kenlm, unchanged
@@ -87,10 +87,11 @@ class KenLM(ModelFilter):
     output_fields = {"perplexity": pa.float64(), "perplexity_bucket": pa.string()}
     score_field = "perplexity"
     score_bins = {"scale": "log", "lo": 0.0, "hi": 5.0, "n": 25}  # perplexity 1 to 100,000
-    # models and bucket cut-offs are per language already; only the threshold varies
-    language_fixed = ("models", "default_language", "cutoffs", "keep_buckets")
 
-    class Config(Strict):
+    class Config(FilterConfig):
+        # models and bucket cut-offs are per language already; only the threshold varies
+        language_fixed: ClassVar[tuple[str, ...]] = ("models", "default_language", "cutoffs", "keep_buckets")
+
         models: dict[str, str] = Field(
             {"en": "models/kenlm/en.arpa.bin"}, description="language -> KenLM .arpa or binary"
         )
@@ -146,8 +147,11 @@ class KenLM(ModelFilter):
         """KenLM models by language."""
         return self.model
 
-    def filter(self, doc: Document) -> FilterResult:
-        lang = doc.metadata.get("language") or self.default_language
+    def language_of(self, doc: Document) -> str | None:
+        return doc.metadata.get("language") or self.default_language
+
+    def filter(self, doc: Document, config: Config) -> FilterResult:
+        lang = self.language_of(doc)
         model = self.models.get(lang) if lang else None
         if model is None:
             self.stat_update(f"no_model_{lang or 'unknown'}")
@@ -162,8 +166,7 @@ class KenLM(ModelFilter):
         if b:
             doc.metadata["perplexity_bucket"] = b
             self.stat_update(f"bucket_{b}")
-        max_perplexity = self.config_for(lang).max_perplexity
-        if max_perplexity is not None and pp > max_perplexity:
+        if config.max_perplexity is not None and pp > config.max_perplexity:
             return False, "perplexity_above_max"
         if self.keep_buckets is not None and b not in self.keep_buckets:
             return False, f"perplexity_bucket_{b}"

@@ -8,12 +8,13 @@ instead of one Python call per document), and records `language` and `language_s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pyarrow as pa
 from datatrove.data import Document
 from pydantic import Field
 
-from gristmill.core.configlib import Fraction, Strict
+from gristmill.core.configlib import FilterConfig, Fraction
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
 from gristmill.core.step import BuildContext
@@ -38,12 +39,13 @@ class LangId(ModelFilter):
     output_fields = {"language": pa.string(), "language_score": pa.float32()}
     score_field = "language_score"
     score_bins = LINEAR_01
-    # one model, one keep-list; `per_language: {zh: {min_score: 0.5}}` sets the score a page
-    # labelled zh needs (FineWeb-2 uses a threshold per language: lid confidence is lower for
-    # languages close to another, and for pages that mix scripts)
-    language_fixed = ("model", "languages")
 
-    class Config(Strict):
+    class Config(FilterConfig):
+        # one model, one keep-list; `per_language: {zh: {min_score: 0.5}}` sets the score a page
+        # labelled zh needs (FineWeb-2 uses a threshold per language: lid confidence is lower for
+        # languages close to another, and for pages that mix scripts)
+        language_fixed: ClassVar[tuple[str, ...]] = ("model", "languages")
+
         model: str = Field("models/lid.176.ftz", description="fastText LID model: path or http(s) URL")
         languages: list[str] | None = Field(["en"], description="languages to keep; null keeps all")
         min_score: Fraction = Field(
@@ -69,23 +71,18 @@ class LangId(ModelFilter):
     def load_model(self):
         return load_fasttext(self.checked)
 
-    def filter(self, doc: Document) -> FilterResult:
-        return self.filter_batch([doc])[0]
-
-    def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
+    def score_batch(self, docs: list[Document]) -> None:
         # lid.176 reads one line; newlines would end the input early.
         labels, scores = self.model.predict([d.text.replace("\n", " ") for d in docs], k=1)
-        results: list[FilterResult] = []
         for doc, label, score in zip(docs, labels, scores):
             lang = label[0][len(LABEL_PREFIX) :] if label else "unknown"
-            prob = float(score[0]) if len(score) else 0.0
-            doc.metadata["language"] = lang
-            doc.metadata["language_score"] = prob
+            doc.metadata["language"] = lang  # picks the Config `filter` gets
+            doc.metadata["language_score"] = float(score[0]) if len(score) else 0.0
             self.stat_update(f"lang_{lang}")
-            if self.languages is not None and lang not in self.languages:
-                results.append((False, "language_not_kept"))
-            elif prob < self.config_for(lang).min_score:
-                results.append((False, "low_language_score"))
-            else:
-                results.append(True)
-        return results
+
+    def filter(self, doc: Document, config: Config) -> FilterResult:
+        if self.languages is not None and doc.metadata["language"] not in self.languages:
+            return False, "language_not_kept"
+        if doc.metadata["language_score"] < config.min_score:
+            return False, "low_language_score"
+        return True

@@ -8,11 +8,13 @@ spaces, as the classifier's training text was (fastText reads one line per examp
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pyarrow as pa
 from datatrove.data import Document
 from pydantic import Field
 
-from gristmill.core.configlib import Fraction, Strict
+from gristmill.core.configlib import FilterConfig, Fraction
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
 from gristmill.filters.langid import load_fasttext
@@ -41,9 +43,9 @@ class Quality(ModelFilter):
     score_field = "quality_score"
     score_bins = LINEAR_01
 
-    language_fixed = ("model", "label")  # one classifier per step
+    class Config(FilterConfig):
+        language_fixed: ClassVar[tuple[str, ...]] = ("model", "label")  # one classifier per step
 
-    class Config(Strict):
         model: str = Field("models/quality/en.bin", description="fastText classifier (`pipeline quality train`)")
         label: str = Field("__label__hq", description="label whose probability is the quality score")
         min_score: Fraction = Field(0.5, description="drop documents whose probability of `label` is lower")
@@ -65,13 +67,9 @@ class Quality(ModelFilter):
     def load_model(self):
         return load_fasttext(self.checked)
 
-    def filter(self, doc: Document) -> FilterResult:
-        return self.filter_batch([doc])[0]
-
-    def filter_batch(self, docs: list[Document]) -> list[FilterResult]:
-        results: list[FilterResult] = []
+    def score_batch(self, docs: list[Document]) -> None:
         for doc, score in zip(docs, label_scores(self.model, [d.text for d in docs], self.label)):
             doc.metadata["quality_score"] = score
-            min_score = self.config_for(doc.metadata.get("language")).min_score
-            results.append(True if score >= min_score else (False, "low_quality_score"))
-        return results
+
+    def filter(self, doc: Document, config: Config) -> FilterResult:
+        return True if doc.metadata["quality_score"] >= config.min_score else (False, "low_quality_score")

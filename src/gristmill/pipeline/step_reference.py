@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from gristmill.core.configlib import FilterConfig
 from gristmill.core.step import STEP_MODULES, registered_steps
 
 BEGIN = "<!-- steps: written by `pipeline steps --markdown`; edit the steps' docstrings and Configs -->"
@@ -38,10 +39,9 @@ def reference(shipped_only: bool = False) -> list[dict]:
     for name, cls in registered_steps().items():
         if shipped_only and cls.__module__ not in STEP_MODULES:
             continue
-        params = [
-            {"name": p, "default": _default(f), "description": f.description or ""}
-            for p, f in cls.Config.model_fields.items()
-        ]
+        # a filter's own parameters first, then FilterConfig's `per_language`, which overrides them
+        fields = sorted(cls.Config.model_fields.items(), key=lambda item: item[0] in FilterConfig.model_fields)
+        params = [{"name": p, "default": _default(f), "description": f.description or ""} for p, f in fields]
         out.append(
             {
                 "name": name,
