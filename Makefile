@@ -75,9 +75,9 @@ test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(PY) -m pytest -q tests
 
-# The CPU benchmarks, each against its peer in one invocation, at the sizes docs/benchmarks.md
-# records (~15 min on 2 cores). The GPU benchmarks and the scale run have their commands there;
-# tests/test_benchmarks.py runs every benchmark's --smoke mode.
+# The CPU benchmarks, each against its peer in one invocation, at the sizes docs/benchmarks.md and
+# docs/segmenters.md record (~3 min). The GPU benchmarks and the scale run have their commands in
+# docs/benchmarks.md and docs/scale.md; tests/test_benchmarks.py runs every benchmark's --smoke mode.
 bench: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	@# a venv set up before the bench extra joined $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
