@@ -27,7 +27,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
 models: $(LID) $(KENLM_EN) $(QUALITY_EN)
@@ -75,12 +75,17 @@ test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(PY) -m pytest -q tests
 
+# The CPU benchmarks, each against its peer in one invocation, at the sizes docs/benchmarks.md and
+# docs/segmenters.md record (~3 min). The GPU benchmarks and the scale run have their commands in
+# docs/benchmarks.md and docs/scale.md; tests/test_benchmarks.py runs every benchmark's --smoke mode.
 bench: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
+	@# a venv set up before the bench extra joined $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) benchmarks/filter_throughput.py
 	$(PY) benchmarks/quality_throughput.py
 	$(PY) benchmarks/tokenize_throughput.py
 	$(PY) benchmarks/dedup_throughput.py --docs 10000 --corpus .cache/dedup-corpus-10k
+	$(PY) benchmarks/word_segmenters.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,6 +1,6 @@
 """Ground-truth corpus for dedup: real text with planted exact and near duplicates.
 
-    python benchmarks/make_dedup_corpus.py OUT_DIR --docs 10000 [--seed 0]
+    python benchmarks/make_dedup_corpus.py OUT_DIR --docs 10000 [--seed 0] [--smoke]
 
 Base documents are random draws of lines (pieces of at most 40 words, distinct after
 normalisation; 80-400 words in all) from the real texts in
@@ -20,6 +20,8 @@ Documents are shuffled and written as `docs/NNNNN.parquet` (10,000 per file) wit
 document columns (text, id, url, date, crawl, cc_language, source, offset; `source` is the part
 name and `offset` the row, so the order key is the shuffled order). `truth.parquet` lists every
 planted duplicate: id, original id, kind (exact/edit/boilerplate/shuffle) and true Jaccard.
+
+`--smoke`: 300 documents (seconds; checks that the generator still runs).
 """
 
 from __future__ import annotations
@@ -195,7 +197,10 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--docs", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="300 documents: checks that it runs")
     a = ap.parse_args()
+    if a.smoke:
+        a.docs = 300
     t = time.time()
     info = build(a.out, a.docs, a.seed)
     print(

@@ -1,7 +1,7 @@
 """Common Crawl-like WET corpora of any size, with planted duplicates, for scale benchmarks.
 
     python benchmarks/make_wet_corpus.py --gb 4 --seed 1 OUT/ [--file-mb 150]
-        [--exact-rate 0.03] [--near-rate 0.05] [--near-band 0.85 0.95] [--mutate 0.1]
+        [--exact-rate 0.03] [--near-rate 0.05] [--near-band 0.85 0.95] [--mutate 0.1] [--smoke]
 
 Source: the 609 real conversion records of ../shared/data/cc/wet (read with gristmill's WET
 reader), grouped by language with fastText lid.176 (on the text with newlines as spaces). Each
@@ -32,6 +32,9 @@ Crawl writes them (WARC-Target-URI, WARC-Date, WARC-Record-ID, WARC-Refers-To,
 WARC-Block-Digest = base32 sha1 of the payload, WARC-Identified-Content-Language, Content-Type,
 exact Content-Length), each record its own gzip member (isal). Everything is drawn from one
 seeded generator, so the same --gb/--seed/--file-mb gives byte-identical files.
+
+`--smoke`: 2 MB in files of 0.5 MB, unless --gb/--file-mb say otherwise (seconds; checks that
+the generator still runs).
 """
 
 from __future__ import annotations
@@ -611,9 +614,9 @@ def build(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--gb", type=float, required=True, help="compressed size to write, in GB (fractions allowed)")
+    ap.add_argument("--gb", type=float, help="compressed size to write, in GB (fractions allowed)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--file-mb", type=float, default=150, help="compressed size of one WET file, in MB")
+    ap.add_argument("--file-mb", type=float, help="compressed size of one WET file, in MB (default 150)")
     ap.add_argument("--exact-rate", type=float, default=0.03, help="share of records that are exact copies")
     ap.add_argument("--near-rate", type=float, default=0.05, help="share of records that are near copies")
     ap.add_argument(
@@ -629,7 +632,14 @@ def main() -> None:
     )
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--lid-model", type=Path, default=LID_MODEL)
+    ap.add_argument("--smoke", action="store_true", help="2 MB in files of 0.5 MB: checks that it runs")
     a = ap.parse_args()
+    if a.gb is None and not a.smoke:
+        ap.error("--gb is required (or --smoke)")
+    if a.gb is None:
+        a.gb = 0.002
+    if a.file_mb is None:
+        a.file_mb = 0.5 if a.smoke else 150
     if a.gb <= 0 or a.file_mb <= 0:
         ap.error("--gb and --file-mb must be positive")
     try:

@@ -1,6 +1,6 @@
 """Near dedup's two removal rules on the same verified edges of a finished run.
 
-    python benchmarks/near_removal_rules.py RUN_DIR [--truth WET_DIR/truth.jsonl]
+    python benchmarks/near_removal_rules.py RUN_DIR [--truth WET_DIR/truth.jsonl] [--smoke]
 
 RUN_DIR: a run with `near_dedup` (verify on). Reads the verify stage's edges, applies
 `lsh.components` (every document of a connected component but its first goes) and
@@ -9,6 +9,10 @@ with), and prints for each: documents removed, CPU seconds, and, checked on the 
 of a random sample of removals whose shingle Jaccard (the stage's own shingles, with the
 document's language) with the document they were removed for is >= the threshold; with a truth
 file from `make_wet_corpus.py`, the recall on its planted near pairs (J >= 0.85).
+
+`--smoke`: a sample of 200 removals; without RUN_DIR, the run is made first as `scale_run.py
+--smoke` makes it (a 2 MB generated corpus, the permissive config, one task) in a temporary
+directory (a minute; checks that the benchmark still runs, its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -16,11 +20,22 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from scale_run import _stage_folder, jaccard_to_kept, keys_by_id, shingles_by_key
+from scale_run import (
+    CONFIGS,
+    SMOKE_GB,
+    _stage_folder,
+    corpus,
+    jaccard_to_kept,
+    keys_by_id,
+    run_pipeline,
+    shingles_by_key,
+)
 
 from gristmill.dedup.lsh import components, kept_neighbour
 from gristmill.dedup.near import _shard_edges
@@ -28,11 +43,30 @@ from gristmill.dedup.near import _shard_edges
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path)
+    ap.add_argument("run", type=Path, nargs="?", help="a finished run (with --smoke: made when not given)")
     ap.add_argument("--truth", type=Path)
     ap.add_argument("--sample", type=int, default=20000)
     ap.add_argument("--threshold", type=float, default=0.8)
+    ap.add_argument("--smoke", action="store_true", help="200 removals checked, a small run made: checks that it runs")
     args = ap.parse_args()
+    if args.run is None and not args.smoke:
+        ap.error("RUN_DIR is required (or --smoke)")
+    work = None
+    if args.smoke:
+        args.sample = min(args.sample, 200)
+    if args.run is None:
+        work = Path(tempfile.mkdtemp(prefix="gristmill-near-rules-"))
+        wet = corpus(work, SMOKE_GB, seed=1)
+        args.run, args.truth = work / "run", args.truth or wet / "truth.jsonl"
+        run_pipeline(CONFIGS["permissive"], wet, args.run, tasks=1, workers=1)
+    try:
+        compare(args)
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def compare(args) -> None:
     verified = _stage_folder(args.run, "near_dedup_verify") / "verified"
     shards = len(list(verified.glob("shard_*"))) or 1
     loaders = [(lambda s=s: _shard_edges(verified, s)) for s in range(shards)]

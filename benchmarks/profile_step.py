@@ -7,7 +7,10 @@ timed on their own at the model's attention shape.
         --json fsdp.json --trace fsdp-trace.json
 
 Prints, for each model, the step time (CUDA events, median) and the kernels with the most GPU
-time over the profiled steps (name truncated, share of the step, calls per step). Needs a GPU.
+time over the profiled steps (name truncated, share of the step, calls per step). Needs a GPU,
+except `--smoke`: the `tiny` preset, a few steps (seconds; checks that the benchmark still runs,
+its figures mean nothing). Without a GPU the smoke run takes the CPU path: the kernels' PyTorch
+references, fp32, no torch.compile, host timers, the ops with the most CPU time, no SDPA backends.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import VOCAB, reference_step  # noqa: E402
+from train_throughput import SMOKE_VOCAB, VOCAB, reference_step, sync  # noqa: E402
 
 from gristmill.trainer.config import load as load_config  # noqa: E402
 from gristmill.trainer.optim import clip_and_guard  # noqa: E402
@@ -29,8 +33,8 @@ from gristmill.trainer.parallel import init_distributed  # noqa: E402
 from gristmill.trainer.train import build, model_args  # noqa: E402
 
 
-def ours_step_fn(cfg, d):
-    built = build(cfg, d, VOCAB)
+def ours_step_fn(cfg, d, vocab):
+    built = build(cfg, d, vocab)
     model, opt, autocast = built.model, built.optimizer, built.autocast
 
     def step(x):
@@ -45,39 +49,49 @@ def ours_step_fn(cfg, d):
     return step
 
 
-def kernel_times(prof, calls: int) -> list[tuple[float, float, str]]:
+def kernel_times(prof, calls: int, cuda: bool = True) -> list[tuple[float, float, str]]:
     """(ms per call, launches per call, kernel name) from a CUDA-activity torch.profiler run
-    of `calls` calls, longest first."""
+    of `calls` calls, longest first; on CPU, ops and their own CPU time."""
     rows = []
     for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if cuda:
+            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        else:
+            t = ev.self_cpu_time_total
         if t > 0 and ev.key and not ev.key.startswith("ProfilerStep"):
             rows.append((t / calls / 1000, ev.count / calls, ev.key))
     return sorted(rows, reverse=True)
 
 
-def profile(name, step, mb, seq, top, steps=6, prof_steps=3, json_path=None, trace_path=None):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    xs = [torch.randint(0, VOCAB, (mb, seq + 1), device="cuda", generator=g) for _ in range(4)]
+def step_ms(step, x, device: torch.device) -> float:
+    """One step's time: CUDA events on a GPU, the host's clock (the step runs there) on CPU."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        step(x)
+        return (time.perf_counter() - t0) * 1000
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    step(x)
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b)
+
+
+def profile(name, step, mb, seq, vocab, top, device, steps=6, timed=8, prof_steps=3, json_path=None, trace_path=None):
+    cuda = device.type == "cuda"
+    g = torch.Generator(device=device).manual_seed(0)
+    xs = [torch.randint(0, vocab, (mb, seq + 1), device=device, generator=g) for _ in range(4)]
     for i in range(steps):
         step(xs[i % 4]).item()
-    times = []
-    for i in range(8):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step(xs[i % 4])
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    ms = statistics.median(times)
+    ms = statistics.median(step_ms(step, xs[i % 4], device) for i in range(timed))
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
-    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+    with tprofile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for i in range(prof_steps):
             step(xs[i % 4])
-        torch.cuda.synchronize()
-    rows = kernel_times(prof, prof_steps)
+        sync(device)
+    rows = kernel_times(prof, prof_steps, cuda)
     busy = sum(r[0] for r in rows)
     if json_path:  # for diffing two runs kernel by kernel (e.g. one GPU against FSDP on two)
         import json
@@ -85,9 +99,10 @@ def profile(name, step, mb, seq, top, steps=6, prof_steps=3, json_path=None, tra
         Path(json_path).write_text(json.dumps({"ms_per_step": ms, "kernels": rows}))
     if trace_path:
         prof.export_chrome_trace(trace_path)
+    peak = f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if cuda else "n/a on CPU"
     print(
-        f"\n== {name}: {ms:.2f} ms/step ({mb * seq / ms * 1000:,.0f} tok/s), kernels busy {busy:.2f} ms/step,"
-        f" peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        f"\n== {name}: {ms:.2f} ms/step ({mb * seq / ms * 1000:,.0f} tok/s), {'kernels' if cuda else 'ops'} busy"
+        f" {busy:.2f} ms/step, peak mem {peak}",
         flush=True,
     )
     for t, n, key in rows[:top]:
@@ -127,29 +142,50 @@ def main():
     p.add_argument("--only", choices=["ours", "reference"])
     p.add_argument("--json", help="write ours' step time and kernel table here (rank 0)")
     p.add_argument("--trace", help="write ours' profiled steps as a Chrome trace here (rank 0)")
+    p.add_argument("--smoke", action="store_true", help="tiny preset, a few steps; on CPU without a GPU")
     args = p.parse_args()
+    steps, vocab = {"steps": 6, "timed": 8, "prof_steps": 3}, VOCAB
+    if args.smoke:
+        args.size, args.top, steps, vocab = "tiny", 10, {"steps": 1, "timed": 2, "prof_steps": 1}, SMOKE_VOCAB
+    elif not torch.cuda.is_available():
+        p.error("no CUDA GPU: the figures are GPU figures (--smoke runs the CPU path at tiny sizes)")
     d = init_distributed()
-    cfg = load_config(args.size, ["data.tokens=/nonexistent", "compile=true", "kernels=triton", *args.set])
-    margs = model_args(cfg, VOCAB)
+    cuda = d.device.type == "cuda"
+    # on CPU (smoke runs) the kernels' PyTorch references, no compile: what the trainer runs there
+    fast = ["compile=true", "kernels=triton"] if cuda else ["compile=false", "kernels=reference"]
+    cfg = load_config(args.size, ["data.tokens=/nonexistent", *fast, *args.set])
+    margs = model_args(cfg, vocab)
     mb, seq = cfg.data.micro_batch, cfg.data.seq_len
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} size {args.size} micro_batch {mb} seq {seq}")
-    sdpa_backends(mb, margs.n_heads, seq, margs.head_dim)
+    name = torch.cuda.get_device_name() if cuda else "CPU (no GPU: fp32, reference kernels, no compile)"
+    print(f"{name} torch {torch.__version__} size {args.size} micro_batch {mb} seq {seq}")
+    if cuda:
+        sdpa_backends(mb, margs.n_heads, seq, margs.head_dim)
+    else:
+        print("SDPA backends not timed: they are CUDA kernels")
     res = {}
     if args.only != "reference":
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         res["ours"] = profile(
             "ours",
-            ours_step_fn(cfg, d),
+            ours_step_fn(cfg, d, vocab),
             mb,
             seq,
+            vocab,
             args.top,
+            d.device,
+            **steps,
             json_path=args.json if d.is_main else None,
             trace_path=args.trace if d.is_main else None,
         )
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     if args.only != "ours":
-        torch.cuda.reset_peak_memory_stats()
-        res["reference"] = profile("reference", reference_step(margs, seq, d), mb, seq, args.top)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        res["reference"] = profile(
+            "reference", reference_step(margs, seq, d), mb, seq, vocab, args.top, d.device, **steps
+        )
     if len(res) == 2:
         print(f"\nratio ours/reference (tokens/s): {res['reference'] / res['ours']:.3f}")
 

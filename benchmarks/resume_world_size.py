@@ -1,6 +1,7 @@
 """Resume a checkpoint on a different number of GPUs and check that the loss continues as before.
 
     python benchmarks/resume_world_size.py --size 1b --from-gpus 4 --to-gpus 2,4 --tokens runs/crawl/tokens
+    python benchmarks/resume_world_size.py --smoke
 
 1. `pipeline train` (torchrun, `--from-gpus` processes) runs `--steps` steps with one checkpoint
    at `--resume-at`: the uninterrupted run.
@@ -12,6 +13,10 @@ The global batch is the same in every run (`--global-batch`; fewer GPUs accumula
 micro-batches), so every run sees the same samples in the same order (the data state is one
 global counter). Equal world sizes give a noise floor for the GPU's non-deterministic kernels;
 on CPU the trainer's own test asserts bitwise equality (2 ranks → 1).
+
+Processes are GPUs where there are GPUs, CPU processes (gloo) elsewhere. `--smoke`: the `tiny`
+preset, 2 processes → 1, 4 steps resumed at 2, a small synthetic token directory (seconds;
+checks that the benchmark still runs on any machine; with one GPU the processes run on CPU).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import synthetic_tokens  # noqa: E402
+import torch  # noqa: E402
+from train_throughput import SMOKE_VOCAB, synthetic_tokens  # noqa: E402
 
 from gristmill.trainer.config import load as load_config  # noqa: E402
 from gristmill.trainer.launch import launch  # noqa: E402
@@ -56,7 +62,15 @@ def main() -> None:
     p.add_argument("--tokens", default=None, help="token directory (default: synthetic random tokens)")
     p.add_argument("--work", default=None, help="where runs go (default: a temporary directory, removed)")
     p.add_argument("--set", action="append", default=[], help="extra train-config overrides")
+    p.add_argument("--smoke", action="store_true", help="tiny preset, 2 → 1 processes, 4 steps: checks that it runs")
     args = p.parse_args()
+    n_tokens, vocab = 4_000_000, {}
+    if args.smoke:
+        args.size, args.from_gpus, args.to_gpus, args.steps, args.resume_at = "tiny", 2, "1", 4, 2
+        args.global_batch, n_tokens, vocab = 4, 200_000, {"vocab": SMOKE_VOCAB}
+        if torch.cuda.device_count() == 1:  # two ranks need two GPUs: the ranks run on CPU (gloo)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
+            print("one GPU: the smoke run's 2 processes run on CPU")
     if not 0 < args.resume_at < args.steps:
         p.error("--resume-at must lie strictly between 0 and --steps")
     to_gpus = [int(n) for n in args.to_gpus.split(",")]
@@ -65,7 +79,7 @@ def main() -> None:
             p.error(f"--global-batch {args.global_batch} is not a multiple of {n} processes")
 
     work = Path(args.work or tempfile.mkdtemp(prefix="gristmill-resume-"))
-    tokens = Path(args.tokens) if args.tokens else synthetic_tokens(work / "tokens", 4_000_000)
+    tokens = Path(args.tokens) if args.tokens else synthetic_tokens(work / "tokens", n_tokens, **vocab)
     overrides = [
         f"data.tokens={tokens}",
         f"steps={args.steps}",

@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/scale_run.py [--sizes 0.25 1 4] [--tasks 8] [--workers 2]
         [--work /tmp/gristmill-scale] [--seed 1] [--configs crawl permissive] [--invariance]
-        [--write-docs] [--write-calibration]
+        [--write-docs] [--write-calibration] [--smoke]
 
 For each size (GB of compressed WET) it generates a corpus with `make_wet_corpus.py` (kept in
 `--work` and reused), then runs `pipeline run` (the real CLI, one process per task) with each
@@ -16,11 +16,16 @@ the generator planted (`truth.jsonl`).
 that its final documents and token shards are those of the run with `--tasks`.
 `--write-docs` replaces the table in `docs/scale.md`; `--write-calibration` writes the figures
 `pipeline plan` projects from (`src/gristmill/pipeline/scale_calibration.json`).
+
+`--smoke`: one 2 MB corpus, the permissive config, one task, in /tmp/gristmill-scale-smoke unless
+--work says otherwise (seconds to a minute; checks that the benchmark still runs, its figures mean
+nothing, so it writes neither docs nor calibration).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -40,6 +45,7 @@ CONFIGS = {"crawl": ROOT / "configs" / "crawl.yaml", "permissive": ROOT / "confi
 CALIBRATION = ROOT / "src" / "gristmill" / "pipeline" / "scale_calibration.json"
 DOC = ROOT / "docs" / "scale.md"
 BEGIN, END = "<!-- scale-run:begin -->", "<!-- scale-run:end -->"
+SMOKE_GB = 0.002  # the size of make_wet_corpus.py --smoke
 
 
 def corpus(work: Path, gb: float, seed: int) -> Path:
@@ -114,17 +120,19 @@ def model_estimates(config: Path, wet: Path, tasks: int, workers: int) -> dict[s
     from gristmill.pipeline.planner import estimate_memory
     from gristmill.pipeline.projection import plan_for_size
 
-    cfg = load(
-        str(config),
-        [
-            "train=null",
-            f"executor.tasks={tasks}",
-            f"executor.workers={workers}",
-            f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]",
-        ],
-        None,
-    )
-    stages, _ = plan_for_size(cfg, None, None)
+    # the configs' paths (models/...) are relative to the repository, as for the runs (cwd=ROOT)
+    with contextlib.chdir(ROOT):
+        cfg = load(
+            str(config),
+            [
+                "train=null",
+                f"executor.tasks={tasks}",
+                f"executor.workers={workers}",
+                f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]",
+            ],
+            None,
+        )
+        stages, _ = plan_for_size(cfg, None, None)
     return {e.stage.label: round(e.bytes / 1e6, 1) for e in estimate_memory(cfg, stages)}
 
 
@@ -482,17 +490,18 @@ def projection_check(results: dict, work: Path, tasks: int, workers: int) -> dic
             continue
         target, fit_on = sizes[-1], {float(s) for s in sizes[:-1]}
         wet = work / f"wet-{float(target):g}"
-        cfg = load(
-            str(CONFIGS[cfg_name]),
-            [
-                "train=null",
-                f"executor.tasks={tasks}",
-                f"executor.workers={workers}",
-                f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]",
-            ],
-            None,
-        )
-        stages, size = plan_for_size(cfg, None, None)
+        with contextlib.chdir(ROOT):  # as in model_estimates
+            cfg = load(
+                str(CONFIGS[cfg_name]),
+                [
+                    "train=null",
+                    f"executor.tasks={tasks}",
+                    f"executor.workers={workers}",
+                    f"input.paths=[{json.dumps(str(wet / '*.warc.wet.gz'))}]",
+                ],
+                None,
+            )
+            stages, size = plan_for_size(cfg, None, None)
         proj = {p.stage.label: p for p in project(cfg, stages, size / 1e9, cal, workers, prefer=cfg_name, sizes=fit_on)}
         rows = []
         for m in runs[target]["stages"]:
@@ -528,7 +537,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=float, nargs="+", default=[0.25, 1, 4])
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/gristmill-scale"))
+    ap.add_argument("--work", type=Path, help="corpora, runs and results.json (default: /tmp/gristmill-scale)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["crawl", "permissive"])
     ap.add_argument("--invariance", action="store_true")
@@ -536,7 +545,14 @@ def main() -> None:
     ap.add_argument("--write-calibration", action="store_true")
     ap.add_argument("--results", type=Path, help="JSON results file (default: WORK/results.json); merged into")
     ap.add_argument("--report-only", action="store_true", help="run nothing: re-read the run directories in WORK")
+    ap.add_argument("--smoke", action="store_true", help="one 2 MB corpus, permissive, one task: checks that it runs")
     args = ap.parse_args()
+    if args.smoke:
+        if args.write_docs or args.write_calibration:
+            ap.error("--smoke figures mean nothing: not with --write-docs or --write-calibration")
+        args.sizes, args.tasks, args.workers, args.configs = [SMOKE_GB], 1, 1, ["permissive"]
+    # smoke results are kept apart: results.json is merged into, and feeds docs and calibration
+    args.work = (args.work or Path("/tmp/gristmill-scale-smoke" if args.smoke else "/tmp/gristmill-scale")).resolve()
     args.work.mkdir(parents=True, exist_ok=True)
     results_path = args.results or args.work / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {"runs": {}}

@@ -1,6 +1,6 @@
 """Tokenization, gristmill's encode step against datatrove's DocumentTokenizer, same tokenizer file.
 
-    python benchmarks/tokenize_throughput.py [--tokenizer PATH] [--repeat 3] [--copies 4]
+    python benchmarks/tokenize_throughput.py [--tokenizer PATH] [--repeat 3] [--copies 4] [--smoke]
 
 Both run in this one process on the same documents (the shared WET sample's records, repeated
 `--copies` times with distinct ids) and the same tokenizer.json (GPT-2's files, converted once).
@@ -10,6 +10,9 @@ tokenizer.json>, eos_token="<|endoftext|>")`, encoding with HF `encode_batch` an
 engine the run picks after checking it gives HF's ids) and write the intermediate Arrow file.
 Both with one encoding thread (TOKENIZERS_PARALLELISM=false; tiktoken num_threads=1), timed in
 CPU seconds of this process, so MB/s is per core. Prints each and the ratio.
+
+`--smoke`: the first 100 documents, one copy, one run of each (seconds; checks that the
+benchmark still runs, its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GRISTMILL_DATA", REPO.parent / "shared" / "data"))
 
 
-def documents(copies: int):
+def documents(copies: int, limit: int | None = None):
     from datatrove.data import Document
 
     from gristmill.core.wet_reader import WetReader
 
     base = list(WetReader([str(f) for f in sorted((DATA / "cc" / "wet").glob("*.warc.wet.gz"))]).run(None, 0, 1))
+    base = base[:limit]
     return [Document(text=d.text, id=f"{d.id}#{c}", metadata={}) for c in range(copies) for d in base]
 
 
@@ -51,7 +55,8 @@ def run_datatrove(docs, tokenizer_json: Path, work: Path) -> dict:
 def run_gristmill(docs, tokenizer_folder: Path, work: Path) -> dict:
     from gristmill.tokenize.stages import EncodeStep
 
-    step = EncodeStep(tokenizer_folder, work, seed=0, val_fraction=0.01, threads=1, batch_docs=1000)
+    step = EncodeStep(tokenizer_folder, seed=0, val_fraction=0.01, threads=1, batch_docs=1000)
+    step.stage_folder = work  # as the planner sets it: the Arrow files go to <work>/output/
     list(step.run(iter(docs), 0, 1))
     return {"tokens": int(step.stats["tokens"].total)}
 
@@ -79,7 +84,11 @@ def main() -> int:
     )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--copies", type=int, default=4, help="repeat the sample's documents this many times")
+    ap.add_argument("--smoke", action="store_true", help="100 documents, one run each: checks that it runs")
     args = ap.parse_args()
+    limit = None
+    if args.smoke:
+        args.copies, args.repeat, limit = 1, 1, 100
     if not (DATA / "cc" / "wet").is_dir():
         print(f"need the WET sample in {DATA}/cc/wet", file=sys.stderr)
         return 2
@@ -88,7 +97,7 @@ def main() -> int:
     from gristmill.tokenize import encode, tokenizer
 
     logger.remove()
-    docs = documents(args.copies)
+    docs = documents(args.copies, limit)
     mb = sum(len(d.text.encode("utf-8")) for d in docs) / 1e6
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

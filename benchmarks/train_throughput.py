@@ -1,6 +1,6 @@
 """Our trainer against a plain compiled PyTorch Llama of the same shape, in one invocation.
 
-    python benchmarks/train_throughput.py [--sizes 125m,350m,1b] [--steps 20]
+    python benchmarks/train_throughput.py [--sizes 125m,350m,1b] [--steps 20] [--smoke]
     torchrun --nproc-per-node 2 benchmarks/train_throughput.py     # any number of GPUs
 
 Ours: `gristmill.trainer.train.train` itself (FSDP2 bf16/fp32-reduce, Triton kernels, fused
@@ -9,14 +9,21 @@ shapes as a plain PyTorch Llama (nn.Linear/F.rms_norm/SDPA, full logits + F.cros
 fp32 weights under bf16 autocast, each block compiled and the loss head compiled, fused AdamW,
 DDP when world size > 1. Same micro-batch, seq 2048. Tokens/s is the median over the steps
 after warm-up; MFU = tokens/s/GPU × (6·N + 12·L·d·T) / peak.
+
+Needs a GPU, except `--smoke`: the `tiny` preset, 4 steps, a small token directory (seconds;
+checks that the benchmark still runs, its figures mean nothing). Without a GPU the smoke run
+takes the CPU path of both sides: the kernels' PyTorch references, fp32, no torch.compile (it
+would time the compiler), the host's clock and no memory figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -35,9 +42,10 @@ from gristmill.trainer.parallel import init_distributed
 from gristmill.trainer.train import model_args, train
 
 VOCAB = 32000
+SMOKE_VOCAB = 4096  # --smoke: at the tiny preset's width a 32k vocabulary is most of the step
 
 
-def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0) -> Path:
+def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0, vocab: int = VOCAB) -> Path:
     """Random documents in the token-shard contract (one train shard, one val shard)."""
     import hashlib
 
@@ -54,7 +62,7 @@ def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0) -> Path:
     for split, n in (("train", n_tokens), ("val", n_tokens // 20)):
         lengths = rng.integers(200, 4000, size=n // 2000 + 1)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        values = rng.integers(2, VOCAB, size=int(offsets[-1]), dtype=np.uint16)
+        values = rng.integers(2, vocab, size=int(offsets[-1]), dtype=np.uint16)
         arr = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
         name = f"{split}-00000.arrow"
         with pa.OSFile(str(root / name), "wb") as sink, pa.ipc.new_file(sink, schema) as w:
@@ -76,7 +84,7 @@ def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0) -> Path:
         "dtype": "uint16",
         "seed": seed,
         "shards": shards,
-        "tokenizer": {"file": "tokenizer.json", "sha256": "", "vocab_size": VOCAB, "eos_id": 1, "bos_id": 1},
+        "tokenizer": {"file": "tokenizer.json", "sha256": "", "vocab_size": vocab, "eos_id": 1, "bos_id": 1},
         "splits": {s["split"]: {"shards": 1, "documents": s["documents"], "tokens": s["tokens"]} for s in shards},
     }
     (root / "manifest.json").write_text(json.dumps(manifest))
@@ -140,33 +148,49 @@ class RefModel(nn.Module):
 _BASE = [0]
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def start_memory() -> None:
     """Peak memory counts from here, less what is already allocated (earlier sizes' leftovers
     in a multi-size run)."""
     gc.collect()
+    if not torch.cuda.is_available():
+        return
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     _BASE[0] = torch.cuda.memory_allocated()
 
 
 def peak_gib() -> float:
+    """NaN on CPU (no allocator statistics)."""
+    if not torch.cuda.is_available():
+        return float("nan")
     return (torch.cuda.max_memory_allocated() - _BASE[0]) / 2**30
 
 
 def reference_step(args_model, seq: int, d):
     """The compiled plain reference and its training step: `step(x) -> loss` on (B, seq + 1)
-    tokens (bf16 autocast, clip_grad_norm_, fused AdamW; DDP when world size > 1)."""
-    m = RefModel(args_model.dim, args_model.n_layers, args_model.n_heads, args_model.ffn_dim, VOCAB, seq).to(d.device)
-    for block in m.layers:
-        block.compile()
-    m.head_fn = torch.compile(m.head)
+    tokens (bf16 autocast, clip_grad_norm_, fused AdamW; DDP when world size > 1). On CPU
+    (smoke runs): fp32 and no compile, as our trainer runs there."""
+    cuda = d.device.type == "cuda"
+    vocab = args_model.vocab_size
+    m = RefModel(args_model.dim, args_model.n_layers, args_model.n_heads, args_model.ffn_dim, vocab, seq).to(d.device)
+    m.head_fn = m.head
+    if cuda:
+        for block in m.layers:
+            block.compile()
+        m.head_fn = torch.compile(m.head)
     model = m
     if d.world > 1:
-        model = nn.parallel.DistributedDataParallel(m, device_ids=[d.device.index])
+        model = nn.parallel.DistributedDataParallel(m, device_ids=[d.device.index] if cuda else None)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
 
     def step(x):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with autocast:
             loss = model(x[:, :-1], x[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
@@ -182,18 +206,26 @@ def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: in
     g = torch.Generator(device=d.device).manual_seed(d.rank)
     times = []
     for _ in range(steps):
-        x = torch.randint(0, VOCAB, (micro_batch, seq + 1), device=d.device, generator=g)
-        torch.cuda.synchronize()
+        x = torch.randint(0, args_model.vocab_size, (micro_batch, seq + 1), device=d.device, generator=g)
+        sync(d.device)
         t0 = time.perf_counter()
         step(x).item()
-        torch.cuda.synchronize()
+        sync(d.device)
         times.append(time.perf_counter() - t0)
     tps = micro_batch * seq / statistics.median(times[warmup:])  # per GPU
     return {"tokens_per_s_per_gpu": tps, "max_memory_gib": peak_gib()}
 
 
 def run_ours(
-    size: str, tokens: Path, out: Path, steps: int, warmup: int, micro_batch: int | None, world: int, extra: list[str]
+    size: str,
+    tokens: Path,
+    out: Path,
+    steps: int,
+    warmup: int,
+    micro_batch: int | None,
+    world: int,
+    extra: list[str],
+    cuda: bool = True,
 ) -> dict:
     overrides = [
         f"data.tokens={tokens}",
@@ -203,8 +235,9 @@ def run_ours(
         "log.progress=false",
         "log.tensorboard=false",
         "schedule.warmup_steps=0",
-        "kernels=triton",
-        "compile=true",
+        # on CPU (smoke runs) the kernels' PyTorch references, no compile: what the trainer runs there
+        f"kernels={'triton' if cuda else 'reference'}",
+        f"compile={'true' if cuda else 'false'}",
         *extra,
     ]
     if micro_batch:
@@ -222,6 +255,9 @@ def main() -> None:
     p.add_argument("--sizes", default="125m,350m,1b")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=6)
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny preset, 4 steps; on CPU without a GPU: checks that it runs"
+    )
     p.add_argument("--micro-batch", type=int, default=None, help="override the presets' micro_batch")
     p.add_argument("--only", choices=["ours", "reference"], default=None)
     p.add_argument("--set", action="append", default=[], help="extra train-config overrides for ours")
@@ -232,6 +268,11 @@ def main() -> None:
         " autocast without FSDP (A/B of trainer.optim)",
     )
     args = p.parse_args()
+    n_tokens, vocab = 4_000_000, VOCAB
+    if args.smoke:
+        args.sizes, args.steps, args.warmup, n_tokens, vocab = "tiny", 4, 1, 200_000, SMOKE_VOCAB
+    elif not torch.cuda.is_available():
+        p.error("no CUDA GPU: the figures are GPU figures (--smoke runs the CPU path at tiny sizes)")
     if args.torch_optimizer:
         import gristmill.trainer.train as T
 
@@ -244,6 +285,7 @@ def main() -> None:
         T.clip_and_guard = torch_clip
         args.set.append("master_weights=false")  # torch's AdamW has no fp32 masters: autocast instead
     d = init_distributed()
+    cuda = d.device.type == "cuda"
     peak = peak_flops(d.device)
     # one directory for all ranks: rank 0 makes it and tells the others where
     box = [tempfile.mkdtemp(prefix="gristmill-bench-") if d.is_main else None]
@@ -252,10 +294,11 @@ def main() -> None:
     tmp = Path(box[0])
     tokens = tmp / "tokens"
     if d.is_main:
-        synthetic_tokens(tokens, 4_000_000)
+        synthetic_tokens(tokens, n_tokens, vocab=vocab)
     dist.barrier()
     if d.is_main:
-        print(f"device: {torch.cuda.get_device_name()} × {d.world}, torch {torch.__version__}", flush=True)
+        name = torch.cuda.get_device_name() if cuda else "CPU (no GPU: fp32, reference kernels, no compile)"
+        print(f"device: {name} × {d.world}, torch {torch.__version__}", flush=True)
     for size in args.sizes.split(","):
         # fresh compile caches per size: otherwise the second size's new shapes make dynamo
         # recompile every block with dynamic shapes (slow to build, slower to run)
@@ -264,17 +307,19 @@ def main() -> None:
         if args.only != "reference":
             start_memory()
             res["ours"] = run_ours(
-                size, tokens, tmp / f"out-{size}", args.steps, args.warmup, args.micro_batch, d.world, args.set
+                size, tokens, tmp / f"out-{size}", args.steps, args.warmup, args.micro_batch, d.world, args.set, cuda
             )
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
             torch._dynamo.reset()
         cfg = res["ours"]["cfg"] if "ours" in res else load_config(size, [f"data.tokens={tokens}"])
-        margs = model_args(cfg, VOCAB)
+        margs = model_args(cfg, vocab)
         if args.only != "ours":
             start_memory()
             mb = args.micro_batch or cfg.data.micro_batch
             res["reference"] = run_reference(margs, mb, cfg.data.seq_len, args.steps, args.warmup, d)
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
         if d.is_main:
             fpt = margs.flops_per_token(cfg.data.seq_len)
             for name, r in res.items():
@@ -292,6 +337,9 @@ def main() -> None:
                     f" tokens/s, memory {o['max_memory_gib'] / r['max_memory_gib']:.2f}×",
                     flush=True,
                 )
+    dist.barrier()
+    if d.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
     dist.destroy_process_group()
 
 

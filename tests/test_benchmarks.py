@@ -1,0 +1,250 @@
+"""Every script in benchmarks/ runs to the end in its `--smoke` mode.
+
+Nothing else runs the benchmarks, so without this they rot silently (a step's signature changes,
+the benchmark that calls it breaks, and nobody knows until the next measurement). Each script
+runs in a subprocess as a user runs it, with tiny inputs and the same code path as a full run; the
+test checks the line that carries its result: the ratio against its peer where it has one, or a
+figure of what it made. Figures are never compared with limits: smoke runs measure nothing.
+
+The GPU benchmarks take their CPU path here. Peer sides need the bench extra (`make test`
+installs it); without it they print that they skipped, which fails in CI and passes elsewhere.
+Generated inputs are shared where one script consumes another's output (the WET corpus of
+make_wet_corpus feeds scale_run, whose run feeds near_removal_rules; the dedup corpus feeds
+dedup_eval and dedup_throughput), so each is made once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(BENCH))
+from scale_run import SMOKE_GB  # noqa: E402  (its corpus folder is named after it: it reuses ours)
+
+# modules of the bench extra (pyproject `[project.optional-dependencies] bench`) the peers import
+PEER_MODULES = ("warcio", "cchardet", "magic", "spacy", "tldextract", "fasteners")
+NUMBER = r"([-+0-9.,e]+|nan)"
+
+
+def smoke(script: str, *args, tmp: Path, data: Path) -> str:
+    """stdout of `benchmarks/<script>.py --smoke ARGS`, which must exit 0; its CPU time (with its
+    child processes) is printed for the test report."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
+        "GRISTMILL_DATA": str(data),
+        "TMPDIR": str(tmp),  # whatever a script puts in the temp dir goes with the test's
+        "OMP_NUM_THREADS": "1",  # torch's threads would only spin on this shared machine
+    }
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", *map(str, args)],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"{script} --smoke: {cpu:.1f} CPU s, {time.perf_counter() - t0:.1f} s wall")
+    assert proc.returncode == 0, (
+        f"{script}.py --smoke exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+        f"--- stderr\n{proc.stderr[-4000:]}"
+    )
+    return proc.stdout
+
+
+def figure(out: str, before: str) -> float:
+    """The number that follows `before` (a literal) in the output, which must be there."""
+    m = re.search(re.escape(before) + r"\s*×?" + NUMBER, out)
+    assert m, f"no line with {before!r} in:\n{out[-4000:]}"
+    return float(m.group(1).replace(",", ""))
+
+
+def peers_installed() -> bool:
+    """True when the bench extra is installed; in CI (GRISTMILL_REQUIRE_DATA=1) it must be."""
+    missing = [m for m in PEER_MODULES if importlib.util.find_spec(m) is None]
+    if missing and os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
+        pytest.fail(f"the bench extra is not installed (missing {', '.join(missing)}): pip install -e '.[bench]'")
+    return not missing
+
+
+def peer_ratio(out: str, before: str) -> float | None:
+    """The peer ratio after `before`, positive; None when the peer side said it skipped (no extra)."""
+    if not peers_installed():
+        assert "skipped" in out and "pip install -e '.[bench]'" in out, out[-4000:]
+        return None
+    r = figure(out, before)
+    assert r > 0, before
+    return r
+
+
+# --- shared inputs: each made once by the script whose smoke test also checks it ------------------
+
+
+@pytest.fixture(scope="module")
+def bench_tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("benchmarks")
+
+
+@pytest.fixture(scope="module")
+def wet_corpus(bench_tmp, shared_data, lid_model) -> tuple[Path, str]:
+    """make_wet_corpus.py --smoke, written where scale_run.py --smoke looks for its corpus."""
+    work = bench_tmp / "scale"
+    out = smoke("make_wet_corpus", work / f"wet-{SMOKE_GB:g}", tmp=bench_tmp, data=shared_data)
+    return work, out
+
+
+@pytest.fixture(scope="module")
+def scale_run(wet_corpus, bench_tmp, shared_data) -> tuple[Path, str]:
+    work, _ = wet_corpus
+    return work, smoke("scale_run", "--work", work, tmp=bench_tmp, data=shared_data)
+
+
+@pytest.fixture(scope="module")
+def dedup_corpus(bench_tmp, shared_data) -> tuple[Path, str]:
+    out_dir = bench_tmp / "dedup-corpus"
+    return out_dir, smoke("make_dedup_corpus", out_dir, tmp=bench_tmp, data=shared_data)
+
+
+# --- one check per script ------------------------------------------------------------------------
+
+
+def check_tokenize_throughput(request, tmp, data):
+    out = smoke("tokenize_throughput", tmp=tmp, data=data)
+    assert figure(out, "gristmill (tiktoken)") > 0  # the token count of our side
+    # datatrove's DocumentTokenizer needs only core dependencies: its side always runs
+    assert figure(out, "ratio gristmill/datatrove (MB/s per core):") > 0
+    assert "token counts differ" not in out  # same tokenizer, same documents: same tokens
+
+
+def check_filter_throughput(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("filter_throughput", tmp=tmp, data=data)
+    assert figure(out, "gristmill ") == 43  # documents read from the smaller sample file
+    peer_ratio(out, "ratio gristmill/datatrove (MB/s per core):")
+
+
+def check_quality_throughput(request, tmp, data):
+    for model in ("kenlm_model", "quality_model"):  # skips (fails in CI) without `make models`
+        request.getfixturevalue(model)
+    out = smoke("quality_throughput", tmp=tmp, data=data)
+    assert figure(out, "gristmill kenlm") > 0 and figure(out, "gristmill quality") > 0
+    peer_ratio(out, "ratio gristmill/datatrove (perplexity, MB/s per core):")
+    peer_ratio(out, "ratio gristmill/datatrove (quality, MB/s per core):")
+
+
+def check_make_dedup_corpus(request, tmp, data):
+    corpus, out = request.getfixturevalue("dedup_corpus")
+    assert figure(out, "wrote") == 300
+    assert figure(out, "documents (") == 18  # 6% exact duplicates planted
+    assert (corpus / "truth.parquet").is_file() and (corpus / "docs" / "00000.parquet").is_file()
+
+
+def check_dedup_eval(request, tmp, data):
+    corpus, _ = request.getfixturevalue("dedup_corpus")
+    out = smoke("dedup_eval", "--corpus", corpus, tmp=tmp, data=data)
+    lines = {x.split(":")[0]: x for x in out.splitlines()}
+    # the bounds: removing every planted duplicate finds every pair, removing nothing finds none
+    assert figure(lines["every planted duplicate removed"], "recall(J>=0.85)") == 1.0
+    assert figure(lines["nothing removed"], "recall(J>=0.85)") == 0.0
+
+
+def check_dedup_throughput(request, tmp, data):
+    corpus, _ = request.getfixturevalue("dedup_corpus")
+    out = smoke("dedup_throughput", "--corpus", corpus, tmp=tmp, data=data)
+    # near dedup finds the planted pairs above its threshold (0.999 on the 10,000-document corpus)
+    assert figure(out, "recall(J>=0.85)") >= 0.9  # the first method's line is near_dedup's
+    assert figure(out, "near_dedup vs datasketch MinHashLSH:") > 0  # datasketch: a core dependency
+    peer_ratio(out, "near_dedup vs datatrove minhash (4 stages):")
+    bloom = re.search(r"([\d,]+) items/s/core hash\+test\+set", out)
+    assert bloom and int(bloom.group(1).replace(",", "")) > 0, out[-4000:]
+
+
+def check_make_wet_corpus(request, tmp, data):
+    work, out = request.getfixturevalue("wet_corpus")
+    corpus = work / f"wet-{SMOKE_GB:g}"
+    assert figure(out, "wrote") >= 2  # files: 2 MB in 0.5 MB files
+    truth = [json.loads(x) for x in (corpus / "truth.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in truth} == {"exact", "near"}
+    assert len(list(corpus.glob("*.warc.wet.gz"))) == figure(out, "wrote")
+
+
+def check_scale_run(request, tmp, data):
+    work, out = request.getfixturevalue("scale_run")
+    assert "| 16_manifest |" in out  # the permissive config's stages, through the token shards
+    assert figure(out, "near dedup (pairs J >= 0.85): recall") >= 0.9
+    assert figure(out, "exact dedup: recall") >= 0.9
+    assert set(json.loads((work / "results.json").read_text())["runs"]) == {"permissive"}
+
+
+def check_near_removal_rules(request, tmp, data):
+    work, _ = request.getfixturevalue("scale_run")
+    run = work / f"run-permissive-{SMOKE_GB:g}-t1"
+    out = smoke("near_removal_rules", run, "--truth", work / f"wet-{SMOKE_GB:g}" / "truth.jsonl", tmp=tmp, data=data)
+    for rule in ("components", "kept_neighbour"):
+        line = next(x for x in out.splitlines() if x.startswith(f"{rule}:"))
+        assert figure(line, "documents in some pair,") > 0  # removed
+        assert figure(line, "recall") >= 0.9
+
+
+def check_word_segmenters(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("word_segmenters", tmp=tmp, data=data)
+    # icu4py (a core dependency) against the regex: its speed as a multiple of the regex's, per text
+    ratios = [float(x) for x in re.findall(r"^\| icu4py\s+\| [\d,]+\s+\| ([\d.]+)", out, re.M)]
+    assert ratios and all(r > 0 for r in ratios), out[-4000:]
+    assert "## Dispatch on" in out
+
+
+def check_kernels(request, tmp, data):
+    out = smoke("kernels", tmp=tmp, data=data)
+    for op in ("rms_norm+residual", "swiglu", "rope(qkv)", "linear+cross_entropy"):
+        line = next(x for x in out.splitlines() if f" {op} " in x)
+        assert figure(line, "×") > 0  # eager reference / ours
+
+
+def check_profile_step(request, tmp, data):
+    out = smoke("profile_step", tmp=tmp, data=data)
+    assert "== ours:" in out and "== reference:" in out
+    assert figure(out, "ratio ours/reference (tokens/s):") > 0
+
+
+def check_train_throughput(request, tmp, data):
+    out = smoke("train_throughput", tmp=tmp, data=data)
+    assert figure(out, "tiny  ratio ours/reference:") > 0
+
+
+def check_resume_world_size(request, tmp, data):
+    out = smoke("resume_world_size", tmp=tmp, data=data)
+    # on CPU a resumed run is bitwise the uninterrupted one (2 processes → 1)
+    assert figure(out, "resume 2 → 1 processes: max relative loss difference") <= 1e-6
+
+
+CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
+SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size"}
+
+
+def test_every_script_has_a_check():
+    scripts = {p.stem for p in BENCH.glob("*.py")}
+    assert scripts == set(CHECKS), f"benchmarks without a smoke check: {sorted(scripts - set(CHECKS))}"
+
+
+@pytest.mark.parametrize(
+    "script", [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in sorted(CHECKS)]
+)
+def test_smoke(script, request, tmp_path, shared_data):
+    CHECKS[script](request, tmp_path, shared_data)
