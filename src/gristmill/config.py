@@ -9,6 +9,7 @@ the parsing, `${VAR}` interpolation, `--set` overrides and the collection of err
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -298,6 +299,12 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         ):
             errors.append(f"{where}: {file}: {step}: expected `per_language: {{language: {{param: value}}}}`")
             continue
+        # a computed file's likeliest fault (a mean of nothing): named here with the file, and
+        # not merged, so that each value is reported once
+        errors.extend(
+            f"{where}: {file}: {key}: expected a finite number, got {value!r}"
+            for key, value in _non_finite(section, step)
+        )
     if any(e.startswith(f"{where}:") for e in errors):
         return
     steps = data.get("steps")
@@ -325,6 +332,17 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         for lang, values in own.items():
             merged[lang] = {**merged.get(lang, {}), **values} if isinstance(values, dict) else values
         params["per_language"] = merged
+
+
+def _non_finite(node: Any, path: str) -> list[tuple[str, float]]:
+    """(key path, value) of every NaN or infinite float in a YAML tree."""
+    if isinstance(node, float):
+        return [] if math.isfinite(node) else [(path, node)]
+    if isinstance(node, dict):
+        return [found for k, v in node.items() for found in _non_finite(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [found for i, v in enumerate(node) for found in _non_finite(v, f"{path}[{i}]")]
+    return []
 
 
 def load(path: str | Path, overrides: list[str] = (), run_dir: str | None = None) -> RunConfig:
