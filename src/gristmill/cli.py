@@ -389,6 +389,52 @@ def cmd_plan(args, console: Console) -> int:
     return 1 if any(not p.fits for p in projections) else 0
 
 
+#: the most input `pipeline plan` projects for: 10 PB of compressed WET, more than every crawl's
+#: together (~100 crawls of ~10 TB). Far beyond it the memory models' arithmetic overflows.
+MAX_PLAN_GB = 10_000_000
+
+
+def _plan_gb(text: str) -> float:
+    """`--gb`: a size above 0 and at most MAX_PLAN_GB (not nan, not inf)."""
+    try:
+        gb = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size in GB, e.g. 150, got {text!r}") from None
+    if not 0 < gb <= MAX_PLAN_GB:  # false for nan too
+        raise argparse.ArgumentTypeError(
+            f"expected a size in GB above 0 and at most {MAX_PLAN_GB:,} (10 PB, more than all of Common Crawl), "
+            f"got {text}"
+        )
+    return gb
+
+
+def _plan_files(text: str) -> int:
+    """`--files`: at least one WET file, and no more than MAX_PLAN_GB of them."""
+    from gristmill.pipeline.planner import CC_WET_FILE_BYTES
+
+    most = int(MAX_PLAN_GB * 1e9 // CC_WET_FILE_BYTES)
+    try:
+        files = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of WET files, e.g. 100, got {text!r}") from None
+    if not 1 <= files <= most:
+        raise argparse.ArgumentTypeError(
+            f"expected between 1 and {most:,} WET files ({MAX_PLAN_GB:,} GB at ~150 MB each), got {text}"
+        )
+    return files
+
+
+def _plan_cores(text: str) -> int:
+    """`--cores`: at least one."""
+    try:
+        cores = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of cores, e.g. 16, got {text!r}") from None
+    if cores < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 core, got {text}")
+    return cores
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description="Common Crawl → curated pretraining data")
     p.add_argument("--version", action="version", version=f"gristmill {__version__}")
@@ -412,9 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plan", help="before running: per stage CPU-hours, memory per task, disk and wall time")
     config_args(pl)
-    pl.add_argument("--gb", type=float, help="input size: GB of compressed WET (default: the config's input)")
-    pl.add_argument("--files", type=int, help="input size: this many Common Crawl WET files (~150 MB each)")
-    pl.add_argument("--cores", type=int, help="cores the tasks share (default: 1 locally; every task at once on Slurm)")
+    pl.add_argument("--gb", type=_plan_gb, help="input size: GB of compressed WET (default: the config's input)")
+    pl.add_argument("--files", type=_plan_files, help="input size: this many Common Crawl WET files (~150 MB each)")
+    pl.add_argument(
+        "--cores", type=_plan_cores, help="cores the tasks share (default: 1 locally; every task at once on Slurm)"
+    )
     pl.add_argument(
         "--calibration",
         help="measurements to project from (benchmarks/scale_run.py --write-calibration; default: the shipped ones)",
