@@ -59,9 +59,20 @@ class SlurmConfig(Strict):
     stages: dict[str, SlurmStageOverrides] = Field(default_factory=dict, description="overrides by stage name")
 
 
+#: the most tasks a stage may have: stages that shuffle (near_dedup's edges, tokenize's
+#: buckets) write tasks x tasks files, 100 million at this bound; a whole snapshot runs on
+#: 4,000 (docs/scale.md)
+MAX_TASKS = 10_000
+
+
 class ExecutorConfig(Strict):
     type: Literal["local", "slurm"] = "local"
-    tasks: int = Field(4, ge=1, description="parallel tasks per stage (input files are split among them)")
+    tasks: int = Field(
+        4,
+        ge=1,
+        description="parallel tasks per stage (input files are split among them; "
+        "the curate stage runs at most one per input file)",
+    )
     workers: int = Field(2, ge=1, description="tasks run at once on this machine (local)")
     memory_gb_per_task: float | None = Field(
         None,
@@ -70,6 +81,16 @@ class ExecutorConfig(Strict):
         "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage",
     )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+
+    @field_validator("tasks")
+    @classmethod
+    def _sane_tasks(cls, tasks: int) -> int:
+        if tasks > MAX_TASKS:
+            raise ValueError(
+                f"at most {MAX_TASKS:,}, got {tasks:,}: stages that shuffle (near_dedup, tokenize) write "
+                f"tasks x tasks files ({tasks * tasks:,}); a whole Common Crawl snapshot runs on 4,000"
+            )
+        return tasks
 
 
 CRAWL_NAME = r"^CC-MAIN-\d{4}-\d{2}$"

@@ -94,7 +94,7 @@ def test_plan_puts_token_stages_last(tmp_path, gpt2_cfg):
         "06_shards",
         "07_manifest",
     ]
-    assert [s.tasks for s in stages] == [4, 4, 1, 4, 1, 4, 1]
+    assert [s.tasks for s in stages] == [2, 4, 1, 4, 1, 4, 1]  # curate: one task per WET file at most
     assert stages[1].pipeline[0].folder == stages[3].pipeline[0].folder == stages[0].output
 
 

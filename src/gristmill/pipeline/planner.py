@@ -266,7 +266,24 @@ def build_steps(cfg: RunConfig, ctx: PlanContext) -> list[Step]:
 
 def _stream_stage(ctx: PlanContext, steps: list[Step]) -> None:
     """Reader, the streaming steps fused in one pass, writer."""
-    ctx.stage("curate" if not ctx.stages else "filter", [ctx.read_documents(), *steps, ctx.writer()])
+    tasks = _curate_tasks(ctx) if ctx.documents is None else None
+    ctx.stage("curate" if not ctx.stages else "filter", [ctx.read_documents(), *steps, ctx.writer()], tasks=tasks)
+
+
+def _curate_tasks(ctx: PlanContext) -> int:
+    """Tasks of the stage that reads the WET files: at most one per file. A task reads whole
+    files (`WetReader`: every tasks-th source from its rank), so the others would start, read
+    nothing and end: a process each, locally, and an array task each on Slurm. Fewer tasks
+    read the same files in the same order, so the output is the same."""
+    tasks, files = ctx.tasks, len(ctx._sources())
+    if not files or tasks <= files:  # `pipeline plan --gb` plans for files not yet listed
+        return tasks
+    if "tasks" in ctx.cfg.executor.model_fields_set:  # the default says nothing the user meant
+        logger.warning(
+            f"executor.tasks: {tasks} tasks for {files} input files; the curate stage runs {files} "
+            f"(a task reads whole files), the stages after it {tasks}"
+        )
+    return files
 
 
 def plan(
