@@ -3,6 +3,10 @@ reference text (UDHR) as the English defaults remove of English reference text."
 
 from __future__ import annotations
 
+import math
+import random
+import string
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -244,3 +248,158 @@ def test_no_threshold_turns_a_rule_off_when_a_statistic_is_mostly_zero(udhr_zip,
     )
     values = list(_thresholds(yaml.safe_load(out.read_text())))
     assert values and all(v > 0 for _, v in values)
+
+
+# --- hostile and unlucky references ------------------------------------------------------------
+
+
+def _garbage(path: Path, kind: str) -> Path:
+    """30 documents, blank-line separated, that are no language's clean text."""
+    rng = random.Random(0)
+    if kind == "digits":
+        docs = [" ".join(str(rng.randint(0, 99999)) for _ in range(80)) for _ in range(30)]
+    elif kind == "letters":  # words of random letters: no stop word of any language
+        docs = [
+            " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(80))
+            + "."
+            for _ in range(30)
+        ]
+    else:  # one line, over and over
+        docs = ["\n".join(["spam spam spam eggs."] * 20) for _ in range(30)]
+    path.write_text("\n\n".join(docs))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        ("digits", "gopher_quality.per_language.de.max_non_alpha_words_ratio = 0.0: 0 switches the rule off"),
+        ("letters", "gopher_quality.per_language.de.min_stop_words = 1: removes 73% of the de reference (over 50%)"),
+        ("repeat", "gopher_repetition.per_language.de.top_n_grams (n=2) = 2.6291: a share never exceeds 1"),
+    ],
+)
+def test_a_garbage_reference_is_refused_naming_the_key(udhr_zip, tmp_path, capsys, kind, named):
+    ref = _garbage(tmp_path / f"{kind}.txt", kind)
+    out = tmp_path / "cal.yaml"
+    assert (
+        main(["calibrate", "--udhr", str(udhr_zip), "--languages", "de", "--reference", f"de={ref}", "-o", str(out)])
+        == 2
+    )
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --reference de={ref}: ") and named in line, line
+    assert line.endswith("Is it de text, documents separated by blank lines?")
+    assert not out.exists()
+
+
+def test_an_odd_udhr_value_is_left_out_and_named(udhr_zip, tmp_path, capsys):
+    """Croatian UDHR's 3-grams gave 1.1, a bound no share reaches (the rule off): that value
+    alone is refused, and Croatian keeps the English default for it."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "hr,de", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "refused: gopher_repetition.per_language.hr.top_n_grams (n=3) = 1.1 from --udhr "
+        f"{udhr_zip} (udhr2/hrv.txt): a share never exceeds 1: the rule would never fire; hr keeps the default 0.18"
+    ) in err
+    assert "1 thresholds refused (above)" in err
+    table = yaml.safe_load(out.read_text())
+    assert dict(map(tuple, table["gopher_repetition"]["per_language"]["hr"]["top_n_grams"]))[3] == 0.18
+    for step in table.values():
+        for lang, params in step["per_language"].items():
+            for name, value in params.items():
+                for v in [x for _, x in value] if isinstance(value, list) else [value]:
+                    assert v > 0, (lang, name)
+                    if step is table.get("gopher_repetition") or name.endswith("_ratio"):
+                        assert v < 1, (lang, name)  # a share's bound of 1 or more never fires
+
+
+def test_rules_the_english_reference_trips_mostly_are_not_calibrated(udhr_zip, shared_data, tmp_path, capsys):
+    """WikiText's `@-@` and `@,@` tokens fail the letter share in 93% of its paragraphs: matched,
+    every language would lose 93% of its clean text to that rule."""
+    out = tmp_path / "cal.yaml"
+    wiki = shared_data / "corpus" / "en" / "wikitext-2.test.txt"
+    args = ["calibrate", "--udhr", str(udhr_zip), "--english", str(wiki), "--no-udhr-english", "--languages", "ar,de"]
+    assert main([*args, "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "not calibrated: gopher_quality.max_non_alpha_words_ratio: the English default removes 93% of the English "
+        "reference (over 50%)"
+    ) in err
+    table = yaml.safe_load(out.read_text())
+    assert all("max_non_alpha_words_ratio" not in p for p in table["gopher_quality"]["per_language"].values())
+
+
+def test_refusal_of_thresholds_that_switch_a_rule_off():
+    from gristmill.pipeline.calibrate import RULES, Result, refusal
+
+    rule = {r.name: r for r in RULES}
+    alpha, dup = rule["gopher_quality.max_non_alpha_words_ratio"], rule["gopher_repetition.dup_line_frac"]
+    words = rule["gopher_quality.max_avg_word_length"]
+
+    def why(r, t, share=0.0):
+        return refusal(Result(r, "de", r.default(), t, 0.0, share, 30))
+
+    assert why(alpha, 0.7) is None and why(dup, 0.5) is None and why(words, 14.0) is None
+    assert why(alpha, 0.0) == "0 switches the rule off"
+    assert why(alpha, -0.2) == "-0.2 is no threshold" and why(dup, math.nan) == "nan is no threshold"
+    assert why(dup, 1.0) == "a share never exceeds 1: the rule would never fire"
+    assert why(words, 14.0, share=0.6) == "removes 60% of the de reference (over 50%)"
+
+
+@pytest.mark.parametrize("flag", ["--english", "--reference", "--udhr"])
+def test_a_device_is_never_read(tmp_path, capsys, flag):
+    """`/dev/zero` was read to 10.7 GB; a device, a FIFO or a directory is refused before any read."""
+    value = "de=/dev/zero" if flag == "--reference" else "/dev/zero"
+    assert main(["calibrate", flag, value, "-o", str(tmp_path / "cal.yaml")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"error: {flag} {value}: not a regular file; give " + (
+        "the UDHR zip" if flag == "--udhr" else "a text file"
+    )
+
+
+def test_reference_bytes_are_bounded(udhr_zip, tmp_path, capsys):
+    # a 20 GB file (sparse: it costs no disk) is refused from its size, without reading it
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(20 << 30)
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--english", str(big), "-o", str(tmp_path / "c.yaml")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --english {big}: over --max-reference-mb (64 MB); give a sample of it "
+        "(thousands of documents set a quantile as well as millions)"
+    ]
+    # the bound is the user's, and holds inside the zip too: 2 MB of zeros compress to a few KB
+    bomb = tmp_path / "udhr.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("udhr2/eng.txt", "\0" * (2 << 20))
+    assert bomb.stat().st_size < 20_000
+    assert main(["calibrate", "--udhr", str(bomb), "--max-reference-mb", "1", "-o", str(tmp_path / "c.yaml")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"error: --udhr {bomb}: udhr2/eng.txt is over --max-reference-mb (1 MB uncompressed)"
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--udhr", str(udhr_zip), "--max-reference-mb", "0", "-o", str(tmp_path / "c.yaml")])
+    assert (
+        capsys.readouterr().err.splitlines()[-1].endswith("argument --max-reference-mb: expected at least 1 MB, got 0")
+    )
+
+
+def test_a_reference_without_usable_text_is_named(udhr_zip, shared_data, tmp_path, capsys):
+    wiki = shared_data / "corpus" / "en" / "wikitext-2.test.txt"
+    out = tmp_path / "cal.yaml"
+    # no language besides English (this was `mean requires at least one data point`)
+    assert main(["calibrate", "--english", str(wiki), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: no reference text of a language other than English: give --udhr or --reference LANG=FILE"
+    ]
+    for text in ("", "\n\n   \n\n", "one block\n\ntwo blocks\n"):
+        empty = tmp_path / "de.txt"
+        empty.write_text(text)
+        assert main(["calibrate", "--english", str(wiki), "--reference", f"de={empty}", "-o", str(out)]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: --reference de={empty}: ") and "documents of de text" in line, line
+        assert "at least 10 are needed" in line
+    empty_zip = tmp_path / "other.zip"
+    with zipfile.ZipFile(empty_zip, "w") as z:
+        z.writestr("readme.txt", "no UDHR here")
+    assert main(["calibrate", "--udhr", str(empty_zip), "--english", str(wiki), "-o", str(out)]) == 2
+    assert "no UDHR text in it" in capsys.readouterr().err
+    assert not out.exists()
