@@ -5,6 +5,7 @@ they used; `pipeline plan` projects a run before it starts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,9 @@ def _cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        # a clean environment, but the data the configs name (${GRISTMILL_DATA:-../shared/data})
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
+        | {k: v for k, v in os.environ.items() if k == "GRISTMILL_DATA"},
     )
 
 
