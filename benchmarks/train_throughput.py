@@ -51,7 +51,11 @@ def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0, vocab: int = VOCA
 
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    (root / "tokenizer.json").write_text("{}")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    # a tokenizer of `vocab` ids: the reader checks the manifest's sha256 and vocab_size against it
+    (root / "tokenizer.json").write_text(Tokenizer(WordLevel({f"<{i}>": i for i in range(vocab)}, "<0>")).to_str())
     schema = pa.schema(
         [
             pa.field("tokens", pa.large_list(pa.field("item", pa.uint16(), nullable=False)), nullable=False),
@@ -84,7 +88,13 @@ def synthetic_tokens(root: Path, n_tokens: int, seed: int = 0, vocab: int = VOCA
         "dtype": "uint16",
         "seed": seed,
         "shards": shards,
-        "tokenizer": {"file": "tokenizer.json", "sha256": "", "vocab_size": vocab, "eos_id": 1, "bos_id": 1},
+        "tokenizer": {
+            "file": "tokenizer.json",
+            "sha256": hashlib.sha256((root / "tokenizer.json").read_bytes()).hexdigest(),
+            "vocab_size": vocab,
+            "eos_id": 1,
+            "bos_id": 1,
+        },
         "splits": {s["split"]: {"shards": 1, "documents": s["documents"], "tokens": s["tokens"]} for s in shards},
     }
     (root / "manifest.json").write_text(json.dumps(manifest))

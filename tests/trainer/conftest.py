@@ -18,6 +18,15 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def tokenizer_json(vocab: int, prefix: str = "t") -> str:
+    """A word-level tokenizer of ids 0..vocab-1: the reader checks the manifest's vocab_size
+    against its tokenizer. Another `prefix` gives another tokenizer of the same size."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    return Tokenizer(WordLevel({f"<{prefix}{i}>": i for i in range(vocab)}, unk_token=f"<{prefix}0>")).to_str()
+
+
 def write_token_dir(
     root: Path, vocab: int = 300, docs: dict | None = None, shard_docs: int = 40, seed: int = 0, dtype=None
 ) -> Path:
@@ -32,7 +41,7 @@ def write_token_dir(
 
         docs = {"train": [doc() for _ in range(160)], "val": [doc() for _ in range(30)]}
     root.mkdir(parents=True, exist_ok=True)
-    (root / "tokenizer.json").write_text("{}")
+    (root / "tokenizer.json").write_text(tokenizer_json(vocab))
     shards = []
     schema = pa.schema(
         [

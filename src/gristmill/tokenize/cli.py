@@ -130,15 +130,29 @@ def cmd_tokens_export(args, console: Console) -> int:
     if args.format != "bin":
         raise ConfigError(f"--format {args.format}: only `bin` is supported")
     toks = open_tokens(args.dir, verify="lazy")
+    if args.split not in toks.splits:
+        raise ConfigError(
+            f"--split {args.split}: {toks.root / 'manifest.json'} has no shards of this split"
+            f" (it has: {', '.join(toks.splits) or 'none'})"
+        )
+    # the checks of `tokens inspect` and of training (tokenizer, shards, every id in the
+    # vocabulary), before the first byte is written: a refused export leaves nothing behind
+    toks.check(args.split)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     n = 0
-    with open(tmp, "wb") as f:
-        for tokens in toks.stream(args.split):
-            f.write(tokens.tobytes())  # already little-endian uint16/uint32
-            n += len(tokens)
-    tmp.replace(out)
+    try:
+        with open(tmp, "wb") as f:
+            for tokens in toks.stream(args.split):
+                f.write(tokens.tobytes())  # already little-endian uint16/uint32
+                n += len(tokens)
+        tmp.replace(out)  # an earlier file at `out` stays whole until the new one is complete
+    except BaseException as e:  # a full disk, Ctrl-C: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(out)  # a failed write names no file
+        raise
     console.print(
         f"[bold green]done[/] {out}: {n:,} {toks.dtype} tokens of split {args.split}"
         f" ({out.stat().st_size / 1e6:.1f} MB); read with np.memmap({str(out)!r}, dtype=np.{toks.dtype},"

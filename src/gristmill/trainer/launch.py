@@ -54,8 +54,10 @@ def check_tokens(cfg: TrainConfig):
     """The token directory as training reads it, checked once: manifest, every shard of the
     training split (and of the validation split if evaluation uses it) present, its sha256 as
     the manifest says (unless `data.verify: false`), a readable Arrow file of the manifest's
-    dtype and counts, every id below the vocabulary size. Raises TokenShardError naming the file,
-    or ConfigError naming the key. Returns the opened TokenDir."""
+    dtype and counts, every id below the vocabulary size, the tokenizer's sha256 and vocabulary
+    as the manifest says (`TokenDir.check`, also run by `tokens inspect` and `tokens export`).
+    Raises TokenShardError naming the file, or ConfigError naming the key. Returns the opened
+    TokenDir."""
     from gristmill.tokenize.reader import TokenShardError, open_tokens
 
     try:

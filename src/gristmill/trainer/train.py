@@ -325,9 +325,17 @@ class Trainer:
         except ckpt.CheckpointError as e:
             raise InputError(str(e)) from None
         if last is not None:
-            self.step = ckpt.load(
-                last, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader
-            )
+            try:  # the same verdict on every rank: rank 0 reports it
+                self.step = ckpt.load(
+                    last,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    scheduler=self.scheduler,
+                    loader=self.loader,
+                    max_step=self.cfg.steps,
+                )
+            except ckpt.CheckpointError as e:
+                raise InputError(str(e)) from None
             self.resume_point = (last, "this run started from it; its files matched their checksums")
             if self.d.is_main:
                 print(f"resumed from {last} (step {self.step}, {self.loader.consumed} samples consumed)", flush=True)
