@@ -27,7 +27,7 @@ from gristmill.pipeline.stats import (
     language_summary,
     languages,
     load_scores,
-    merge_run,
+    read_run,
     top_domains,
 )
 
@@ -434,9 +434,9 @@ def journey_chart(steps: list) -> Figure:
 
 
 def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
-    """The report's HTML for a run directory (stats merged afresh)."""
+    """The report's HTML for a run directory (stats merged afresh, in memory: nothing in it is written)."""
     run_dir = Path(run_dir)
-    merged = merge_run(run_dir)
+    merged = read_run(run_dir)
     scores = load_scores(run_dir)
     thr = thresholds(run_dir)
     rows = funnel(merged)
