@@ -121,3 +121,32 @@ def test_stats_and_report_leave_a_writable_run_untouched(demo_run, tmp_path):
     assert after.keys() == before.keys()  # nothing created (no .tmp, no lock)
     changed = [name for name in before if before[name] != after[name]]
     assert changed == []  # not a byte, not an mtime
+
+
+def test_force_keeps_and_names_a_users_files_inside_stage_folders(demo_run, tmp_path, wet_files, lid_model):
+    run_dir = tmp_path / "run"
+    shutil.copytree(demo_run, run_dir, symlinks=True)
+    (run_dir / "01_curate" / "notes.txt").write_text("why 00_langid drops so much")
+    (run_dir / "03_exact_dedup_find" / "my-analysis").mkdir()
+    (run_dir / "03_exact_dedup_find" / "my-analysis" / "fp.ipynb").write_text("{}")
+    (run_dir / "01_curate" / "output" / "stale.parquet").write_bytes(b"gristmill's folder: cleared whole")
+    stages = [p.name for p in run_dir.iterdir() if p.name[:2].isdigit()]
+    assert len(stages) >= 15  # curate, 3 exact dedup, 6 near dedup, 6 tokenize phases
+    changed = config(run_dir, wet_files[1:], lid_model)
+    changed["executor"] = {"type": "local", "tasks": 1, "workers": 1}
+    changed["steps"] = changed["steps"][:1]
+    cfg = tmp_path / "changed.yaml"
+    cfg.write_text(json.dumps(changed))
+    res = _cli("run", cfg, "--force")
+    assert res.returncode == 0, res.stderr[-2000:]
+    kept = [ln for ln in res.stderr.splitlines() if "--force kept" in ln]
+    # every entry gristmill wrote in every kind of stage is known to it: only the user's are named
+    assert len(kept) == 1 and kept[0].endswith(
+        f"{run_dir}: --force kept what gristmill did not write: 01_curate/notes.txt, 03_exact_dedup_find/my-analysis"
+    ), res.stderr[-2000:]
+    assert (run_dir / "01_curate" / "notes.txt").read_text() == "why 00_langid drops so much"
+    assert (run_dir / "03_exact_dedup_find" / "my-analysis" / "fp.ipynb").read_text() == "{}"
+    assert sorted(p.name for p in (run_dir / "03_exact_dedup_find").iterdir()) == ["my-analysis"]
+    assert not (run_dir / "01_curate" / "output" / "stale.parquet").exists()
+    assert sorted(p.name for p in run_dir.iterdir() if p.name[:2].isdigit()) == ["01_curate", "03_exact_dedup_find"]
+    assert not (run_dir / "tokens").exists()

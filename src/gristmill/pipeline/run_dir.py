@@ -35,6 +35,24 @@ MARKER = ".gristmill-run"
 _OWN_FILES = ("config.yaml", "plan.json", "command.json", "slurm_jobs.json", "stats.json", MARKER)
 _OWN_FOLDERS = ("tokens", "train")
 _STAGE_FOLDER = re.compile(r"^\d{2}_[a-z0-9_]+$")
+# What gristmill and datatrove's executors write directly in a stage folder. `--force` removes
+# these (a folder whole) and keeps anything else, naming it: a user's notes put beside a
+# stage's output are theirs. A stage that writes a new entry here must add it, or `--force`
+# would keep it and say so (tests/pipeline/test_run_dir_files.py runs every kind of stage).
+_STAGE_OWN_FOLDERS = frozenset(
+    (
+        # every stage: datatrove's executor, gristmill's executors, filters and writers
+        *("completions", "logs", "stats", "usage", "slurm_logs", "output", "dropped", "scores"),
+        # exact_dedup, near_dedup phases
+        *("hashes", "inputs", "sources", "dups", "filter", "bands", "edges", "shingles", "verified", "removed"),
+    )
+)
+_STAGE_OWN_FILES = frozenset(
+    (
+        *("executor.json", "executor.pik", "ranks_to_run.json", "launch_script.slurm", "stats.json", "scores.json"),
+        *("lsh.json", "clusters.npy", "cluster_sizes.json"),
+    )
+)
 
 
 def _flatten(node, prefix="") -> dict[str, object]:
@@ -131,9 +149,11 @@ def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
 
 
 def clear(run_dir: Path) -> list[str]:
-    """Remove what gristmill wrote (its files, stage folders, tokens/, train/); keep the rest.
+    """Remove what gristmill wrote (its files, stage folders, tokens/, train/); keep the rest,
+    in the run directory and in its stage folders.
 
-    Returns the names of entries left alone, so the caller can say so.
+    Returns the names of entries left alone (`NN_stage/name` inside a stage), so the caller can
+    say so.
     """
     kept = []
     for child in run_dir.iterdir():
@@ -147,11 +167,34 @@ def clear(run_dir: Path) -> list[str]:
         )
         if not ours:
             kept.append(name)
+        elif _STAGE_FOLDER.match(name) and child.is_dir() and not child.is_symlink():
+            kept += _clear_stage(child)
         elif child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:
             child.unlink()
     return sorted(kept)
+
+
+def _clear_stage(folder: Path) -> list[str]:
+    """Remove what gristmill writes in a stage folder (and the folder, once empty); the paths,
+    relative to the run directory, of the entries kept."""
+    kept = []
+    for child in folder.iterdir():
+        name = child.name
+        if child.is_symlink() or not (
+            name.endswith(".tmp")
+            or (child.is_dir() and name in _STAGE_OWN_FOLDERS)
+            or (child.is_file() and name in _STAGE_OWN_FILES)
+        ):
+            kept.append(f"{folder.name}/{name}")
+        elif child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    if not kept:
+        folder.rmdir()
+    return kept
 
 
 def write_plan(run_dir: Path, stages) -> None:
