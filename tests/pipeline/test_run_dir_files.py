@@ -1,5 +1,5 @@
 """The files of a run directory on real filesystems: a finished run read from a read-only copy,
-`--force` beside a user's file inside a stage folder, a disk that fills while a task writes.
+`--force` beside a user's file inside a stage folder, a disk that fills while gristmill writes.
 
 Tests run as root, where `chmod` does not stop a write: read-only and full filesystems are real
 mounts (a tmpfs remounted read-only, a tmpfs of a few hundred KB), unmounted after each test.
@@ -7,18 +7,29 @@ mounts (a tmpfs remounted read-only, a tmpfs of a few hundred KB), unmounted aft
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import random
+import re
 import shutil
+import string
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
+from datatrove.data import Document
 
+from gristmill.cli import os_error_line as cli_error_line
 from gristmill.config import from_dict
+from gristmill.core.files import save_npy_atomic, write_text_atomic
+from gristmill.core.parquet_io import ParquetWriter
 from gristmill.pipeline.runner import run
+from gristmill.tokenize.shards import BucketedWriter, finish_tokens
 
 from .test_run import config
 
@@ -150,3 +161,117 @@ def test_force_keeps_and_names_a_users_files_inside_stage_folders(demo_run, tmp_
     assert not (run_dir / "01_curate" / "output" / "stale.parquet").exists()
     assert sorted(p.name for p in run_dir.iterdir() if p.name[:2].isdigit()) == ["01_curate", "03_exact_dedup_find"]
     assert not (run_dir / "tokens").exists()
+
+
+# --- a disk that fills ---------------------------------------------------------------------------
+
+
+def _fill(disk: Path) -> None:
+    """Fill the tmpfs to its last byte."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    # with 64 KiB writes, a last partial block may still fit: take it byte by byte
+    with open(disk / "filler2", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError:
+            pass
+
+
+def _docs(n: int) -> list[Document]:
+    rng = random.Random(0)  # incompressible text: the page does not fit after compression either
+    return [
+        Document(text="".join(rng.choice(string.ascii_letters) for _ in range(2000)), id=f"d{i}", metadata={})
+        for i in range(n)
+    ]
+
+
+def _write_parquet(path: Path) -> None:
+    writer = ParquetWriter()
+    writer.bind(path.parent, {}, "zstd")
+    for _ in writer.run(iter(_docs(300)), rank=0):
+        pass
+
+
+def _write_buckets(path: Path) -> None:
+    w = BucketedWriter(path.parent, 0, 4, pa.uint16(), 0, 0, 0.0)
+    w.write([f"d{i}" for i in range(2000)], ["x"] * 2000, [[1, 2, 3] * 100] * 2000)
+    w.close()
+
+
+def _finish_tokens(path: Path) -> None:
+    tokenizer = path.parent.parent / "tokenizer.json"  # on another disk: only the copy fills this one
+    tokenizer.write_bytes(b"{}" * 500_000)
+    finish_tokens(
+        path.parent,
+        [],
+        path,
+        tokenizer_file=tokenizer,
+        tokenizer_meta={},
+        dtype=pa.uint16(),
+        seed=0,
+        val_fraction=0.0,
+        shard_tokens=1,
+    )
+
+
+WRITERS = {
+    # writer, the path its error must name (relative to the full disk)
+    "write_text_atomic": (lambda p: write_text_atomic(p, "x" * 2_000_000), "stats.json"),
+    "save_npy_atomic": (lambda p: save_npy_atomic(p, np.zeros(500_000)), "clusters.npy"),
+    "parquet": (_write_parquet, "output/00000.parquet"),
+    "token_buckets": (_write_buckets, None),  # one of the bucket files, whichever filled the disk
+    "finish_tokens": (_finish_tokens, "tokens"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_full_disk_names_the_file_and_leaves_no_tmp(name, tmpfs, tmp_path):
+    disk = tmpfs("512k")
+    _fill(disk)
+    write, target = WRITERS[name]
+    path = disk / (target or "buckets/x")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(OSError) as e:
+        write(path)
+    assert e.value.errno == errno.ENOSPC, e.value
+    where = str(e.value.filename)
+    if target is None:
+        assert where.startswith(str(disk / "buckets")) and where.endswith(".arrow"), where
+    elif name == "finish_tokens":  # the copy's destination in the directory being built
+        assert where == str(disk / "tokens.tmp" / "tokenizer.json"), where
+    else:
+        assert where == str(path), where
+    assert cli_error_line(e.value) == f"No space left on device: {where}"
+    assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_report_on_a_full_disk_names_the_file_and_leaves_no_tmp(demo_run, tmpfs):
+    disk = tmpfs("512k")
+    _fill(disk)
+    res = _cli("report", demo_run, "-o", disk / "report.html")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == f"error: No space left on device: {disk / 'report.html'}"
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "filler2"]
+
+
+def test_full_disk_during_a_run_names_the_file_and_leaves_no_tmp(tmpfs, tmp_path, wet_files, lid_model):
+    disk = tmpfs("256k")  # room for the run's config and logs, not for its documents
+    cfg = config(disk / "run", wet_files, lid_model, output={"dropped_sample": 1.0, "compression": "none"})
+    cfg["executor"] = {"type": "local", "tasks": 1, "workers": 1}
+    path = tmp_path / "full.yaml"
+    path.write_text(json.dumps(cfg))
+    res = _cli("run", path)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    failed = [ln for ln in res.stderr.splitlines() if ln.startswith("failed stage 01_curate")]
+    assert len(failed) == 1, res.stderr[-2000:]
+    # the file being written, not the stage folder
+    assert re.search(rf"No space left on device: {re.escape(str(disk))}/run/01_curate/\S+\.(parquet|json);", failed[0])
+    assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from gristmill.core.files import replacing
 from gristmill.core.scores import bin_edges
 from gristmill.pipeline.stats import (
     funnel,
@@ -620,7 +621,6 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
 def write(run_dir: str | Path, output: str | Path) -> Path:
     output = Path(output)
     html = build(run_dir)
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(output)
+    with replacing(output) as tmp:  # a full disk leaves no half page, nor a .tmp
+        tmp.write_text(html, encoding="utf-8")
     return output
