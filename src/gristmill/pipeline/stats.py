@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gristmill.core.files import write_text_atomic
+from gristmill.core.wet_reader import KEPT_REASONS
 
 
 def _total(value) -> float:
@@ -172,7 +173,9 @@ def _row(stage: str, step: dict) -> FunnelRow:
     kind, _, name = step["name"].partition(": ")
     c = {k: int(v) for k, v in step["counters"].items()}
     if "READER" in kind:
-        bad = {k.removeprefix("bad_"): v for k, v in c.items() if k.startswith("bad_")}
+        # records lost count in, beside the documents; a record kept with a problem (a wrong
+        # Content-Length, bytes that are not UTF-8) is one of the documents already
+        bad = {k[4:]: v for k, v in c.items() if k.startswith("bad_") and k[4:] not in KEPT_REASONS}
         skipped = {k: v for k, v in c.items() if k.startswith("skipped_")}
         docs = c.get("documents", 0)
         return FunnelRow(
@@ -340,7 +343,8 @@ def _journey_counters(steps: list[dict], phases: list[int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for i in phases:
         for k, v in steps[i]["counters"].items():
-            if k in _BOOKKEEPING or k.startswith(("dropped_", "bad_", "lang_")):
+            lost = k.startswith("bad_") and k[4:] not in KEPT_REASONS  # a kept record's flaw is a note
+            if k in _BOOKKEEPING or k.startswith(("dropped_", "lang_")) or lost:
                 continue
             out[k] = int(v)
     return dict(sorted(out.items()))
@@ -385,6 +389,9 @@ def journey_notes(row: JourneyRow) -> str:
     skipped = sum(v for k, v in c.items() if k.startswith("skipped_"))
     if skipped:
         notes.append(f"{skipped:,} records skipped (not documents)")
+    flawed = {k[4:]: v for k, v in c.items() if k.startswith("bad_") and k[4:] in KEPT_REASONS and v}
+    if flawed:
+        notes.append("kept despite " + ", ".join(f"{k} {v:,}" for k, v in sorted(flawed.items())))
     if "paragraphs_removed" in c:
         notes.append(f"{c['paragraphs_removed']:,} paragraphs removed")
     if "candidate_pairs" in c:
