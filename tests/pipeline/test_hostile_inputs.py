@@ -18,9 +18,7 @@ from gristmill.config import ConfigError, from_dict
 from gristmill.core.wet_reader import WetRecord, iter_wet_records, printable
 from gristmill.pipeline.planner import make_fetcher, resolve_sources
 
-SECRET = (
-    "root:$6$Zr0Jx8Qk$Vd1yqk7P7nQ0H2mVbG1Yy9Z8r.hT3sF0Lq6p0e1Q2w3E4r5T6y7U8i9O0pA1sD2fG3hJ4k:19000:0:99999:7:::\n"
-)
+SECRET = "root:$6$Zr0Jx8Qk$Vd1yqk7P7nQ0H2mVbG1Yy9Z8r.hT3sF0Lq6p0e1Q2w3E4r5T6y7U8i9O0pA1sD2fG3hJ4k:19000:0:99999:7:::\n"
 
 
 def _cli(*args, timeout=120) -> subprocess.CompletedProcess:
