@@ -28,6 +28,7 @@ from gristmill.cli import os_error_line as cli_error_line
 from gristmill.config import from_dict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetWriter
+from gristmill.pipeline import run_dir as rd
 from gristmill.pipeline.runner import run
 from gristmill.tokenize.shards import BucketedWriter, finish_tokens
 
@@ -274,4 +275,19 @@ def test_full_disk_during_a_run_names_the_file_and_leaves_no_tmp(tmpfs, tmp_path
     assert len(failed) == 1, res.stderr[-2000:]
     # the file being written, not the stage folder
     assert re.search(rf"No space left on device: {re.escape(str(disk))}/run/01_curate/\S+\.(parquet|json);", failed[0])
+    assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_run_on_a_disk_full_from_the_start_names_the_file(tmpfs, tmp_path, wet_files, lid_model):
+    disk = tmpfs("256k")
+    _fill(disk)
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(config(disk / "run", wet_files[1:], lid_model)))
+    res = _cli("run", path)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [f"error: No space left on device: {disk / 'run' / '.gristmill.lock'}"]
+    # the run directory's own files, once the lock is held
+    with pytest.raises(OSError) as e:
+        rd.prepare(disk / "run", {"run_dir": str(disk / "run")}, False)
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(disk / "run" / rd.MARKER))
     assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]

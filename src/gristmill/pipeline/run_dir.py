@@ -143,7 +143,9 @@ def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
                 )
             resumed = True
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / MARKER).write_text("gristmill run directory: `pipeline run --force` clears what gristmill wrote here\n")
+    write_text_atomic(
+        run_dir / MARKER, "gristmill run directory: `pipeline run --force` clears what gristmill wrote here\n"
+    )
     write_text_atomic(config_path, yaml.safe_dump(resolved, sort_keys=False))
     return resumed
 
@@ -199,7 +201,7 @@ def _clear_stage(folder: Path) -> list[str]:
 
 def write_plan(run_dir: Path, stages) -> None:
     plan = {"stages": [{"label": s.label, "name": s.name, "tasks": s.tasks, "steps": s.step_names} for s in stages]}
-    (run_dir / "plan.json").write_text(json.dumps(plan, indent=2))
+    write_text_atomic(run_dir / "plan.json", json.dumps(plan, indent=2))
 
 
 def completed_tasks(stage_folder: Path) -> int:
@@ -209,7 +211,7 @@ def completed_tasks(stage_folder: Path) -> int:
 
 def write_jobs(run_dir: Path, jobs: dict[str, str]) -> None:
     """Slurm job ids per stage label, for `pipeline status` (-1: nothing was left to run)."""
-    (run_dir / "slurm_jobs.json").write_text(json.dumps(jobs, indent=2))
+    write_text_atomic(run_dir / "slurm_jobs.json", json.dumps(jobs, indent=2))
 
 
 def read_jobs(run_dir: Path) -> dict[str, str]:
@@ -218,7 +220,7 @@ def read_jobs(run_dir: Path) -> dict[str, str]:
 
 
 def write_command(run_dir: Path, argv: list[str]) -> None:
-    (run_dir / "command.json").write_text(json.dumps(argv))
+    write_text_atomic(run_dir / "command.json", json.dumps(argv))
 
 
 def read_command(run_dir: Path) -> list[str] | None:
