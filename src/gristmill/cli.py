@@ -104,14 +104,14 @@ def cmd_stats(args, console: Console) -> int:
         language_summary,
         languages,
         load_scores,
-        merge_run,
+        read_run,
         top_domains,
     )
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "plan.json").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
-    merged = merge_run(run_dir)
+    merged = read_run(run_dir)
     scores = load_scores(run_dir)
     by_lang = language_funnel(merged, scores)
     if args.language is not None and args.language not in by_lang:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 
 from gristmill.core.documents import documents_to_table, schema_for, table_to_documents
+from gristmill.core.files import on_failure, remove_quietly
 from gristmill.core.step import Step, Workload
 
 ROW_GROUP_DOCS = 2000
@@ -41,6 +42,7 @@ class ParquetFile:
         self.buffer: list[Document] = []
         self.rows = 0
         self._writer: pq.ParquetWriter | None = None
+        self.aborted = False
 
     def add(self, doc: Document) -> None:
         self.buffer.append(doc)
@@ -50,22 +52,38 @@ class ParquetFile:
     def flush(self) -> None:
         if not self.buffer:
             return
-        if self._writer is None:
-            self.tmp.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
-        self._writer.write_table(documents_to_table(self.buffer, self.schema))
+        with on_failure(self.abort, self.path):
+            if self._writer is None:
+                self.tmp.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
+            self._writer.write_table(documents_to_table(self.buffer, self.schema))
         self.rows += len(self.buffer)
         self.buffer = []
 
     def close(self) -> None:
+        if self.aborted:  # its failure was raised already
+            return
         self.flush()
-        if self._writer is None:
-            # A task with no kept documents still writes an empty file: "this task ran and
-            # kept nothing" must be distinguishable from "this task never ran".
-            self.tmp.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
-        self._writer.close()
-        os.replace(self.tmp, self.path)
+        with on_failure(self.abort, self.path):
+            if self._writer is None:
+                # A task with no kept documents still writes an empty file: "this task ran and
+                # kept nothing" must be distinguishable from "this task never ran".
+                self.tmp.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
+            self._writer.close()
+            os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the file being written (its task failed): no `.tmp` is left behind. A failed write
+        calls it, then raises naming the file: pyarrow's OSError (a full disk) names none."""
+        self.aborted, self.buffer = True, []
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 (the same full disk): the task's error is the one to report
+                pass
+            self._writer = None
+        remove_quietly(self.tmp)
 
 
 class ParquetReader(Step):
@@ -130,6 +148,14 @@ class ParquetWriter(Step):
         if self.folder is None or self.schema is None:
             raise RuntimeError("ParquetWriter was never bound to a stage (StageContext.stage binds it)")
         files: dict[str, ParquetFile] = {}
+        try:
+            yield from self._write(data, rank, files)
+        except BaseException:  # a failed task (or one stopped) leaves no `.tmp` file
+            for out in files.values():
+                out.abort()
+            raise
+
+    def _write(self, data: DocumentsPipeline, rank: int, files: dict[str, ParquetFile]) -> DocumentsPipeline:
         fault_after = int(os.environ.get(FAULT_ENV, "0"))
         if os.environ.get(FAIL_TASK_ENV) == str(rank):
             raise RuntimeError(f"injected failure of task {rank} ({FAIL_TASK_ENV})")

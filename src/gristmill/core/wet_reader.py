@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -59,6 +60,15 @@ SEP = b"\r\n\r\n"
 NEXT_RECORD = b"\r\n\r\nWARC/"
 META = ("url", "date", "crawl", "cc_language", "source", "offset")  # Document.metadata keys
 MAX_HEADER = 1 << 20  # a header block bigger than this is garbage, not a header
+#: problems reported about a record that is still read as a document (not lost: not a drop)
+KEPT_REASONS = frozenset({"bad_content_length", "invalid_utf8"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Crawl text for a log line (record ids, URLs, file names): control and bidi characters
+    escaped (a NUL shows as `\\x00`, ESC as `\\x1b`), so the crawl never writes to a terminal."""
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 @dataclass
@@ -361,7 +371,9 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
     elif first.startswith(b"WARC/"):  # an uncompressed WARC: one stream, one "member"
         members = _Members(_plain_stream(f, first))
     else:
-        yield _warn(BadRecord("not_gzip", source, 0, f"starts with {first[:8]!r}"))
+        # what it holds is nobody's business: a glob may have reached /etc/shadow
+        detail = "does not start with a gzip header (1f 8b 08) or WARC/: not a WET file"
+        yield _warn(BadRecord("not_gzip", source, 0, detail))
         return
     pos, crawl = 0, None  # pos: where the next member starts in the decompressed stream
     while not members.done:
@@ -419,7 +431,7 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
 
 def _warn(bad: BadRecord) -> BadRecord:
     where = "file byte" if bad.reason in ("gzip_error", "truncated_member", "garbage") else "byte"
-    logger.warning(f"{bad.source} @ {where} {bad.offset}: {bad.reason} {bad.detail}".rstrip())
+    logger.warning(printable(f"{bad.source} @ {where} {bad.offset}: {bad.reason} {bad.detail}".rstrip()))
     return bad
 
 
@@ -467,7 +479,7 @@ class WetReader(Step):
                             break
             except OSError as e:
                 # one missing or unreadable file must not kill a task over hundreds of files
-                logger.warning(f"{source}: unreadable ({e}); going on with the next file")
+                logger.warning(printable(f"{source}: unreadable ({e}); going on with the next file"))
                 self.stat_update("bad_unreadable_file")
 
     def _documents(self, events: Iterator[WetEvent]) -> DocumentsPipeline:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
-from gristmill.core.wet_reader import WetReader
+from gristmill.core.wet_reader import WetReader, printable
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 
 __all__ = [
@@ -81,14 +82,37 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
                 f" give the files, e.g. {str(Path(folders[0]) / '*.warc.wet.gz')!r}"
             )
         for m in matches:
+            _check_regular_file(m, f"input.paths[{i}]")
             real = os.path.realpath(m)
             if real in seen:
                 # read twice, its documents would be duplicated (and dedup would count them as such)
-                logger.warning(f"input.paths[{i}]: {m} is also matched as {seen[real]}; it is read once")
+                logger.warning(printable(f"input.paths[{i}]: {m} is also matched as {seen[real]}; it is read once"))
                 continue
             seen[real] = m
             sources.append(m)
     return sources
+
+
+_NOT_FILES = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular_file(path: str, key: str) -> None:
+    """A glob can reach a FIFO (reading it would wait forever for a writer), /dev/zero (endless
+    zeros) or a socket: refused here, naming the path and what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:  # a broken symbolic link, a file gone since the glob
+        raise ConfigError(printable(f"{key}: {path}: {e.strerror}")) from None
+    for test, what in _NOT_FILES:
+        if test(mode):
+            raise ConfigError(printable(f"{key}: {path} is {what}, not a file"))
+    if not stat.S_ISREG(mode):
+        raise ConfigError(printable(f"{key}: {path} is not a regular file"))
 
 
 def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
