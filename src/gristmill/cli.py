@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -29,17 +28,7 @@ from rich.text import Text
 
 from gristmill import __version__
 from gristmill.config import ConfigError, load
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+from gristmill.core.messages import format_bytes, os_error_line, printable
 
 
 def safe(value: object) -> Text:
@@ -49,7 +38,7 @@ def safe(value: object) -> Text:
     `[...]` that rich would read as markup: control and bidi characters are shown escaped,
     and a Text object is never parsed for markup.
     """
-    return Text(_CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), str(value)))
+    return Text(printable(str(value)))
 
 
 def cmd_validate(args, console: Console) -> int:
@@ -157,7 +146,7 @@ def cmd_stats(args, console: Console) -> int:
                 f"{line['read']:,}",
                 f"{line['kept']:,}",
                 f"{line['kept_share']:.1%}" if line["kept_share"] is not None else "-",
-                _human_bytes(line["bytes_kept"]),
+                format_bytes(line["bytes_kept"]),
                 safe(", ".join(f"{k} {v:,}" for k, v in drops[:3])),
             )
         if len(summary) > 20:
@@ -167,7 +156,7 @@ def cmd_stats(args, console: Console) -> int:
                 f"{sum(x['read'] for x in rest):,}",
                 f"{sum(x['kept'] for x in rest):,}",
                 "",
-                _human_bytes(sum(x["bytes_kept"] for x in rest)),
+                format_bytes(sum(x["bytes_kept"] for x in rest)),
                 "",
             )
         out.print(lt)
@@ -210,8 +199,8 @@ def _print_journey(out: Console, run_dir: Path, rows: list) -> None:
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
             f"{r.dropped:,}",
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             f"{r.time_s:.2f}s",
             safe(journey_notes(r)),
         )
@@ -241,8 +230,8 @@ def _print_stages(out: Console, run_dir: Path, rows: list) -> None:
             f"{r.docs_in:,}",
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             f"{r.time_s:.2f}s",
             speed,
         )
@@ -271,8 +260,8 @@ def _print_language_journey(out: Console, run_dir: Path, lang: str, rows: list, 
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
             f"{sum(r.drops.values()):,}",
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             _share(r.docs_in, total.docs_in),
         )
     out.print(table)
@@ -304,8 +293,8 @@ def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_row
             f"{r.docs_in:,}",
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             _share(r.docs_in, total.docs_in),
         )
     out.print(table)
@@ -541,12 +530,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; re-run the same command to finish what is missing", file=sys.stderr)
         return 130
-
-
-def os_error_line(e: OSError) -> str:
-    what = e.strerror or str(e)
-    paths = [p for p in (e.filename, e.filename2) if p is not None]
-    return f"{what}: {' -> '.join(map(str, paths))}" if paths else what
 
 
 if __name__ == "__main__":

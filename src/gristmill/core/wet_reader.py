@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from datatrove.data import Document, DocumentsPipeline
 from isal import isal_zlib
 from loguru import logger
 
+from gristmill.core.messages import printable
 from gristmill.core.step import Step, Workload
 
 CHUNK = 1 << 20  # bytes read from the file at a time
@@ -62,13 +62,6 @@ META = ("url", "date", "crawl", "cc_language", "source", "offset")  # Document.m
 MAX_HEADER = 1 << 20  # a header block bigger than this is garbage, not a header
 #: problems reported about a record that is still read as a document (not lost: not a drop)
 KEPT_REASONS = frozenset({"bad_content_length", "invalid_utf8"})
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """Crawl text for a log line (record ids, URLs, file names): control and bidi characters
-    escaped (a NUL shows as `\\x00`, ESC as `\\x1b`), so the crawl never writes to a terminal."""
-    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 
 from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
+from gristmill.core.messages import os_error_line
 from gristmill.pipeline.planner import Stage
 from gristmill.pipeline.usage import RecordsTaskUsage
 
@@ -133,8 +134,7 @@ def _kill_after(steps: list, rank: int) -> list:
 def _error_line(e: BaseException, stage_dir: str | None) -> str:
     if isinstance(e, OSError) and (e.errno is not None or e.filename):
         # pyarrow and others raise ENOSPC without the path: name the stage folder being written
-        where = e.filename or f"writing under {stage_dir}"
-        return f"{e.strerror or e}: {where}"
+        return os_error_line(e, f"writing under {stage_dir}")
     return f"{type(e).__name__}: {e}"
 
 

@@ -22,10 +22,11 @@ from loguru import logger
 
 from gristmill.config import ConfigError, RunConfig
 from gristmill.core.filter import Filter
+from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
-from gristmill.core.wet_reader import WetReader, printable
+from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 
 __all__ = [

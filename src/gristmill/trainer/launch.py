@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from gristmill.core.configlib import ConfigError
+from gristmill.core.messages import os_error_line
 from gristmill.dirlock import hold
 from gristmill.trainer.config import TrainConfig, from_dict
 from gristmill.trainer.config import load as load_config
@@ -77,7 +78,7 @@ def check_tokens(cfg: TrainConfig):
         if cfg.eval.batches and cfg.data.val_split in tokdir.splits:
             tokdir.check(cfg.data.val_split)
     except OSError as e:  # unreadable (permissions, I/O error): still one line naming the file
-        raise TokenShardError(f"{e.filename or cfg.data.tokens}: {e.strerror or e}") from None
+        raise TokenShardError(os_error_line(e, cfg.data.tokens)) from None
     return tokdir
 
 
