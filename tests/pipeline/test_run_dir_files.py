@@ -24,9 +24,9 @@ import pyarrow as pa
 import pytest
 from datatrove.data import Document
 
-from gristmill.cli import os_error_line as cli_error_line
 from gristmill.config import from_dict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
+from gristmill.core.messages import os_error_line as cli_error_line
 from gristmill.core.parquet_io import ParquetWriter
 from gristmill.pipeline import run_dir as rd
 from gristmill.pipeline.runner import run
@@ -282,7 +282,11 @@ def test_run_on_a_disk_full_from_the_start_names_the_file(tmpfs, tmp_path, wet_f
     disk = tmpfs("256k")
     _fill(disk)
     path = tmp_path / "c.yaml"
-    path.write_text(json.dumps(config(disk / "run", wet_files[1:], lid_model)))
+    path.write_text(
+        json.dumps(
+            config(disk / "run", wet_files[1:], lid_model) | {"executor": {"type": "local", "tasks": 1, "workers": 1}}
+        )
+    )
     res = _cli("run", path)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [f"error: No space left on device: {disk / 'run' / '.gristmill.lock'}"]
@@ -291,3 +295,45 @@ def test_run_on_a_disk_full_from_the_start_names_the_file(tmpfs, tmp_path, wet_f
         rd.prepare(disk / "run", {"run_dir": str(disk / "run")}, False)
     assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(disk / "run" / rd.MARKER))
     assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_failed_task_leaves_no_partial_drop_sample(tmp_path):
+    """A filter's sample of dropped documents is renamed into place only when its task finishes:
+    a task that fails after some drops (here a later step raises) leaves neither the sample nor
+    its `.tmp`, so a re-run's sample is never mistaken for, or mixed with, a partial one."""
+    from gristmill.core.configlib import FilterConfig
+    from gristmill.core.filter import Filter
+    from gristmill.core.sinks import DroppedSampler
+
+    class DropsOdd(Filter):
+        step_name = "drops_odd"
+
+        class Config(FilterConfig):
+            pass
+
+        def filter(self, doc, config):
+            return True if int(doc.id) % 2 == 0 else (False, "odd")
+
+    def later_step_fails(data):
+        for i, doc in enumerate(data):
+            if i == 3:
+                raise RuntimeError("a later step failed")
+            yield doc
+
+    def run(step, n):
+        docs = (Document(text=f"document {i}", id=str(i)) for i in range(n))
+        return list(later_step_fails(step.run(docs, rank=0)))
+
+    folder = tmp_path / "dropped" / "drops_odd"
+    failing = DropsOdd()
+    failing.dropped = DroppedSampler(folder, 1.0, {})
+    with pytest.raises(RuntimeError, match="a later step failed"):
+        run(failing, 20)
+    assert failing.stats["dropped_odd"].total >= 3  # it had sampled drops when the task failed
+    assert not folder.exists() or [p.name for p in folder.iterdir()] == []
+
+    finished = DropsOdd()
+    finished.dropped = DroppedSampler(folder, 1.0, {})
+    docs = (Document(text=f"document {i}", id=str(i)) for i in range(6))
+    assert [d.id for d in finished.run(docs, rank=0)] == ["0", "2", "4"]
+    assert [p.name for p in folder.iterdir()] == ["00000.parquet"]

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from datatrove.data import Document
 
 from gristmill.config import ConfigError, from_dict
 from gristmill.pipeline.planner import plan
@@ -515,3 +516,23 @@ def test_tokenizer_reads_the_samples_merged_and_stops_at_the_budget(wet_files, t
             assert read_bytes < budget + max(len(d.text.encode()) for d in docs)
         else:
             assert len(read) == len(docs)
+
+
+def test_a_failed_encode_task_leaves_no_bucket_file(tmp_path, gpt2_run):
+    """A failure while a task encodes (the encoder, or a step before it) removes the bucket files
+    it had started: a half-written `.arrow.tmp` would otherwise sit in the stage folder."""
+    from gristmill.tokenize.stages import EncodeStep
+
+    tokenizer_folder = next(gpt2_run.glob("*_tokenizer")) / "output"
+    step = EncodeStep(tokenizer_folder, seed=0, val_fraction=0.1, threads=1, batch_docs=2, buckets=3)
+    step.stage_folder = tmp_path
+
+    def documents():
+        for i, text in enumerate(list(curated(gpt2_run).values())[:5]):
+            yield Document(text=text, id=f"doc-{i}")
+        raise RuntimeError("the step before encode failed")
+
+    with pytest.raises(RuntimeError, match="the step before encode failed"):
+        list(step.run(documents(), 0, 1))
+    assert step.stats["documents"].total == 4  # two batches were written before the failure
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []

@@ -269,12 +269,16 @@ class EncodeStep(Step):
             self.stat_update("tokens", value=writer.tokens - before)
             batch.clear()
 
-        for doc in data or []:
-            batch.append(doc)
-            if len(batch) >= self.batch_docs:
+        try:
+            for doc in data or []:
+                batch.append(doc)
+                if len(batch) >= self.batch_docs:
+                    flush()
+            if batch:
                 flush()
-        if batch:
-            flush()
+        except BaseException:  # the encoder or a step before failed: no half-written bucket file is left
+            writer.abort()
+            raise
         writer.close()
         return
         yield
