@@ -52,15 +52,29 @@ class ModelArgs(ModelShape):
         return self.model_dump()
 
     def non_embedding_params(self) -> int:
-        """N of the MFU formula: parameters of the blocks and the final norm (not embedding/output)."""
+        """Parameters of the blocks and the final norm (not the embedding or the output head)."""
         d, kv = self.dim, self.n_kv_heads * self.head_dim
         attn = d * d * 2 + d * kv * 2
         mlp = 3 * d * self.ffn_dim
         return self.n_layers * (attn + mlp + 2 * d) + d
 
+    def embedding_params(self) -> int:
+        """The token embedding, and the output head unless it is the same matrix (tied)."""
+        return self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
+
+    def matmul_params(self) -> int:
+        """Weights that multiply every token: the blocks' linear layers and the output head
+        (tied or not: the logits are a matmul either way). Not the embedding (a lookup) or the
+        norms (elementwise)."""
+        d, kv = self.dim, self.n_kv_heads * self.head_dim
+        per_block = d * d * 2 + d * kv * 2 + 3 * d * self.ffn_dim
+        return self.n_layers * per_block + self.vocab_size * d
+
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6·N + 12·L·d·T (N without embeddings; the guide's formula)."""
-        return 6 * self.non_embedding_params() + 12 * self.n_layers * self.dim * seq_len
+        """Training FLOPs per token: 6·N + 12·L·d·T, N = every matmul's weights, the output head
+        included (`matmul_params`), 12·L·d·T attention's two matmuls (PaLM's count). The one
+        formula behind every MFU figure, ours and the reference's."""
+        return 6 * self.matmul_params() + 12 * self.n_layers * self.dim * seq_len
 
 
 class RMSNorm(nn.Module):
