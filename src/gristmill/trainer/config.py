@@ -62,6 +62,11 @@ class OptimSection(Strict):
     eps: float = 1e-8
     weight_decay: float = Field(0.1, ge=0, description="on matrices (ndim ≥ 2) except the embedding")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: off")
+    overlap_update: bool = Field(
+        False,
+        description="one GPU (master weights): update the parameters on a second CUDA stream, block"
+        " by block, beside the next step's forward (same numbers, bit for bit)",
+    )
 
 
 class ScheduleSection(Strict):

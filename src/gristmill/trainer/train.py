@@ -192,6 +192,9 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
     # fp32 weights under autocast; FSDP's mixed precision does the former by itself
     master = bf16 and not use_fsdp and cfg.master_weights is not False
     optimizer = (MasterAdamW if master else AdamW)(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
+    if master and d.device.type == "cuda" and cfg.optim.overlap_update:
+        optimizer.overlap_update(model.units())
+        model.before_unit = optimizer.wait_for_unit
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master else nullcontext()
     return Built(model=model, args=args, optimizer=optimizer, scheduler=scheduler, autocast=autocast, fsdp=use_fsdp)

@@ -1,0 +1,62 @@
+"""The trainer's GPU-only paths (`pytest -m gpu`): the optimizer beside the forward gives the
+same numbers bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from gristmill.trainer.config import load as load_config  # noqa: E402
+from gristmill.trainer.optim import clip_and_guard  # noqa: E402
+from gristmill.trainer.parallel import init_distributed  # noqa: E402
+from gristmill.trainer.train import build  # noqa: E402
+
+VOCAB = 1000
+SHAPE = ["model.dim=256", "model.n_layers=4", "model.n_heads=4", "model.n_kv_heads=2", "data.seq_len=128"]
+
+
+def _run(overrides, steps=4, micro=4):
+    cfg = load_config(
+        "tiny",
+        [
+            "data.tokens=/nonexistent",
+            "kernels=triton",
+            "compile=false",
+            "precision=bf16",
+            f"data.micro_batch={micro}",
+            f"data.global_batch={micro}",
+            *SHAPE,
+            *overrides,
+        ],
+    )
+    built = build(cfg, init_distributed(), VOCAB)
+    model, opt = built.model, built.optimizer
+    g = torch.Generator(device="cuda").manual_seed(0)
+    losses, norms = [], []
+    for _ in range(steps):
+        x = torch.randint(0, VOCAB, (micro, 129), device="cuda", generator=g)
+        with built.autocast:
+            loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        norms.append(clip_and_guard(opt, 0.5))  # clips: the scale path is exercised
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    with opt.fp32_params() if hasattr(opt, "fp32_params") else torch.no_grad():
+        params = [p.detach().clone() for p in model.parameters()]
+    return torch.stack(losses), torch.stack(norms), params, model
+
+
+def test_overlapped_update_is_bitwise_the_plain_step():
+    loss0, norm0, params0, _ = _run([])
+    loss1, norm1, params1, model = _run(["optim.overlap_update=true"])
+    assert model.before_unit is not None  # the forward waited unit by unit
+    assert torch.equal(loss0, loss1) and torch.equal(norm0, norm1)
+    for a, b in zip(params0, params1):
+        assert torch.equal(a, b)
