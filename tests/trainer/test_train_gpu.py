@@ -1,5 +1,6 @@
 """The trainer's GPU-only paths (`pytest -m gpu`): the optimizer beside the forward gives the
-same numbers bit for bit."""
+same numbers bit for bit; `precision: fp8` trains on
+the FP8 tensor cores near bf16, and is refused where the GPU has none."""
 
 from __future__ import annotations
 
@@ -60,3 +61,25 @@ def test_overlapped_update_is_bitwise_the_plain_step():
     assert torch.equal(loss0, loss1) and torch.equal(norm0, norm1)
     for a, b in zip(params0, params1):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_trains_near_bf16(recipe):
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+
+    loss_bf16, _, _, _ = _run([], steps=6)
+    loss_fp8, norm_fp8, _, model = _run(["precision=fp8", f"fp8_recipe={recipe}"], steps=6)
+    assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 4 * 4  # 4 linears × 4 blocks
+    assert torch.isfinite(loss_fp8).all() and torch.isfinite(norm_fp8).all()
+    rel = ((loss_fp8 - loss_bf16).abs() / loss_bf16).max().item()
+    assert rel < 0.02, (loss_bf16.tolist(), loss_fp8.tolist())
+
+
+def test_fp8_refused_on_a_gpu_without_fp8_tensor_cores(monkeypatch):
+    from gristmill.core.configlib import ConfigError
+    from gristmill.trainer import fp8
+
+    monkeypatch.setattr(fp8, "device_capability", lambda device: (8, 0))
+    with pytest.raises(ConfigError, match="compute capability 8.9"):
+        _run(["precision=fp8"], steps=1)

@@ -109,7 +109,14 @@ class TrainConfig(Strict):
     fused_ce: bool = Field(True, description="chunked linear+CE even with reference kernels")
     compile: bool = Field(False, description="torch.compile each block")
     ac: Literal["none", "selective", "full"] = "none"
-    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on CUDA, fp32 on CPU")
+    precision: Literal["auto", "bf16", "fp32", "fp8"] = Field(
+        "auto",
+        description="auto: bf16 on CUDA, fp32 on CPU; fp8: bf16 with the blocks' linear layers in"
+        " float8 (torchao; a GPU with FP8 tensor cores, compute capability 8.9+)",
+    )
+    fp8_recipe: Literal["tensorwise", "rowwise"] = Field(
+        "tensorwise", description="precision fp8: torchao's scaling recipe (one scale per tensor, or per row)"
+    )
     master_weights: Literal["auto"] | bool = Field(
         "auto",
         description="bf16 without FSDP: the model holds bf16"

@@ -71,7 +71,9 @@ def apply_ac(model: nn.Module, mode: str) -> None:
     if mode == "selective":
         from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-        save = {torch.ops.aten.mm.default, *attention_ops()}
+        from gristmill.trainer.fp8 import scaled_mm_ops
+
+        save = {torch.ops.aten.mm.default, *scaled_mm_ops(), *attention_ops()}  # FP8 matmuls too
 
         def policy(ctx, op, *args, **kw):
             return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE

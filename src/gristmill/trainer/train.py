@@ -43,6 +43,7 @@ from gristmill.trainer import checkpoint as ckpt
 from gristmill.trainer.config import TrainConfig
 from gristmill.trainer.config import load as load_config
 from gristmill.trainer.data import Batch, TokenStream, TrainLoader, val_batches
+from gristmill.trainer.fp8 import apply_fp8, fp8_unavailable
 from gristmill.trainer.kernels import HAVE_TRITON, Kernels
 from gristmill.trainer.launch import EXIT_INPUT, EXIT_NONFINITE, PREEMPT_ENV, check_tokens
 from gristmill.trainer.metrics import Metrics
@@ -163,14 +164,19 @@ class Built:
 
 def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
     args = model_args(cfg, vocab_size)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and d.device.type == "cuda")
+    fp8 = cfg.precision == "fp8"
+    bf16 = cfg.precision in ("bf16", "fp8") or (cfg.precision == "auto" and d.device.type == "cuda")
     use_fsdp = cfg.fsdp is True or (cfg.fsdp == "auto" and d.world > 1)
     if not use_fsdp and d.world > 1:
         raise ValueError("fsdp: false needs world size 1 (there is no other data-parallel wrapper)")
+    if fp8 and (why := fp8_unavailable(d.device)):
+        raise ConfigError(why)
     torch.manual_seed(cfg.seed)
     kernels = resolve_kernels(cfg, d.device)
     with torch.device("meta"):
         model = Transformer(args, kernels)
+    if fp8:
+        apply_fp8(model, cfg.fp8_recipe)
     apply_ac(model, cfg.ac)
     if cfg.compile:
         apply_compile(model)
