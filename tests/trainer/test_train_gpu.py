@@ -83,3 +83,16 @@ def test_fp8_refused_on_a_gpu_without_fp8_tensor_cores(monkeypatch):
     monkeypatch.setattr(fp8, "device_capability", lambda device: (8, 0))
     with pytest.raises(ConfigError, match="compute capability 8.9"):
         _run(["precision=fp8"], steps=1)
+
+
+def test_full_checkpointing_of_compiled_blocks_gives_the_same_step():
+    """`ac: full` with compile checkpoints around each compiled block (train.build): the
+    recompute reruns the same compiled graph, so losses, norms and weights are the same as
+    without checkpointing."""
+    loss0, norm0, params0, _ = _run(["compile=true"])
+    loss1, norm1, params1, model = _run(["compile=true", "ac=full"])
+    assert type(model.layers[0]).__name__ == "CheckpointWrapper"
+    torch.testing.assert_close(loss1, loss0, rtol=0, atol=0)
+    torch.testing.assert_close(norm1, norm0, rtol=1e-6, atol=0)
+    for a, b in zip(params0, params1):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)

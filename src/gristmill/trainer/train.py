@@ -4,8 +4,9 @@
 
 `train()` checks the token shards (rank 0, unless the launcher did) and builds a `Trainer` once,
 which owns the model, optimizer, scheduler, loader, checkpoints and metrics. Building: the model
-on the meta device → activation checkpointing → compile per block → FSDP2 → `to_empty` +
-`init_weights` → fused AdamW → resume from the newest intact checkpoint.
+on the meta device → (FP8 linears) → activation checkpointing → compile per block (with `ac:
+full`, compile and then checkpoint) → FSDP2 → `to_empty` + `init_weights` → fused AdamW →
+resume from the newest intact checkpoint.
 
 `Trainer.train()` runs the loop; each iteration, in this order:
 
@@ -177,9 +178,14 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
         model = Transformer(args, kernels)
     if fp8:
         apply_fp8(model, cfg.fp8_recipe)
-    apply_ac(model, cfg.ac)
-    if cfg.compile:
+    if cfg.compile and cfg.ac == "full":
+        # checkpoint around each compiled block, not a compiled checkpoint (parallel.apply_ac)
         apply_compile(model)
+        apply_ac(model, cfg.ac)
+    else:
+        apply_ac(model, cfg.ac)
+        if cfg.compile:
+            apply_compile(model)
     if use_fsdp:
         apply_fsdp(
             model,
