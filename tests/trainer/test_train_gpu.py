@@ -55,8 +55,9 @@ def _run(overrides, steps=4, micro=4):
 
 
 def test_overlapped_update_is_bitwise_the_plain_step():
-    loss0, norm0, params0, _ = _run([])
+    loss0, norm0, params0, plain = _run(["optim.overlap_update=false"])
     loss1, norm1, params1, model = _run(["optim.overlap_update=true"])
+    assert plain.before_unit is None
     assert model.before_unit is not None  # the forward waited unit by unit
     assert torch.equal(loss0, loss1) and torch.equal(norm0, norm1)
     for a, b in zip(params0, params1):

@@ -63,9 +63,10 @@ class OptimSection(Strict):
     weight_decay: float = Field(0.1, ge=0, description="on matrices (ndim ≥ 2) except the embedding")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0: off")
     overlap_update: bool = Field(
-        False,
+        True,
         description="one GPU (master weights): update the parameters on a second CUDA stream, block"
-        " by block, beside the next step's forward (same numbers, bit for bit)",
+        " by block, beside the next step's forward (same numbers, bit for bit; 1.0-1.9% faster on an"
+        " H100 at the presets' micro-batches)",
     )
 
 
