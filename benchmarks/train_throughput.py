@@ -200,6 +200,9 @@ def reference_step(args_model, seq: int, d):
     return step
 
 
+OOM = {"tokens_per_s_per_gpu": float("nan"), "max_memory_gib": float("nan"), "oom": True}
+
+
 def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: int, d) -> dict:
     step = reference_step(args_model, seq, d)
     g = torch.Generator(device=d.device).manual_seed(d.rank)
@@ -208,7 +211,11 @@ def run_reference(args_model, micro_batch: int, seq: int, steps: int, warmup: in
         x = torch.randint(0, args_model.vocab_size, (micro_batch, seq + 1), device=d.device, generator=g)
         sync(d.device)
         t0 = time.perf_counter()
-        step(x).item()
+        try:
+            step(x).item()
+        except torch.OutOfMemoryError:  # a micro-batch the reference cannot hold: said so, the run goes on
+            del step
+            return OOM
         sync(d.device)
         times.append(time.perf_counter() - t0)
     tps = micro_batch * seq / statistics.median(times[warmup:])  # per GPU
@@ -243,10 +250,37 @@ def run_ours(
         overrides.append(f"data.micro_batch={micro_batch}")
     cfg = load_config(size, overrides)
     cfg.data.global_batch = cfg.data.micro_batch * world  # no accumulation: one micro-batch per step
-    train(cfg, out)
+    try:
+        train(cfg, out)
+    except torch.OutOfMemoryError:
+        return {**OOM, "micro_batch": cfg.data.micro_batch, "cfg": cfg}
     recs = [json.loads(line) for line in open(out / "metrics.jsonl")] if (out / "metrics.jsonl").exists() else []
     tps = statistics.median(r["tokens_per_s_per_device"] for r in recs[warmup:]) if recs else 0.0
-    return {"tokens_per_s_per_gpu": tps, "max_memory_gib": peak_gib(), "micro_batch": cfg.data.micro_batch, "cfg": cfg}
+    return {
+        "tokens_per_s_per_gpu": tps,
+        "max_memory_gib": peak_gib(),
+        "micro_batch": cfg.data.micro_batch,
+        "cfg": cfg,
+        "losses": [r["loss"] for r in recs if "loss" in r],
+    }
+
+
+def loss_report(size: str, name: str, losses: list[float], base_name: str, base: list[float]) -> str:
+    """The loss of `name` against the first variant's over the same steps of the same data:
+    the gap of the last 100 steps' means, and the largest gap of 50-step means along the way."""
+    n = min(len(losses), len(base))
+    if n < 2:
+        return f"{size:5s} loss {name}/{base_name}: too few steps to compare"
+    w = min(100, n)
+    tail, tail_base = statistics.fmean(losses[n - w : n]), statistics.fmean(base[n - w : n])
+    windows = [
+        abs(statistics.fmean(losses[i : i + 50]) - statistics.fmean(base[i : i + 50])) for i in range(0, n - 49, 50)
+    ] or [abs(tail - tail_base)]
+    return (
+        f"{size:5s} loss {name}/{base_name} over {n} steps: last {w} steps' mean {tail:.4f} vs {tail_base:.4f}"
+        f" (gap {tail - tail_base:+.4f}, {(tail - tail_base) / tail_base:+.2%}); largest 50-step-mean gap"
+        f" {max(windows):.4f}; step 1 {losses[0]:.4f} vs {base[0]:.4f}"
+    )
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -275,8 +309,8 @@ def write_calibration(path: Path, points: list[dict], device: str, cuda: bool) -
     def key(p):
         return (p["gpu"], p["preset"], p["gpus"], p["micro_batch"], p["ac"], p["precision"], p.get("fp8_recipe"))
 
-    fresh = {key(p) for p in new}
-    merged = [p for p in old.get("points", []) if key(p) not in fresh] + new
+    latest = {key(p): p for p in new}  # of two runs with the same settings, the later
+    merged = [p for p in old.get("points", []) if key(p) not in latest] + list(latest.values())
     merged.sort(key=lambda p: (p["gpu"], p["matmul_params"], p["precision"], p["ac"], p["micro_batch"], p["gpus"]))
     doc = {
         "about": "tokens/s and MFU of the trainer, measured by benchmarks/train_throughput.py"
@@ -284,7 +318,7 @@ def write_calibration(path: Path, points: list[dict], device: str, cuda: bool) -
         "points": merged,
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"calibration: {len(new)} points written to {path}", flush=True)
+    print(f"calibration: {len(latest)} points written to {path}", flush=True)
 
 
 def main() -> None:
@@ -320,6 +354,16 @@ def main() -> None:
         " checkpointing and precision) into this calibration file, which `pipeline train --plan`"
         " projects time from (the shipped one: src/gristmill/trainer/train_calibration.json)",
     )
+    p.add_argument(
+        "--tokens",
+        help="train on this token directory instead of synthetic random tokens (e.g. real text, for --compare-loss)",
+    )
+    p.add_argument(
+        "--compare-loss",
+        action="store_true",
+        help="print each variant's loss against the first variant's over the same steps (e.g. fp8 against bf16)",
+    )
+    p.add_argument("--metrics-dir", help="keep each run's metrics.jsonl here, as SIZE-VARIANT.jsonl")
     args = p.parse_args()
     variants = [parse_variant(v) for v in args.variant] or [("ours", [])]
     n_tokens, vocab = 4_000_000, VOCAB
@@ -347,7 +391,10 @@ def main() -> None:
         dist.broadcast_object_list(box, src=0)
     tmp = Path(box[0])
     tokens = tmp / "tokens"
-    if d.is_main:
+    if args.tokens:
+        tokens = Path(args.tokens).resolve()
+        vocab = json.loads((tokens / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    elif d.is_main:
         synthetic_tokens(tokens, n_tokens, vocab=vocab)
     dist.barrier()
     if d.is_main:
@@ -376,6 +423,10 @@ def main() -> None:
             )
             if cuda:
                 torch.cuda.empty_cache()
+            metrics = tmp / f"out-{size}-{name}" / "metrics.jsonl"
+            if args.metrics_dir and d.is_main and metrics.exists():
+                Path(args.metrics_dir).mkdir(parents=True, exist_ok=True)
+                shutil.copy(metrics, Path(args.metrics_dir) / f"{size}-{name}.jsonl")
         torch._dynamo.reset()
         first = next(iter(res.values()), None)
         cfg = first["cfg"] if first else load_config(size, [f"data.tokens={tokens}"])
@@ -392,6 +443,9 @@ def main() -> None:
         for name, r in res.items():
             mfu = r["tokens_per_s_per_gpu"] * fpt / peak if peak else float("nan")
             r["mfu"] = mfu
+            if r.get("oom"):
+                print(f"{size:5s} {name:9s} micro_batch {r.get('micro_batch', mb)}: out of memory", flush=True)
+                continue
             print(
                 f"{size:5s} {name:9s} micro_batch {r.get('micro_batch', mb)} seq {cfg.data.seq_len}:"
                 f" {r['tokens_per_s_per_gpu']:9,.0f} tok/s/GPU  MFU {mfu:5.1%}"
@@ -400,9 +454,9 @@ def main() -> None:
             )
         ref = res.get("reference")
         for name, o in res.items():
-            if name == "reference":
+            if name == "reference" or o.get("oom"):
                 continue
-            if ref is not None:
+            if ref is not None and not ref.get("oom"):
                 print(
                     f"{size:5s} ratio {name}/reference: ×{o['tokens_per_s_per_gpu'] / ref['tokens_per_s_per_gpu']:.3f}"
                     f" tokens/s, memory {o['max_memory_gib'] / ref['max_memory_gib']:.2f}×",
@@ -411,6 +465,8 @@ def main() -> None:
             if o is not first:
                 rel = o["tokens_per_s_per_gpu"] / first["tokens_per_s_per_gpu"]
                 print(f"{size:5s} ratio {name}/{variants[0][0]}: ×{rel:.3f} tokens/s", flush=True)
+                if args.compare_loss:
+                    print(loss_report(size, name, o["losses"], variants[0][0], first["losses"]), flush=True)
             c = o["cfg"]
             points.append(
                 {

@@ -157,7 +157,13 @@ def head_forward_bytes(args: ModelArgs, tokens: int, act_bytes: int, chunk_token
     chunk = chunk_tokens or default_chunk_tokens(tokens, V, d)
     chunk = min(chunk, tokens)
     live = 2 if tokens > chunk else 1
-    return tokens * (2 * act_bytes * d + 4 + 4 * d + 4) + 4 * V * d + live * chunk * V * act_bytes
+    norm = tokens * (2 * act_bytes * d + 4)  # its input (saved), its output (the head's input), rstd
+    return norm + head_saved_bytes(args, tokens) + tokens * 4 + live * chunk * V * act_bytes
+
+
+def head_saved_bytes(args: ModelArgs, tokens: int) -> float:
+    """What the fused linear + cross-entropy keeps for backward: ∂h and ∂W, both fp32."""
+    return 4 * tokens * args.dim + 4 * args.vocab_size * args.dim
 
 
 def activation_bytes(
