@@ -255,7 +255,8 @@ def run_ours(
     except torch.OutOfMemoryError:
         return {**OOM, "micro_batch": cfg.data.micro_batch, "cfg": cfg}
     recs = [json.loads(line) for line in open(out / "metrics.jsonl")] if (out / "metrics.jsonl").exists() else []
-    tps = statistics.median(r["tokens_per_s_per_device"] for r in recs[warmup:]) if recs else 0.0
+    steps = [r for r in recs if "tokens_per_s_per_device" in r]  # not the validation records
+    tps = statistics.median(r["tokens_per_s_per_device"] for r in steps[warmup:]) if steps else 0.0
     return {
         "tokens_per_s_per_gpu": tps,
         "max_memory_gib": peak_gib(),
