@@ -228,6 +228,13 @@ def check_train_throughput(request, tmp, data):
     assert figure(out, "tiny  ratio ours/reference:") > 0
 
 
+def check_train_memory(request, tmp, data):
+    out = smoke("train_memory", tmp=tmp, data=data)
+    # the plan's predicted peak for each (ac, micro-batch) of the tiny preset (no allocator on CPU)
+    rows = re.findall(r"^\| tiny \| (none|selective|full) \| \d+ \| ([\d.]+) \|", out, re.M)
+    assert len(rows) >= 6 and all(float(gib) > 0 for _, gib in rows), out[-2000:]
+
+
 def check_resume_world_size(request, tmp, data):
     out = smoke("resume_world_size", tmp=tmp, data=data)
     # on CPU a resumed run is bitwise the uninterrupted one (2 processes → 1)

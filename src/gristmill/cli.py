@@ -12,6 +12,7 @@ pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
 pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
 pipeline calibrate --udhr UDHR.zip -o configs/calibration/udhr.yaml
 pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
+pipeline train CONFIG --plan [--gpus N] [--gpu h100|h200|...] [--set key=value ...]
 pipeline export-hf CHECKPOINT OUT
 """
 
