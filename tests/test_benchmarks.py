@@ -201,6 +201,13 @@ def check_near_removal_rules(request, tmp, data):
         assert figure(line, "recall") >= 0.9
 
 
+def check_calibration_vs_fineweb2(request, tmp, data):
+    out = smoke("calibration_vs_fineweb2", tmp=tmp, data=data)
+    # the shipped table against FineWeb-2's: a correlation per key, the letter share's on its own line
+    assert -1 <= figure(out, "letter-share bound (max_non_alpha_words_ratio), all: r") <= 1
+    assert "| max_non_alpha_words_ratio |" in out and "Languages that differ most" in out
+
+
 def check_word_segmenters(request, tmp, data):
     request.getfixturevalue("lid_model")
     out = smoke("word_segmenters", tmp=tmp, data=data)
