@@ -288,6 +288,26 @@ def test_the_index_is_built_once_sorted_and_its_memory_is_declared(tmp_path, pas
     assert first.memory_bytes(None) == size + DOC_BYTES_PER_WORD * DOC_WORDS_BOUND
 
 
+def test_a_damaged_or_half_built_index_is_built_again(tmp_path, labelled, passages):
+    bench = [{"path": str(write_jsonl(tmp_path / "b.jsonl", passages["ru"][:3])), "field": "question"}]
+    folder = step(tmp_path, bench).index.folder
+    (folder / "bitmap.npy").write_bytes((folder / "bitmap.npy").read_bytes()[:100])  # cut short
+    (folder.parent / f"{folder.name}.tmp-99999").mkdir()  # what a build killed half-way leaves
+    again = step(tmp_path, bench)
+    assert again.index.folder == folder and (folder / "bitmap.npy").stat().st_size > 100
+    assert decide(again, plant(record(labelled, "ru"), passages["ru"][2])) == (False, "contaminated")
+
+
+def test_chinese_texts_without_a_language_are_counted_and_match_no_labelled_page(tmp_path, labelled, passages):
+    bench = [{"path": str(write_jsonl(tmp_path / "b.jsonl", passages["zh"][:3])), "field": "question"}]
+    flt = step(tmp_path, bench)  # no `language: zh`: one word per character
+    assert flt.index.meta["files"][0]["unspaced_without_language"] == 3
+    planted = plant(record(labelled, "zh"), passages["zh"][0])
+    assert decide(flt, planted) is True  # the page (labelled zh) has ICU words
+    bench[0]["language"] = "zh"
+    assert decide(step(tmp_path, bench), planted) == (False, "contaminated")
+
+
 def test_a_task_maps_the_index_and_refuses_one_changed_since_planning(tmp_path, labelled, passages):
     bench = [{"path": str(write_jsonl(tmp_path / "b.jsonl", passages["en"][:3])), "field": "question"}]
     flt = step(tmp_path, bench)
