@@ -147,6 +147,14 @@ def check_quality_throughput(request, tmp, data):
     peer_ratio(out, "ratio gristmill/datatrove (quality, MB/s per core):")
 
 
+def check_decontaminate_throughput(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("decontaminate_throughput", tmp=tmp, data=data)
+    assert figure(out, "gristmill decontaminate: documents") == 43  # the smaller sample file's records
+    assert figure(out, "bytes per million n-grams:") > 0
+    peer_ratio(out, "ratio gristmill/datatrove (documents per CPU second):")
+
+
 def check_make_dedup_corpus(request, tmp, data):
     corpus, out = request.getfixturevalue("dedup_corpus")
     assert figure(out, "wrote") == 300

@@ -43,6 +43,7 @@ STEP_MODULES = (
     "gristmill.filters.quality",
     "gristmill.dedup.exact",
     "gristmill.dedup.near",
+    "gristmill.dedup.decontaminate",
     "gristmill.tokenize.stages",
 )
 _REGISTRY: dict[str, type[Step]] = {}
