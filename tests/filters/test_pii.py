@@ -358,3 +358,12 @@ def registered_drop_reasons(step: str) -> tuple[str, ...]:
     from gristmill.core.step import registered_steps
 
     return registered_steps()[step].drop_reasons
+
+
+def test_a_languages_own_settings_apply_to_its_pages_only(planted):
+    step = PII(per_language={"zh": {"remove_ips": False, "email_replacement": ["nobody@example.net"]}})
+    doc = next(d for d, plants in planted if any(p[2] == "8.8.8.8" for p in plants) and find_emails(d.text))
+    as_en, as_zh = (Document(text=doc.text, id=doc.id, metadata={"language": lang}) for lang in ("en", "zh"))
+    step.filter_batch([as_en, as_zh])
+    assert as_en.text == replace_pii(doc.text, doc.id, PII.Config()).text
+    assert "nobody@example.net" in as_zh.text and "8.8.8.8 " in as_zh.text and "8.8.8.8 " not in as_en.text
