@@ -136,6 +136,9 @@ def check_filter_throughput(request, tmp, data):
     out = smoke("filter_throughput", tmp=tmp, data=data)
     assert figure(out, "gristmill ") == 43  # documents read from the smaller sample file
     peer_ratio(out, "ratio gristmill/datatrove (MB/s per core):")
+    peer_ratio(out, "ratio fineweb_quality gristmill/datatrove (per core):")
+    assert figure(out, "ratio pii gristmill/datatrove (per core):") > 0  # PIIFormatter needs no extra
+    assert figure(out, "pii worst case on 100,000 characters:") > 0
 
 
 def check_quality_throughput(request, tmp, data):

@@ -39,6 +39,8 @@ STEP_MODULES = (
     "gristmill.filters.gopher_quality",
     "gristmill.filters.gopher_repetition",
     "gristmill.filters.c4_lines",
+    "gristmill.filters.fineweb_quality",
+    "gristmill.filters.pii",
     "gristmill.filters.kenlm",
     "gristmill.filters.quality",
     "gristmill.dedup.exact",
