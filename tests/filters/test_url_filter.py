@@ -342,6 +342,32 @@ def test_datatrove_quirks_kept_and_host_suffixes_fixes_them(ours, suffixes, data
                 assert mine == theirs or mine.startswith("blocklisted_"), u
 
 
+#: Public Suffix List rules of every kind: wildcards (`*.ck`, `*.kawasaki.jp`), exceptions
+#: (`!www.ck`, `!city.kawasaki.jp`), multi-label suffixes, a bare suffix, private ones (excluded)
+PSL_HOSTS = [
+    "foo.ck", "www.ck", "a.www.ck", "x.kawasaki.jp", "city.kawasaki.jp", "a.city.kawasaki.jp", "a.b.bd",
+    "co.uk", "uk", "com", "a.co.uk", "www.example.co.uk", "x.y.sch.uk", "a_b.blogspot.com", "example.github.io",
+    "b.a.compute.amazonaws.com", "1.2.3.4", "256.1.1.1", "localhost", "a.b.c.example.com", "xn--p1ai",
+    "a.xn--p1ai", "пример.рф", "a-.-b.com", "_.com", "-.uk",
+]  # fmt: skip
+
+
+def test_host_split_is_tldextracts(generated, sample_urls):
+    from tldextract import TLDExtract
+
+    split, extract = uf.HostSplit(), TLDExtract(suffix_list_urls=(), cache_dir=None)
+    hosts = PSL_HOSTS + list(itertools.islice(blocklist_entries(TARBALL, "domains"), 0, None, 50))
+    urls = generated + sample_urls + [u for h in hosts for u in (f"http://{h}/", f"https://u@{h}:80/x")]
+    plain = 0
+    for url in urls:
+        m = uf._AUTHORITY.match(url)
+        authority = m.group(1) if m else None
+        parts = extract(url)
+        assert split(url, authority)[:2] == (parts.top_domain_under_public_suffix, parts.fqdn), url
+        plain += authority is not None and uf._PLAIN_AUTHORITY.fullmatch(authority) is not None
+    assert plain > 0.8 * len(urls)  # most took the walk here, not tldextract
+
+
 def test_rules_one_by_one(ours):
     assert decide(ours, "http://example.com/porn") == "banned_word"
     assert decide(ours, "http://example.com/PORN") is True  # words keep their case, the list is lowercase
@@ -562,6 +588,7 @@ def test_a_task_refuses_a_lookup_file_changed_since_planning(tmp_path):
 
 
 def test_a_run_counts_drops_by_rule(tmp_path, wet_files, cache_dir, sample_urls):
+    from gristmill.pipeline.report import build as build_report
     from gristmill.pipeline.runner import run
     from gristmill.pipeline.stats import funnel
 
@@ -578,6 +605,10 @@ def test_a_run_counts_drops_by_rule(tmp_path, wet_files, cache_dir, sample_urls)
     news = sum(1 for u in sample_urls if re.match(r"http://([^/]+\.)?go\.com/", u))
     assert news == 32
     assert row.drops == {"blocklisted_domain": 24, "banned_word": 1, "user_denied_domain:news": news}
+    # the report's drops by reason name the rules
+    html = build_report(tmp_path / "run")
+    for reason in row.drops:
+        assert f'<td class="l">{reason}</td>' in html, reason
     assert "url_filter" in registered_steps()
 
 
