@@ -37,13 +37,15 @@ Matching, `blocklist_match: datatrove` (the default: FineWeb's decisions, tested
 `URLFilter` on the shared WET sample and on generated adversarial URLs). Hosts are split into
 registered domain and subdomains by `tldextract`'s bundled Public Suffix List snapshot, never
 fetched (`TLDExtract(suffix_list_urls=())`; datatrove's own default would fetch the live list,
-so its decisions drift with the day it runs). Two lookups, exactly as datatrove makes them:
-the registered domain, then the whole host, both as tldextract returns them (userinfo, port and
-trailing dots gone, case and Unicode kept); the URL's full text against the URL list. What
+so its decisions drift with the day it runs); a plain lowercase host by tldextract's own walk
+over tldextract's own rules (`HostSplit`, tested equal). Two lookups, exactly as datatrove makes
+them: the registered domain, then the whole host, both as tldextract returns them (userinfo, port
+and trailing dots gone, case and Unicode kept); the URL's full text against the URL list. What
 follows from that, kept for equality and pinned by tests:
 
-- `WWW.PORN.COM` and `bücher.example` pass a list holding `porn.com` and its punycode (the list
-  is lowercase ASCII, the lookup is not normalised); Common Crawl writes hosts in lowercase.
+- `WWW.EXAMPLE.COM` and `bücher.example` pass a list holding `example.com` and `bücher.example`'s
+  punycode (the list is lowercase ASCII, the lookup is not normalised); Common Crawl writes hosts
+  in lowercase.
 - `www.a.example.com` passes a list holding `a.example.com` (not a registered domain): only
   the registered domain and the whole host are looked up, no level between them.
 - An IPv4 or IPv6 host has no registered domain: the 6,390 addresses in the list never match.
@@ -65,19 +67,22 @@ entry a line; blank lines and lines starting with `#` are skipped. Where a host 
 lists, the longest matching entry names the category, then the earlier list.
 
 Memory and speed. A Python set of the 4.56M domains costs ~500 MB per task (datatrove's
-`URLFilter` peaks at ~850 MB). Here each list is a sorted array of the 64-bit xxh3 hashes of
-its entries (UTF-8), in a file built once when the run is planned (`cache_dir`, default
-`~/.cache/gristmill/url_filter/`, named by the sha256 of what it is built from) and memory-mapped
-by every task: 36.5 MB for the domains, touched only where binary search reads it, shared in the
-page cache by all tasks of a machine. The file carries its sources' digest and the sha256 of its
-hashes in its header; planning rebuilds a file that is damaged, truncated or built from other
-lists, and a task refuses, in one line, a file that differs from the one planned. A key that is
-on no list matches by a hash collision with probability n / 2^64 per lookup: 2.5e-13 for the
-domain list, so a run of 25 billion URLs (three lookups each) drops by mistake ~0.02 pages
-expected. Host verdicts are cached per URL authority (`HOST_CACHE` entries, cleared when full);
-a page then costs one authority match, one dict lookup, one hash lookup of the URL, and the word
-rules on its bytes (`bytes.translate` and an Aho-Corasick automaton). Figures in
-docs/benchmarks.md ("URL filter").
+`URLFilter` takes ~760 MB and 7 CPU seconds to load its lists, in every task). Here each list is
+a sorted array of the 64-bit xxh3 hashes of its entries (UTF-8), in a file built once when the run
+is planned (`cache_dir`, default `~/.cache/gristmill/url_filter/`, named by the sha256 of what it
+is built from; ~9 CPU s for the blocklist) and memory-mapped by every task: 36.5 MB for the
+domains, shared in the page cache by the tasks of a machine, searched within 2^20 buckets of the
+hashes' top bits (4 MB of offsets a task); a list of at most `SET_MAX` entries (the 19,587 URLs)
+is read into a set. The file carries its sources' digest and the sha256 of its hashes in its
+header; planning rebuilds a file that is damaged, truncated or built from other lists, and a task
+refuses, in one line, a file that differs from the one planned. A key that is on no list matches
+by a hash collision with probability n / 2^64 per lookup: 2.5e-13 for the domain list, so a run
+of 25 billion URLs (three lookups each) drops by mistake ~0.02 pages expected. Host verdicts are
+cached per URL authority (`HOST_CACHE` entries, cleared when full); a page of a known host then
+costs one authority match, one dict lookup, one set lookup of the URL, and the word rules on its
+bytes (`bytes.translate` and an Aho-Corasick automaton). A task holds ~70 MB for the step (the
+planner's estimate, `memory_bytes`; measured in tests); a URL of a new host costs ~3x less CPU
+than datatrove's, 4x on the sample's URLs. Figures in docs/benchmarks.md ("URL filter").
 """
 
 from __future__ import annotations
