@@ -6,7 +6,10 @@ the reason elsewhere.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,25 @@ def _missing(what: str):
     if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
         pytest.fail(f"required test data missing: {what}")
     pytest.skip(f"test data missing: {what}")
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `make(folder)` once per test run, also when xdist runs the tests
+    on several workers (each has its own session): the first to ask makes it under a lock, the
+    others wait and take it. For a session fixture that only writes its folder; its users read it
+    (they copy it to change it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that died while making it left
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
