@@ -311,8 +311,9 @@ def derived_config(recipe: str, files: list[Path], work: Path) -> Path:
 
 
 def resolved_steps(config: Path):
-    """(step name, built gristmill step) of a run config, in order (the steps' parameters
-    resolved as a run resolves them: calibration merged, per-language Configs built)."""
+    """(step name, built step or None, parameters) of a run config's steps, in order, resolved
+    as a run resolves them (calibration merged); the heuristic filters are built (their
+    per-language Configs), the steps that load a model or a cache are not."""
     from gristmill.config import load
     from gristmill.core.filter import Filter
     from gristmill.core.step import registered_steps
@@ -555,8 +556,8 @@ class Disagreement:
 class Explainer:
     """Re-decides the step where the two sides part on the text it saw, to name the cause."""
 
-    def __init__(self, recipe: str, steps, dt_languages: dict[str, str], g_run: Path, files: list[Path]):
-        self.recipe, self.steps, self.dt_languages, self.g_run, self.files = recipe, steps, dt_languages, g_run, files
+    def __init__(self, steps, dt_languages: dict[str, str], files: list[Path]):
+        self.dt_languages, self.files = dt_languages, files
         self.order = [name for name, _, _ in steps]
         self.built = {name: (step, params) for name, step, params in steps}
         self._records = None
@@ -782,7 +783,7 @@ def compare_fineweb(files: list[Path], work: Path) -> Report:
     finish(proc, work / "gristmill.log")
     order = [name for name, _, _ in steps]
     g, d = gristmill_side(work / "gristmill"), datatrove_side(dt_work, order, ["en"])
-    return compare("fineweb", g, d, Explainer("fineweb", steps, {}, work / "gristmill", files))
+    return compare("fineweb", g, d, Explainer(steps, {}, files))
 
 
 def fineweb2_codes(labels) -> dict[str, str]:
@@ -864,7 +865,7 @@ def compare_fineweb2(files: list[Path], work: Path) -> Report:
     skip = {
         i for i, lang in g.language.items() if lang in not_compared and g.outcome[i][0] not in ("url_filter", "langid")
     }
-    report = compare("fineweb2", g, d, Explainer("fineweb2", steps, codes, work / "gristmill", files), skip)
+    report = compare("fineweb2", g, d, Explainer(steps, codes, files), skip)
     report.not_compared = not_compared
     return report
 

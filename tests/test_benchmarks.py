@@ -165,6 +165,23 @@ def check_url_filter_throughput(request, tmp, data):
     peer_ratio(out, "ratio gristmill/datatrove (URLs/s per core):")
 
 
+def check_recipe_compare(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("recipe_compare", "fineweb", tmp=tmp, data=data)
+    if not peers_installed():  # datatrove's side: spaCy, warcio, libmagic, tldextract
+        return
+    assert figure(out, "recipe fineweb:") == 43  # documents read: the smaller sample file
+    assert figure(out, "same outcome (kept, or dropped):") > 0
+    assert "unexplained" not in out  # every disagreement has a cause (tests/recipes pins them)
+
+
+def check_recipe_end_to_end(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("recipe_end_to_end", tmp=tmp, data=data)
+    assert figure(out, "gristmill configs/fineweb.yaml:") > 0  # CPU seconds
+    peer_ratio(out, "ratio datatrove/gristmill (CPU-s per GB, end to end):")
+
+
 def check_make_dedup_corpus(request, tmp, data):
     corpus, out = request.getfixturevalue("dedup_corpus")
     assert figure(out, "wrote") == 300
@@ -267,7 +284,15 @@ def check_resume_world_size(request, tmp, data):
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
-SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size", "url_filter_throughput"}
+SLOW = {
+    "dedup_throughput",
+    "scale_run",
+    "near_removal_rules",
+    "resume_world_size",
+    "url_filter_throughput",
+    "recipe_compare",
+    "recipe_end_to_end",
+}
 
 
 def test_every_script_has_a_check():
