@@ -59,6 +59,40 @@ class SlurmConfig(Strict):
     stages: dict[str, SlurmStageOverrides] = Field(default_factory=dict, description="overrides by stage name")
 
 
+class RayStageOverrides(Strict):
+    """Per-stage resources on Ray, by stage name (the folder after NN_)."""
+
+    num_cpus: float | None = Field(None, gt=0)
+    memory_gb: float | None = Field(None, gt=0)
+
+
+class RayConfig(Strict):
+    """`executor.type: ray`: stages run as Ray tasks on an existing cluster (docs/ray.md)."""
+
+    address: str = Field(
+        "auto",
+        min_length=1,
+        description="the cluster's head, host:port (its GCS port), ray://host:port (Ray Client), or auto "
+        "(RAY_ADDRESS, else the cluster started on this machine)",
+    )
+    num_cpus: float = Field(1, gt=0, description="CPUs Ray reserves for each task")
+    memory_gb: float | None = Field(
+        None, gt=0, description="memory Ray reserves for each task (default: the planner's estimate per stage)"
+    )
+    max_retries: int = Field(
+        2, ge=0, description="a task whose process or Ray worker dies (a signal, the OOM killer) runs again this often"
+    )
+    connect_timeout_s: float = Field(10, gt=0, description="give up connecting to the cluster after this long")
+    autoscaling: bool = Field(
+        False,
+        description="the cluster adds nodes for pending tasks: do not refuse a stage whose tasks fit no node now",
+    )
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime_env for the run's tasks (env_vars, py_modules, working_dir, ...)"
+    )
+    stages: dict[str, RayStageOverrides] = Field(default_factory=dict, description="overrides by stage name")
+
+
 #: the most tasks a stage may have: stages that shuffle (near_dedup's edges, tokenize's
 #: buckets) write tasks x tasks files, 100 million at this bound; a whole snapshot runs on
 #: 4,000 (docs/scale.md)
@@ -66,14 +100,14 @@ MAX_TASKS = 10_000
 
 
 class ExecutorConfig(Strict):
-    type: Literal["local", "slurm"] = "local"
+    type: Literal["local", "slurm", "ray"] = "local"
     tasks: int = Field(
         4,
         ge=1,
         description="parallel tasks per stage (input files are split among them; "
         "the curate stage runs at most one per input file)",
     )
-    workers: int = Field(2, ge=1, description="tasks run at once on this machine (local)")
+    workers: int = Field(2, ge=1, description="tasks run at once on this machine (local; Ray runs as many as fit)")
     memory_gb_per_task: float | None = Field(
         None,
         gt=0,
@@ -81,6 +115,7 @@ class ExecutorConfig(Strict):
         "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage",
     )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @field_validator("tasks")
     @classmethod

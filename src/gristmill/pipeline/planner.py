@@ -171,6 +171,12 @@ def _task_memory_limit(cfg: RunConfig, stage: Stage) -> tuple[int, str]:
             else "executor.slurm.mem_per_cpu_gb"
         )
         return int(mem * cpus * (1 << 30)), f"{where} x cpus_per_task"
+    if ex.type == "ray":  # what each task asks Ray for, when configured (else the estimate itself)
+        over = ex.ray.stages.get(stage.name)
+        if over and over.memory_gb:
+            return int(over.memory_gb * (1 << 30)), f"executor.ray.stages.{stage.name}.memory_gb"
+        if ex.ray.memory_gb:
+            return int(ex.ray.memory_gb * (1 << 30)), "executor.ray.memory_gb"
     if ex.memory_gb_per_task is not None:
         return int(ex.memory_gb_per_task * (1 << 30)), "executor.memory_gb_per_task"
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,4 +1,4 @@
-"""`pipeline run`: plan the stages, run them in order on datatrove's executor, merge stats."""
+"""`pipeline run`: plan the stages, run them in order on datatrove's executor (or Ray's), merge stats."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ class StageFailed(RuntimeError):
     pass
 
 
-def _run_stage(stage: Stage, console: Console) -> None:
-    executor = make_executor(stage)
+def _run_stage(stage: Stage, console: Console, make=make_executor) -> None:
+    executor = make(stage)
     with Progress(
         TextColumn(f"[bold]{stage.label}[/]"),
         BarColumn(),
@@ -125,7 +125,13 @@ def run(
     stages = plan(cfg)  # validates sources and models before the run directory is touched
     # Held to the end (training included): a second command on this directory stops at once.
     with hold(run_dir, "run directory"):
-        return _run_locked(cfg, stages, run_dir, force, console, wait, command)
+        if cfg.executor.type != "ray":
+            return _run_locked(cfg, stages, run_dir, force, console, wait, command)
+        from gristmill.pipeline.ray_executor import RayCluster
+
+        # Connected once, before anything is written: an unreachable cluster is one line.
+        with RayCluster(cfg, stages) as cluster:
+            return _run_locked(cfg, stages, run_dir, force, console, wait, command, make=cluster.executor)
 
 
 def _run_locked(
@@ -136,6 +142,7 @@ def _run_locked(
     console: Console,
     wait: bool,
     command: list[str] | None,
+    make=make_executor,
 ) -> dict:
     resumed = rd.prepare(run_dir, cfg.resolved(), force)
     rd.write_plan(run_dir, stages)
@@ -166,7 +173,7 @@ def _run_locked(
             if rd.completed_tasks(stage.folder) >= stage.tasks:
                 console.print(f"{stage.label}: all {stage.tasks} tasks already complete")
             else:
-                _run_stage(stage, console)
+                _run_stage(stage, console, make)
             merge_stage(stage.folder)
     except BaseException:
         # Keep the stats of what completed, but never let a second failure (the same full
