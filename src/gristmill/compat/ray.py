@@ -14,7 +14,9 @@
   itself to token mode when a token is available (~/.ray/auth_token, RAY_AUTH_TOKEN,
   RAY_AUTH_TOKEN_PATH) only for address "auto"; with an explicit address it connects without
   the token and is refused. `maybe_enable_token_auth_if_token_available` is what "auto" calls;
-  we call it for every address (its "token authentication is enabled" warning silenced).
+  we call it for every address (its "token authentication is enabled" warning silenced), and
+  `_enable_token_auth` (which re-reads Ray's configuration) when RAY_AUTH_MODE=token was set
+  after Ray was imported.
 - While `ray.init` connects, Ray's C++ client prints a warning line per failed attempt to
   stderr (fd 2, not Python's logging): we hold those lines back and show them only if the
   connection succeeded, so a failure is one line. The reason of a failure is the last line of
@@ -73,12 +75,18 @@ def check_reachable(address: str, timeout_s: float) -> None:
 
 def _enable_token_auth_if_available() -> None:
     from ray._private.authentication import authentication_token_setup as setup
+    from ray._raylet import AuthenticationMode, get_authentication_mode
 
     quiet = logging.getLogger(setup.__name__)
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        mode = os.environ.get(setup.AUTH_MODE_ENV_VAR)
+        if mode is None:
+            setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        elif mode.lower() == "token" and get_authentication_mode() != AuthenticationMode.TOKEN:
+            # set after Ray read its configuration (Ray imported earlier in this process)
+            setup._enable_token_auth()
     finally:
         quiet.setLevel(level)
 

@@ -16,10 +16,12 @@ process of the Ray worker, so that
   (PR_SET_PDEATHSIG) and Ray retries the task, up to `max_retries` times too;
 - its log is `<stage>/logs/task_NNNNN.log`, warnings show on the terminal (through Ray's
   log_to_driver), stats, completions and outputs are datatrove's, as locally.
-A task that raises is not retried (it would raise again): it fails the stage with one line.
-When a task fails for good, or on Ctrl-C/SIGTERM, the stage's other tasks are cancelled
-(`ray.cancel(force=True)` kills their workers; a task's process dies with its worker through
-PR_SET_PDEATHSIG); completed tasks stay complete, and re-running the command runs the rest.
+A task that raises is not retried (it would raise again). A task that fails for good lets the
+stage's other tasks run to their end (locally the others are stopped; a cluster runs many, and
+a re-run then redoes only the failed ones), then fails the stage with one line. On Ctrl-C or
+SIGTERM the stage's tasks are cancelled (`ray.cancel(force=True)` kills their workers; a task's
+process dies with its worker through PR_SET_PDEATHSIG); completed tasks stay complete, and
+re-running the command runs the rest.
 
 The run directory (and the inputs and models, by the paths the configuration gives, relative
 to the command's working directory) must be on a filesystem every Ray node mounts at the same
@@ -158,8 +160,10 @@ class RayExecutor(RecordsTaskUsage, QuietTaskLogs, PipelineExecutor):
     def run(self, on_poll: Callable[[], None] | None = None) -> None:
         """Run every incomplete task on the cluster.
 
-        Raises TaskFailed for the first task that fails for good (after cancelling the others)
-        and Interrupted on SIGTERM/SIGHUP; KeyboardInterrupt passes through, tasks cancelled.
+        A task that fails for good does not stop the others (on a cluster they are many, and a
+        re-run then has only the failed ones to do): when all have ended, TaskFailed names the
+        first that failed. Raises Interrupted on SIGTERM/SIGHUP and passes KeyboardInterrupt
+        through, the stage's tasks cancelled.
         """
         import ray
 
@@ -178,23 +182,28 @@ class RayExecutor(RecordsTaskUsage, QuietTaskLogs, PipelineExecutor):
             ): rank
             for rank in ranks
         }
-        failure: TaskFailed | None = None
+        failed: list[tuple[int, str]] = []
         try:
             with _SignalsThroughRay() as signals, signals.named():
-                while running and failure is None:
+                while running:
                     done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_S)
                     for ref in done:
                         rank = running.pop(ref)
                         cause = self._why_incomplete(ref, rank)
-                        if cause and failure is None:
-                            failure = TaskFailed(rank, cause, self.task_log(rank))
+                        if cause:
+                            failed.append((rank, cause))
                     if on_poll:
                         on_poll()
         finally:
-            _cancel(list(running))
+            _cancel(list(running))  # interrupted: the tasks still queued or running
             del payload
-        if failure is not None:
-            raise failure
+        if failed:
+            rank, cause = failed[0]
+            others = sorted(r for r, _ in failed[1:])
+            if others:
+                listed = ", ".join(map(str, others[:5])) + (" ..." if len(others) > 5 else "")
+                cause += f" (task{'s' if len(others) > 1 else ''} {listed} failed too)"
+            raise TaskFailed(rank, cause, self.task_log(rank))
 
     def _why_incomplete(self, ref, rank: int) -> str | None:
         """None when the task completed, else why not, in words."""
