@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -64,26 +65,44 @@ GB = 1 << 30
 FORWARDED_ENV_PREFIX = "GRISTMILL_"
 
 
-def _run_child(executor_file: str, rank: int, cwd: str, env: dict[str, str]) -> tuple[int, str]:
-    """Run `rank` in a child process, as the local executor does; (returncode, its error line)."""
+def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tuple[int, str]:
+    """Run `rank` in a child process, as the local executor does; (returncode, its error line).
+
+    The child reads the pickled executor from `executor_fd` (an unlinked file: nothing is left
+    behind when the Ray worker is killed) and writes its one error line to a pipe, read while it
+    runs (a long line must not block it) and not up to EOF once it has exited (a process the
+    task forked could hold the pipe open)."""
     status_r, status_w = os.pipe()
     proc = None
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _TASK_CMD, json.dumps(sys.path), executor_file, str(rank), "0"]
+            [sys.executable, "-c", _TASK_CMD, json.dumps(sys.path), f"/dev/fd/{executor_fd}", str(rank), "0"]
             + [str(os.getpid()), str(status_w)],
             cwd=cwd,
             env={**os.environ, **env},
             stdin=subprocess.DEVNULL,
-            pass_fds=(status_w,),
+            pass_fds=(status_w, executor_fd),
             process_group=0,
         )
         os.close(status_w)
         status_w = -1
-        error = b""
-        while chunk := os.read(status_r, 65536):  # EOF when the task process has exited
-            error += chunk
-        return proc.wait(), error.decode("utf-8", "replace").strip()
+        os.set_blocking(status_r, False)
+        error, eof = b"", False
+        while True:
+            exited = proc.poll() is not None
+            try:
+                while chunk := os.read(status_r, 65536):
+                    error += chunk
+                eof = True
+            except BlockingIOError:
+                pass
+            if exited:
+                break
+            if eof:  # nothing more to read: only the exit is left to wait for
+                proc.wait()
+            else:
+                select.select([status_r], [], [], POLL_S)
+        return proc.returncode, error.decode("utf-8", "replace").strip()
     finally:
         if status_w >= 0:
             os.close(status_w)
@@ -112,12 +131,11 @@ def _run_task(payload: bytes, rank: int, cwd: str, env: dict[str, str], retries:
             "Ray nodes need the run directory, inputs and models at the same paths",
             "attempts": 1,
         }
-    fd, executor_file = tempfile.mkstemp(prefix="gristmill-executor-", suffix=".pik")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+    with tempfile.TemporaryFile(prefix="gristmill-executor-") as f:  # unlinked from the start
+        f.write(payload)
+        f.flush()
         for attempt in range(1, retries + 2):
-            returncode, error = _run_child(executor_file, rank, cwd, env)
+            returncode, error = _run_child(f.fileno(), rank, cwd, env)
             if returncode >= 0 or attempt > retries:
                 break
             # one line on the terminal (Ray's log_to_driver), where the local executor would fail
@@ -127,8 +145,6 @@ def _run_task(payload: bytes, rank: int, cwd: str, env: dict[str, str], retries:
                 file=sys.stderr,
                 flush=True,
             )
-    finally:
-        os.unlink(executor_file)
     return {"node": node, "returncode": returncode, "error": error, "attempts": attempt}
 
 
