@@ -278,8 +278,9 @@ def _retried(times: int) -> str:
 
 
 def _first_line(text: str) -> str:
+    """The first line of a message, without its full stop (the stage's line goes on after it)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return lines[0].rstrip(".") if lines else ""
 
 
 def _cancel(refs: list) -> None:
