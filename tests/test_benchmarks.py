@@ -209,6 +209,19 @@ def check_near_removal_rules(request, tmp, data):
         assert figure(line, "recall") >= 0.9
 
 
+def check_ray_vs_local(request, tmp, data):
+    for model in ("lid_model", "kenlm_model", "quality_model"):  # the demo's steps
+        request.getfixturevalue(model)
+    out = smoke("ray_vs_local", tmp=tmp, data=data)
+    if importlib.util.find_spec("ray") is None:  # the ray extra: `make test` installs it
+        if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
+            pytest.fail("ray is not installed: pip install -e '.[ray]'")
+        assert "ray side skipped" in out, out[-4000:]
+        return
+    assert "outputs identical: yes" in out  # the same final documents both ways
+    assert figure(out, "ratio ray/local: wall") > 0
+
+
 def check_calibration_vs_fineweb2(request, tmp, data):
     out = smoke("calibration_vs_fineweb2", tmp=tmp, data=data)
     # the shipped table against FineWeb-2's: a correlation per key, the letter share's on its own line
@@ -257,7 +270,15 @@ def check_resume_world_size(request, tmp, data):
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
-SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size"}
+SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size", "ray_vs_local"}
+# xdist groups beside the module's own: ray_vs_local starts a Ray cluster, never while
+# tests/pipeline/test_ray.py has its own up (2 CPUs each, on a 2-core machine)
+GROUPS = {"ray_vs_local": "ray"}
+
+
+def _marks(script: str) -> list:
+    marks = [pytest.mark.slow] if script in SLOW else []
+    return marks + ([pytest.mark.xdist_group(GROUPS[script])] if script in GROUPS else [])
 
 
 def test_every_script_has_a_check():
@@ -265,8 +286,6 @@ def test_every_script_has_a_check():
     assert scripts == set(CHECKS), f"benchmarks without a smoke check: {sorted(scripts - set(CHECKS))}"
 
 
-@pytest.mark.parametrize(
-    "script", [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in sorted(CHECKS)]
-)
+@pytest.mark.parametrize("script", [pytest.param(s, marks=_marks(s)) for s in sorted(CHECKS)])
 def test_smoke(script, request, tmp_path, shared_data):
     CHECKS[script](request, tmp_path, shared_data)
