@@ -112,7 +112,8 @@ class ExecutorConfig(Strict):
         None,
         gt=0,
         description="local: memory one task may use; the planner refuses stages estimated above it "
-        "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage",
+        "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage; "
+        "Ray: executor.ray.memory_gb or the stage's, when set",
     )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
