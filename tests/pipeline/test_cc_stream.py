@@ -24,7 +24,9 @@ from gristmill.config import from_dict
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.cc_stream import DownloadError
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
+from gristmill.pipeline.projection import load_calibration, plan_for_size, project, render
 from gristmill.pipeline.runner import run
+from gristmill.pipeline.stats import journey, journey_notes
 from tests.conftest import REPO
 from tests.fault_proxy import FaultProxy
 
@@ -199,8 +201,13 @@ def test_file_changed_between_ranges_fails_rather_than_splice(proxy, wet_files):
     assert proxy.seen(REL14A)[1].headers.get("If-Match", "").startswith('"')  # asked the server to check too
 
 
-def test_a_name_that_does_not_resolve_is_not_retried(log_lines):
-    url = f"http://data.commoncrawl.invalid/{REL17}"
+@pytest.mark.parametrize("scheme", ["http", "s3"])
+def test_a_name_that_does_not_resolve_is_not_retried(log_lines, monkeypatch, scheme):
+    # `.invalid` never resolves (RFC 6761), and the lookup fails without a network
+    url = f"http://data.commoncrawl.invalid/{REL17}" if scheme == "http" else f"s3://{BUCKET}/{REL17}"
+    if scheme == "s3":
+        _hermetic_aws(monkeypatch)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://s3.commoncrawl.invalid")
     with pytest.raises(DownloadError, match=re.escape(url) + r": name resolution failed \(offline\?\)"):
         streaming().open(url).read()
     assert not [line for line in log_lines if "retrying" in line]
@@ -369,23 +376,23 @@ def _cc_config(tmp_path: Path, **cc) -> dict:
 
 
 def test_s3_run_streams_to_the_same_documents_as_a_local_copy(s3, tmp_path, wet_files, local_docs):
+    """A whole run (the reader alone: every record becomes a document) from s3:// through the
+    faults, against the reader on the local file."""
     s3.add("slowdown", path=REL14A, times=1)
     s3.add("reset", path=REL14A, after=600_000, ranged=False)
-    run(from_dict(_cc_config(tmp_path)))
+    merged = run(from_dict({**_cc_config(tmp_path), "steps": []}))
     got = pq.read_table(tmp_path / "run" / "01_curate" / "output").to_pylist()
-    local = run(
-        from_dict({**_cc_config(tmp_path), "run_dir": str(tmp_path / "local"), "input": {"paths": [str(wet_files[0])]}})
-    )
-    assert local  # merged stats of the local run
-    want = pq.read_table(tmp_path / "local" / "01_curate" / "output").to_pylist()
-    assert len(got) == len(want) > 100
-    assert [(d["id"], d["text"]) for d in got] == [(d["id"], d["text"]) for d in want]
+    assert [(d["id"], d["text"], d["url"], d["offset"]) for d in got] == [
+        (i, text, meta["url"], meta["offset"]) for i, text, meta in local_docs[REL14A]
+    ]
     assert {d["source"] for d in got} == {S3_WET}
     assert not (tmp_path / "cache").exists()  # nothing on disk but the run's own output
     stats = json.loads((tmp_path / "run" / "01_curate" / "stats.json").read_text())
     reader = next(s for s in stats if s["name"].endswith("read_wet"))["counters"]
     assert reader["http_retries_503"] == 1 and reader["http_retries_reset"] == 1 and reader["http_resumed"] == 1
     assert reader["download_bytes"] == wet_files[0].stat().st_size and reader["http_requests"] == 3
+    # and `pipeline stats` says so on the reader's row
+    assert "1.4 MB downloaded, 2 retries (503: 1, reset: 1)" in journey_notes(journey(merged)[0])
 
 
 def test_s3_failure_is_one_line_from_the_cli(s3, tmp_path):
@@ -423,8 +430,17 @@ def test_source_sets_the_base_url_and_must_agree_with_it():
     ids=["stream", "keep", "mirror"],
 )
 def test_plan_shows_ingress_and_cache_disk(tmp_path, cc, ingress, cache, note):
+    cfg = from_dict(_cc_config(tmp_path, **cc))
+    stages, size = plan_for_size(cfg, 150, None)
+    header, rows, footer = render(project(cfg, stages, 150, load_calibration(), None), 150, None, False)
+    curate = dict(zip(header, rows[0]))
+    assert (curate["stage"], curate["ingress"], curate["cache"]) == ("01_curate", ingress, cache)
+    assert note in next(line for line in footer if line.startswith("ingress:"))
+
+
+def test_pipeline_plan_json_has_ingress_per_stage(tmp_path):
     cfg = tmp_path / "cc.yaml"
-    cfg.write_text(yaml.safe_dump(_cc_config(tmp_path, **cc)))
+    cfg.write_text(yaml.safe_dump({**_cc_config(tmp_path), "steps": [{"exact_dedup": {}}]}))
     res = subprocess.run(
         [sys.executable, "-m", "gristmill.cli", "plan", str(cfg), "--gb", "150", "--json"],
         capture_output=True,
@@ -433,7 +449,6 @@ def test_plan_shows_ingress_and_cache_disk(tmp_path, cc, ingress, cache, note):
         cwd=REPO,
     )
     assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
-    curate = out["stages"][0]
-    assert (curate["stage"], curate["ingress"], curate["cache"]) == ("01_curate", ingress, cache)
-    assert note in next(line for line in out["notes"] if line.startswith("ingress:"))
+    stages = json.loads(res.stdout)["stages"]
+    assert len(stages) > 1 and (stages[0]["ingress"], stages[0]["cache"]) == ("150.0 GB", "0 B")
+    assert all(s["ingress"] == "0 B" for s in stages[1:])  # later stages read the run's own files
