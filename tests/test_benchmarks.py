@@ -248,6 +248,16 @@ def check_profile_step(request, tmp, data):
     assert figure(out, "ratio ours/reference (tokens/s):") > 0
 
 
+def check_stream_vs_local(request, tmp, data):
+    request.getfixturevalue("lid_model")  # the corpus generator groups pages by language
+    pytest.importorskip("moto.server", reason="moto (the test extra) is not installed")
+    out = smoke("stream_vs_local", "--work", tmp / "stream", tmp=tmp, data=data)
+    # the streamed run (from moto's S3 server in its own process) read the local run's documents
+    assert figure(out, "reader: documents identical on both sides:") > 400
+    assert figure(out, "reader: ratio stream/local CPU per GB:") > 0
+    assert figure(out, "reader: peak RSS of a task: local") > 0
+
+
 def check_train_throughput(request, tmp, data):
     out = smoke("train_throughput", tmp=tmp, data=data)
     assert figure(out, "tiny  ratio ours/reference:") > 0
