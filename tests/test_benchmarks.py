@@ -158,6 +158,13 @@ def check_decontaminate_throughput(request, tmp, data):
     peer_ratio(out, "ratio gristmill/datatrove (documents per CPU second):")
 
 
+def check_url_filter_throughput(request, tmp, data):
+    out = smoke("url_filter_throughput", tmp=tmp, data=data)
+    assert figure(out, "input:") == 2000  # URLs: the sample's 609 and generated ones
+    assert "decisions differ" not in out  # the script exits 1 then too
+    peer_ratio(out, "ratio gristmill/datatrove (URLs/s per core):")
+
+
 def check_make_dedup_corpus(request, tmp, data):
     corpus, out = request.getfixturevalue("dedup_corpus")
     assert figure(out, "wrote") == 300
@@ -260,7 +267,7 @@ def check_resume_world_size(request, tmp, data):
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
-SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size"}
+SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size", "url_filter_throughput"}
 
 
 def test_every_script_has_a_check():

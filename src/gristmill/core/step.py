@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 #: The modules that define gristmill's own YAML steps, imported on first use of the registry.
 #: Other packages add steps through the `gristmill.steps` entry point group (value: a module).
 STEP_MODULES = (
+    "gristmill.filters.url_filter",
     "gristmill.filters.langid",
     "gristmill.filters.gopher_quality",
     "gristmill.filters.gopher_repetition",
