@@ -132,13 +132,23 @@ def check_tokenize_throughput(request, tmp, data):
 
 
 def check_filter_throughput(request, tmp, data):
-    request.getfixturevalue("lid_model")
+    lid = request.getfixturevalue("lid_model")
     out = smoke("filter_throughput", tmp=tmp, data=data)
     assert figure(out, "gristmill ") == 43  # documents read from the smaller sample file
     peer_ratio(out, "ratio gristmill/datatrove (MB/s per core):")
     peer_ratio(out, "ratio fineweb_quality gristmill/datatrove (per core):")
     assert figure(out, "ratio pii gristmill/datatrove (per core):") > 0  # PIIFormatter needs no extra
     assert figure(out, "pii worst case on 100,000 characters:") > 0
+    # --config: the curate stage of run configs (the steps before dedup), the first one the base
+    one, two = tmp / "one.yaml", tmp / "two.yaml"
+    steps = f"steps: [{{langid: {{model: {lid}}}}}, c4_lines, exact_dedup, gopher_quality]\n"
+    one.write_text("input: {paths: [unused]}\n" + steps)
+    two.write_text("input: {paths: [unused]}\n" + steps.replace("c4_lines", "{c4_lines: {min_paragraph_words: 80}}"))
+    out = smoke("filter_throughput", "--config", one.name, two.name, tmp=tmp, data=data)
+    assert figure(out, str(one)) == figure(out, str(two)) == 43  # documents read
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(str(tmp))}
+    assert int(rows[str(one)][2]) >= int(rows[str(two)][2])  # kept: the paragraph rule only drops
+    assert float(rows[str(one)][-1].rstrip("x")) == 1.0 and float(rows[str(two)][-1].rstrip("x")) > 0
 
 
 def check_quality_throughput(request, tmp, data):
