@@ -28,6 +28,7 @@ from gristmill.core.configlib import (
     validate_config,
 )
 from gristmill.core.step import registered_steps
+from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, Extractor
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
@@ -98,8 +99,10 @@ CRAWL_NAME = r"^CC-MAIN-\d{4}-\d{2}$"
 
 class CommonCrawlInput(Strict):
     crawl: str = Field(pattern=CRAWL_NAME, description="crawl name, e.g. CC-MAIN-2024-22")
-    files: int | None = Field(None, ge=1, description="take the first N WET files of the crawl")
-    paths: list[str] | None = Field(None, description="or: these WET paths from wet.paths.gz")
+    files: int | None = Field(None, ge=1, description="take the first N files of the crawl's listing")
+    paths: list[str] | None = Field(
+        None, description="or: these paths from wet.paths.gz (warc.paths.gz with format warc)"
+    )
     base_url: str = Field("https://data.commoncrawl.org", description="server or local mirror directory")
     cache_dir: str = Field("~/.cache/gristmill/commoncrawl", description="downloaded files are kept here")
     retries: int = Field(8, ge=0, description="retries per file on 429/5xx/SlowDown/connection errors")
@@ -115,17 +118,27 @@ class CommonCrawlInput(Strict):
 class InputConfig(Strict):
     paths: list[str] = Field(default_factory=list, description="local WET files or globs")
     commoncrawl: CommonCrawlInput | None = None
+    format: Literal["wet", "warc"] = Field(
+        "wet", description="wet: the crawl's extracted text; warc: HTML responses, text extracted by `extractor`"
+    )
+    extractor: Extractor = Field(
+        DEFAULT_EXTRACTOR, description="format warc: HTML to text with resiliparse or trafilatura (docs/warc.md)"
+    )
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
     max_record_bytes: int = Field(
         32 << 20,
         ge=1,
-        description="a WET record longer than this is skipped, counted as record_too_large, and never held in memory",
+        description="a WET or WARC record (or a WARC response's decoded body) longer than this is skipped, "
+        "counted as record_too_large, and never held in memory",
     )
 
     @model_validator(mode="after")
     def _one_source(self):
         if bool(self.paths) == (self.commoncrawl is not None):
             raise ValueError("give exactly one of `paths` or `commoncrawl`")
+        # not "set at all": a run directory's config.yaml names every default, the extractor too
+        if self.format != "warc" and self.extractor != DEFAULT_EXTRACTOR:
+            raise ValueError(f"`extractor: {self.extractor}` extracts HTML: it needs `format: warc`")
         return self
 
 
