@@ -210,6 +210,13 @@ def check_word_segmenters(request, tmp, data):
     assert "## Dispatch on" in out
 
 
+def check_warc_extract_throughput(request, tmp, data):
+    out = smoke("warc_extract_throughput", tmp=tmp, data=data)
+    assert figure(out, "generated") == 60 and figure(out, "sample:") == 16  # pages; HTML responses
+    for title in ("Common Crawl sample (16 pages)", "generated pages (60)"):
+        assert figure(out, f"{title}: ratio resiliparse/trafilatura (pages/s per core, reader):") > 0
+
+
 def check_kernels(request, tmp, data):
     out = smoke("kernels", tmp=tmp, data=data)
     for op in ("rms_norm+residual", "swiglu", "rope(qkv)", "linear+cross_entropy"):
