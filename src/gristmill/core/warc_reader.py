@@ -63,7 +63,7 @@ from gristmill.core.wet_reader import (
 
 Extractor = Literal["resiliparse", "trafilatura"]
 EXTRACTORS: tuple[str, ...] = ("resiliparse", "trafilatura")
-#: the faster per core: the reader with it reads 14-15x the pages per CPU second that it does
+#: the faster per core: the reader with it reads 12-15x the pages per CPU second that it does
 #: with trafilatura, on the real sample and on generated pages (docs/warc.md)
 DEFAULT_EXTRACTOR: Extractor = "resiliparse"
 
