@@ -25,8 +25,9 @@ this process, best of `--repeat`:
 - extract: the extractor alone on each page already decoded to a string;
 - reader: `iter_warc_documents` over a WARC file of the pages (gzip member per record, as
   Common Crawl writes them): inflate, record and HTTP parsing, charset, extraction.
-Prints ms per page, MB/s of HTML (the response bodies' bytes) per core, pages with empty text,
-characters kept, and the ratio of the two extractors' speeds.
+Prints ms per page (mean; for the extractor alone also the median and the slowest page), MB/s
+of HTML (the response bodies' bytes) per core, pages with empty text, characters kept, and the
+ratio of the two extractors' speeds.
 
 `--memory MB...`: for each size, two generated pages of about MB megabytes (an article of that
 much prose, and the bodies of generated pages one after another), each in a one-record WARC
@@ -456,14 +457,16 @@ def sample_pages() -> list[tuple[str, bytes, str]]:
 
 
 def best_of(repeat: int, fn) -> tuple[float, object]:
-    best, out = None, None
+    """The CPU seconds of the fastest of `repeat` calls of `fn`, and what that call returned."""
+    best = None
     for _ in range(repeat):
         gc.collect()
         t0 = time.process_time()
         out = fn()
         cpu = time.process_time() - t0
-        best = cpu if best is None else min(best, cpu)
-    return best, out
+        if best is None or cpu < best[0]:
+            best = (cpu, out)
+    return best
 
 
 def measure(name: str, pages, warc: Path, repeat: int, passes: int = 1) -> dict:
@@ -475,9 +478,15 @@ def measure(name: str, pages, warc: Path, repeat: int, passes: int = 1) -> dict:
     htmls = [decode_html(body, ctype)[0] for _, body, ctype in pages]
 
     def extract_all():
-        return [extract(h).strip() for _ in range(passes) for h in htmls]
+        texts, times, clock = [], [], time.process_time
+        for _ in range(passes):
+            for h in htmls:
+                t0 = clock()
+                texts.append(extract(h).strip())
+                times.append(clock() - t0)
+        return texts, sorted(times)
 
-    cpu_x, texts = best_of(repeat, extract_all)
+    cpu_x, (texts, times) = best_of(repeat, extract_all)
 
     def read_all():
         return [e for _ in range(passes) for e in iter_warc_documents(warc, extractor=name) if isinstance(e, WetRecord)]
@@ -490,6 +499,8 @@ def measure(name: str, pages, warc: Path, repeat: int, passes: int = 1) -> dict:
         "pages": n,
         "extract_ms": 1000 * cpu_x / n,
         "extract_mb_s": html_mb / cpu_x,
+        "median_ms": 1000 * times[len(times) // 2],
+        "max_ms": 1000 * times[-1],
         "reader_ms": 1000 * cpu_r / n,
         "reader_mb_s": html_mb / cpu_r,
         "empty": sum(1 for t in texts if not t),
@@ -500,13 +511,14 @@ def measure(name: str, pages, warc: Path, repeat: int, passes: int = 1) -> dict:
 
 def report(title: str, rows: list[dict]) -> None:
     print(f"\n## {title}")
-    cols = ["extractor", "pages", "extract ms/page", "extract MB/s/core", "reader ms/page", "reader MB/s/core"]
-    print("| " + " | ".join([*cols, "empty", "chars"]) + " |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    cols = ["extractor", "pages", "extract ms/page", "median", "slowest", "extract MB/s/core"]
+    print("| " + " | ".join([*cols, "reader ms/page", "reader MB/s/core", "empty", "chars"]) + " |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['name']} | {r['pages']:,} | {r['extract_ms']:.2f} | {r['extract_mb_s']:.2f} "
-            f"| {r['reader_ms']:.2f} | {r['reader_mb_s']:.2f} | {r['empty']:,} | {r['chars']:,} |"
+            f"| {r['name']} | {r['pages']:,} | {r['extract_ms']:.2f} | {r['median_ms']:.2f} | {r['max_ms']:.1f} "
+            f"| {r['extract_mb_s']:.2f} | {r['reader_ms']:.2f} | {r['reader_mb_s']:.2f} | {r['empty']:,} "
+            f"| {r['chars']:,} |"
         )
     a, b = rows
     print(
