@@ -10,8 +10,9 @@ pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
 pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
 pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
 pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
-pipeline calibrate --udhr UDHR.zip -o configs/calibration/udhr.yaml
+pipeline calibrate --udhr UDHR.zip | --from-fineweb2 [DIR] [--base FILE] [--allow-off] -o configs/calibration/X.yaml
 pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
+pipeline train CONFIG --plan [--gpus N] [--gpu h100|h200|...] [--set key=value ...]
 pipeline export-hf CHECKPOINT OUT
 """
 

@@ -52,7 +52,12 @@ class SlurmConfig(Strict):
     qos: str | None = None
     account: str | None = None
     job_name_prefix: str = Field("gristmill", description="jobs are named <prefix>-<stage>")
-    max_array_size: int = Field(1001, ge=1, description="the cluster's MaxArraySize; larger stages split")
+    max_array_size: int = Field(
+        1001,
+        ge=1,
+        description="most tasks per job array (the cluster's MaxArraySize, "
+        "read with scontrol, caps it); a wider stage is several arrays",
+    )
     requeue: bool = Field(True, description="requeue tasks that are preempted (signal SIGUSR1)")
     venv_path: str | None = Field(None, description="activate script for the jobs (default: this venv's)")
     env_command: str | None = Field(None, description="shell line run before each task instead of venv_path")

@@ -403,3 +403,290 @@ def test_a_reference_without_usable_text_is_named(udhr_zip, shared_data, tmp_pat
     assert main(["calibrate", "--udhr", str(empty_zip), "--english", str(wiki), "-o", str(out)]) == 2
     assert "no UDHR text in it" in capsys.readouterr().err
     assert not out.exists()
+
+
+# --- what every calibration file keeps to ------------------------------------------------------
+
+
+def _ngram_bounds(table, param):
+    for lang, params in table.get("gopher_repetition", {}).get("per_language", {}).items():
+        if param in params:
+            yield lang, [v for _, v in sorted(params[param])]
+
+
+def _assert_well_formed(table):
+    """The rules calibration_rules.guard_table holds every written table to."""
+    for param in ("top_n_grams", "dup_n_grams"):
+        for lang, bounds in _ngram_bounds(table, param):
+            assert bounds == sorted(bounds, reverse=True), (lang, param, bounds)  # falling with n
+            if param == "top_n_grams":
+                assert max(bounds) <= 0.5, (lang, bounds)
+    for lang, params in table.get("gopher_quality", {}).get("per_language", {}).items():
+        if "max_non_alpha_words_ratio" in params:
+            assert params["max_non_alpha_words_ratio"] >= 0.5, lang
+
+
+def test_calibrated_top_n_gram_bounds_fall_with_n_and_stay_at_most_half(udhr_zip, tmp_path, capsys):
+    """UDHR gave German a 3-gram bound above its 2-gram one and Georgian a 2-gram bound of 0.68
+    (half of a page in one repeated phrase passes); both are brought into line and named."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "de,ka,fa", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    table = yaml.safe_load(out.read_text())
+    _assert_well_formed(table)
+    top = {lang: dict(map(tuple, p["top_n_grams"])) for lang, p in table["gopher_repetition"]["per_language"].items()}
+    assert top["de"][3] == top["de"][2] < 0.18  # lowered to the 2-gram bound
+    assert top["ka"][2] == 0.5
+    assert "gopher_repetition.top_n_grams[3] changed, above the bound of a shorter n-gram (1): de 0.1987->0.1728" in err
+    assert "gopher_repetition.top_n_grams[2] changed, above 0.5, the loosest bound (1): ka 0.6786->0.5" in err
+    assert "# Changed or left out to keep to calibration_rules.guard_table's rules:" in out.read_text()
+
+
+def test_calibrated_letter_share_bound_is_at_least_half(udhr_zip, tmp_path, capsys):
+    """Maithili's UDHR gave 0.25: a page of three numbers or symbols to each word would pass."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "mai,de", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    table = yaml.safe_load(out.read_text())
+    assert table["gopher_quality"]["per_language"]["mai"]["max_non_alpha_words_ratio"] == 0.5
+    assert "gopher_quality.max_non_alpha_words_ratio changed, below 0.5, the loosest bound (1): mai 0.25->0.5" in err
+    _assert_well_formed(table)
+
+
+def test_guard_table_rules():
+    from gristmill.pipeline.calibration_rules import guard_table, prune_defaults
+
+    table = {
+        "gopher_quality": {
+            "per_language": {
+                "de": {"min_avg_word_length": 0, "max_avg_word_length": 15, "max_non_alpha_words_ratio": 0.3},
+                "zh": {"min_avg_word_length": 1, "stop_words": ["的", "了"]},
+            }
+        },
+        "gopher_repetition": {
+            "per_language": {
+                "ast": {"top_n_grams": [[3, 1.59], [2, 1.597], [4, 0.3]], "dup_line_frac": 1.2},
+                "wa": {"dup_n_grams": [[5, 0.485], [6, 0.489], [7, 0.539], [8, 0.2], [9, 0.1], [10, 0.05]]},
+            }
+        },
+    }
+    guarded, changes = guard_table(table)
+    de, zh = guarded["gopher_quality"]["per_language"]["de"], guarded["gopher_quality"]["per_language"]["zh"]
+    assert de == {"max_avg_word_length": 15, "max_non_alpha_words_ratio": 0.5}  # 0 switches the rule off
+    assert zh == {"stop_words": ["的", "了"]}  # no word is shorter than 1 character: the rule never fires
+    ast = guarded["gopher_repetition"]["per_language"]["ast"]
+    assert ast == {"top_n_grams": [[2, 0.5], [3, 0.5], [4, 0.3]]}  # capped, sorted by n; dup_line_frac 1.2 is off
+    assert guarded["gopher_repetition"]["per_language"]["wa"]["dup_n_grams"][:3] == [[5, 0.485], [6, 0.485], [7, 0.485]]
+    assert {(c.language, c.param, c.new) for c in changes if c.new is None} == {
+        ("de", "min_avg_word_length", None),
+        ("zh", "min_avg_word_length", None),
+        ("ast", "dup_line_frac", None),
+    }
+    # asked for: the values that switch a rule off are kept, the others rules still hold
+    kept, _ = guard_table(table, allow_off=True)
+    assert kept["gopher_quality"]["per_language"]["de"]["min_avg_word_length"] == 0
+    assert kept["gopher_quality"]["per_language"]["de"]["max_non_alpha_words_ratio"] == 0.5
+    assert kept["gopher_repetition"]["per_language"]["ast"]["dup_line_frac"] == 1.2
+    assert kept["gopher_repetition"]["per_language"]["ast"]["top_n_grams"][0] == [2, 0.5]
+    # NaN or a negative value is never written, asked or not
+    bad, changes = guard_table({"gopher_quality": {"per_language": {"de": {"max_avg_word_length": -1}}}}, True)
+    assert bad["gopher_quality"]["per_language"]["de"] == {} and changes[0].why == "-1 is no threshold"
+    assert prune_defaults(bad) == {}
+    at_default = {"gopher_quality": {"per_language": {"de": {"min_stop_words": 2, "max_avg_word_length": 15}}}}
+    assert prune_defaults(at_default) == {"gopher_quality": {"per_language": {"de": {"max_avg_word_length": 15}}}}
+
+
+def test_every_calibrated_rule_has_its_bound_kind():
+    from gristmill.pipeline.calibrate import RULES
+    from gristmill.pipeline.calibration_rules import BOUNDS
+
+    for rule in RULES:
+        kind, share = BOUNDS[(rule.step, rule.param)]
+        assert kind == rule.kind, rule.name
+        assert share == (rule.step == "gopher_repetition" or rule.param.endswith("_ratio")), rule.name
+
+
+def test_a_value_that_switches_a_rule_off_is_written_only_when_asked(udhr_zip, tmp_path, capsys):
+    """Croatian's UDHR 3-gram bound of 1.1 is refused by default; with --allow-off it passes the
+    refusal, yet a top-n-gram bound still ends at most 0.5 and at most its 2-gram one."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "hr", "--allow-off", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "refused:" not in err
+    top = dict(map(tuple, yaml.safe_load(out.read_text())["gopher_repetition"]["per_language"]["hr"]["top_n_grams"]))
+    assert top[3] <= top[2] <= 0.5 and top[3] != 0.18
+    assert "--allow-off: values that switch a rule off are kept." in out.read_text()
+
+
+def test_refusal_lets_off_switches_through_only_when_asked():
+    from gristmill.pipeline.calibrate import RULES, Result, refusal
+
+    rule = {r.name: r for r in RULES}
+    alpha, dup = rule["gopher_quality.max_non_alpha_words_ratio"], rule["gopher_repetition.dup_line_frac"]
+    assert refusal(Result(alpha, "de", 0.8, 0.0, 0.0, 0.0, 30), allow_off=True) is None
+    assert refusal(Result(dup, "de", 0.3, 1.0, 0.0, 0.0, 30), allow_off=True) is None
+    assert refusal(Result(dup, "de", 0.3, math.nan, 0.0, 0.0, 30), allow_off=True) == "nan is no threshold"
+
+
+# --- FineWeb-2's thresholds (`--from-fineweb2`) ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fineweb2_configs(shared_data) -> Path:
+    path = shared_data / "reference" / "fineweb-2" / "configs"
+    if not (path / "deu_Latn.yml").is_file():
+        from tests.conftest import _missing
+
+        _missing(f"{path} (FineWeb-2's configs)")
+    return path
+
+
+def test_every_lid176_label_has_its_fineweb2_codes_and_the_rule_picks_the_largest(fineweb2_configs):
+    from gristmill.core.configlib import LID176_LABELS
+    from gristmill.pipeline.fineweb2_calibration import LID176_ISO639_3, read_fineweb2
+
+    assert set(LID176_ISO639_3) == set(LID176_LABELS)
+    fw = read_fineweb2(fineweb2_configs)
+    m = fw.mapping
+    assert "en" not in m and fw.unmapped_labels == ["eml"] and len(m) == 174
+    # scripts and members by the text FineWeb-2 holds of each
+    assert (m["sr"], m["zh"], m["no"], m["nn"], m["ms"], m["fa"], m["et"], m["ar"]) == (
+        "srp_Cyrl",
+        "cmn_Hani",
+        "nob_Latn",
+        "nno_Latn",
+        "zsm_Latn",
+        "fas_Arab",
+        "ekk_Latn",
+        "arb_Arab",
+    )
+    assert m["sq"] == "als_Latn" and m["als"] == "gsw_Latn"  # ISO's als is Tosk Albanian; lid.176's Alemannic
+
+
+def test_fineweb2_thresholds_are_written_under_gristmills_steps(fineweb2_configs, tmp_path, capsys):
+    out = tmp_path / "fw2.yaml"
+    args = ["calibrate", "--from-fineweb2", str(fineweb2_configs), "--languages", "de,ja,th,ast", "-o", str(out)]
+    assert main(args) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    text = out.read_text()
+    table = yaml.safe_load(text)
+    deu = yaml.safe_load((fineweb2_configs / "deu_Latn.yml").read_text())
+    de = table["gopher_quality"]["per_language"]["de"]
+    assert de["max_non_alpha_words_ratio"] == deu["max_non_alpha_words_ratio"] == 0.774
+    assert de["max_avg_word_length"] == deu["max_avg_word_length"]
+    assert de["stop_words"] == deu["stopwords"]
+    assert "min_stop_words" not in de  # FineWeb-2's 2 is the default
+    rep = table["gopher_repetition"]["per_language"]["de"]
+    assert rep["top_n_grams"] == deu["top_n_grams"] and rep["dup_n_grams"] == deu["dup_n_grams"]
+    assert rep["dup_line_frac"] == deu["dup_line_frac"]
+    # German's min_avg_word_length of 0 switches the rule off: left out and named, unless asked
+    assert "min_avg_word_length" not in de
+    assert "gopher_quality.min_avg_word_length left out (the default applies), 0 switches the rule off (1): de 0" in err
+    # Asturian's top 2-gram bound of 1.597 never fires: capped
+    assert table["gopher_repetition"]["per_language"]["ast"]["top_n_grams"][0] == [2, 0.5]
+    _assert_well_formed(table)
+    # the header says where the numbers come from, under which licence, and what is not mapped
+    assert "github huggingface/fineweb-2, Apache-2.0" in text and "language_score: a GlotLID confidence" in text
+    assert "ast=ast_Latn de=deu_Latn ja=jpn_Jpan th=tha_Thai" in " ".join(text.replace("#", " ").split())
+    # fineweb_quality: datatrove's names; a section only where the step exists (`calibration:` refuses unknown steps)
+    from gristmill.core.step import registered_steps
+
+    if "fineweb_quality" in registered_steps():
+        assert table["fineweb_quality"]["per_language"]["de"]["new_line_ratio"] == deu["new_line_ratio"]
+    else:
+        assert "fineweb_quality" not in table
+        assert f"#     de: {{char_duplicates_ratio: 0.1, new_line_ratio: {deu['new_line_ratio']}}}" in text
+    steps = ["gopher_quality", "gopher_repetition"]
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(out), "steps": steps})
+    assert GopherQuality(cfg.specs[0].params).config_for("de").stop_words == deu["stopwords"]
+
+    assert main([*args[:-2], "--allow-off", "-o", str(out)]) == 0
+    table = yaml.safe_load(out.read_text())
+    assert table["gopher_quality"]["per_language"]["de"]["min_avg_word_length"] == 0
+    assert table["gopher_quality"]["per_language"]["ja"]["min_avg_word_length"] == 1
+
+
+def test_fineweb2_stop_words_decide_the_stop_word_rule(fineweb2_configs, tmp_path):
+    """German pages need two of FineWeb-2's 15 German stop words, not of stopwords-iso's 600."""
+    out = tmp_path / "fw2.yaml"
+    assert main(["calibrate", "--from-fineweb2", str(fineweb2_configs), "--languages", "de", "-o", str(out)]) == 0
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(out), "steps": ["gopher_quality"]})
+    params = {**_OFF["gopher_quality"], "min_stop_words": 2, "per_language": cfg.specs[0].params.per_language}
+    flt = GopherQuality(**params)
+    iso_only = Document(text="ich bin aber auch noch hier", id="1", metadata={"language": "de"})  # stopwords-iso's
+    fineweb2 = Document(text="der Hund und die Katze", id="2", metadata={"language": "de"})
+    assert flt.filter_batch([iso_only, fineweb2]) == [(False, "gopher_enough_stop_words"), True]
+
+
+def test_fineweb2_merged_onto_a_base_replaces_its_keys_and_keeps_the_rest(fineweb2_configs, tmp_path):
+    base = REPO / "configs" / "calibration" / "udhr.yaml"
+    out = tmp_path / "merged.yaml"
+    args = ["calibrate", "--from-fineweb2", str(fineweb2_configs), "--base", str(base), "-o", str(out)]
+    assert main(args) == 0
+    merged, udhr = yaml.safe_load(out.read_text()), yaml.safe_load(base.read_text())
+    assert merged["c4_lines"] == udhr["c4_lines"]  # FineWeb-2 runs no C4 rule
+    assert merged["gopher_quality"]["per_language"]["eml"] == udhr["gopher_quality"]["per_language"]["eml"]
+    zh, zh_udhr = merged["gopher_quality"]["per_language"]["zh"], udhr["gopher_quality"]["per_language"]["zh"]
+    assert zh["max_non_alpha_words_ratio"] == 0.735 != zh_udhr["max_non_alpha_words_ratio"]
+    assert zh_udhr["min_stop_words"] == 1 and "min_stop_words" not in zh  # FineWeb-2's 2, the default
+    assert zh["min_doc_words"] == zh_udhr["min_doc_words"]  # not set by FineWeb-2: the base's
+    # FineWeb-2's 1 for Chinese switches the word-length rule off: left out, so UDHR's value stays
+    assert zh["min_avg_word_length"] == zh_udhr["min_avg_word_length"]
+    _assert_well_formed(merged)
+
+
+def test_fineweb2_input_faults_are_one_line(fineweb2_configs, tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--from-fineweb2", str(tmp_path / "none"), "-o", str(out)]) == 2
+    assert "none: not a directory (FineWeb-2's configs/" in capsys.readouterr().err
+    configs = tmp_path / "fw" / "configs"
+    configs.mkdir(parents=True)
+    (configs / "deu_Latn.yml").write_text("dup_line_frac: 0.2\n")
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
+    assert "fineweb2-language-distribution.csv not found" in capsys.readouterr().err
+    (configs.parent / "fineweb2-language-distribution.csv").write_text("subset,split,utf8_bytes\ndeu_Latn,train,100\n")
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --from-fineweb2: {configs / 'deu_Latn.yml'}: no dup_n_grams, line_punct_thr, ")
+    full = yaml.safe_load((fineweb2_configs / "deu_Latn.yml").read_text())
+    (configs / "deu_Latn.yml").write_text(yaml.safe_dump({**full, "max_non_alpha_words_ratio": "high"}))
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("deu_Latn.yml: max_non_alpha_words_ratio: expected a finite number, got 'high'")
+    assert main(["calibrate", "--from-fineweb2", str(configs), "--udhr", "x.zip", "-o", str(out)]) == 2
+    assert "give it without --udhr" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["udhr.yaml", "fineweb2.yaml", "fineweb2-udhr.yaml"])
+def test_shipped_calibrations_are_well_formed(name):
+    table = yaml.safe_load((REPO / "configs" / "calibration" / name).read_text())
+    _assert_well_formed(table)
+    assert all("en" not in step["per_language"] for step in table.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [("fineweb2.yaml", []), ("fineweb2-udhr.yaml", ["--base", str(REPO / "configs" / "calibration" / "udhr.yaml")])],
+)
+def test_shipped_fineweb2_calibrations_are_what_the_command_writes(fineweb2_configs, tmp_path, name, extra):
+    out = tmp_path / name
+    assert main(["calibrate", "--from-fineweb2", str(fineweb2_configs), *extra, "--allow-off", "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load((REPO / "configs" / "calibration" / name).read_text())
+
+
+def test_multilingual_calibration_agrees_with_fineweb2_on_the_letter_share(fineweb2_configs):
+    """The letter-share bound is where most web text is removed: the shipped table follows
+    FineWeb-2's (set with model ablations) across the languages both have (Pearson r >= 0.6)."""
+    import statistics
+
+    from gristmill.pipeline.fineweb2_calibration import read_fineweb2
+
+    named = yaml.safe_load((REPO / "configs" / "multilingual.yaml").read_text())["calibration"]
+    table = yaml.safe_load((REPO / named).read_text())["gopher_quality"]["per_language"]
+    fw = read_fineweb2(fineweb2_configs).values["gopher_quality"]
+    langs = sorted(set(table) & set(fw))
+    ours = [table[x].get("max_non_alpha_words_ratio", 0.8) for x in langs]
+    theirs = [fw[x]["max_non_alpha_words_ratio"] for x in langs]
+    assert len(langs) >= 170
+    assert statistics.correlation(ours, theirs) >= 0.6

@@ -19,9 +19,13 @@ may be given with `--reference LANG=FILE`, and English text (e.g. WikiText) with
 
 Writes the `calibration:` file of a run config: `{step: {per_language: {lang: {param: value}}}}`,
 holding only the values that differ from the English defaults. A threshold that would switch
-its rule off, or remove most of its own reference (`MAX_REMOVED_SHARE`), is never written: a
-`--reference` file giving one is refused, a UDHR file's odd value is left out and named.
+its rule off (unless `--allow-off`), or remove most of its own reference (`MAX_REMOVED_SHARE`),
+is never written: a `--reference` file giving one is refused, a UDHR file's odd value is left
+out and named. The table is then held to calibration_rules' rules (n-gram bounds falling with
+n, top-n-gram bounds at most 0.5, letter-share bounds at least 0.5), each change named.
 Reference files are read to a bound (`--max-reference-mb`), and only regular files are read.
+
+`--from-fineweb2 [DIR]` writes FineWeb-2's thresholds instead (fineweb2_calibration.py).
 """
 
 from __future__ import annotations
@@ -37,14 +41,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from gristmill.config import ConfigError
 from gristmill.core.configlib import LID176_LABELS
 from gristmill.core.files import write_text_atomic
-from gristmill.filters.c4_lines import C4Lines, end_punctuation_for
-from gristmill.filters.gopher_quality import GopherQuality, language_stop_words
-from gristmill.filters.gopher_repetition import GopherRepetition, _repeated_chars_of_strings, _top_chars_of_strings
+from gristmill.filters.c4_lines import end_punctuation_for
+from gristmill.filters.gopher_quality import language_stop_words
+from gristmill.filters.gopher_repetition import _repeated_chars_of_strings, _top_chars_of_strings
+from gristmill.pipeline.calibration_rules import (
+    STEP_DEFAULTS,
+    changes_comment,
+    dump_table,
+    grouped_changes,
+    guard_table,
+    not_a_threshold,
+    prune_defaults,
+    switches_off,
+)
+from gristmill.pipeline.fineweb2_calibration import cmd_from_fineweb2
 from gristmill.text.words import (
     PUNCTUATION_CHARS,
     UNSPACED_LANGUAGES,
@@ -291,17 +304,10 @@ class Rule:
         return f"{self.step}.{self.param}" + (f"[{self.n}]" if self.n is not None else "")
 
     def default(self):
-        value = getattr(_DEFAULTS[self.step], self.param)
+        value = getattr(STEP_DEFAULTS[self.step], self.param)
         if self.n is not None:
             return dict(value)[self.n]
         return value
-
-
-_DEFAULTS = {
-    "gopher_quality": GopherQuality.Config(),
-    "gopher_repetition": GopherRepetition.Config(),
-    "c4_lines": C4Lines.Config(),
-}
 
 
 def _doc_words(text: str, lang: str) -> float | None:
@@ -483,11 +489,6 @@ def calibrate(
 MAX_REMOVED_SHARE = 0.5
 
 
-def _a_share(rule: Rule) -> bool:
-    """The rule's statistic is a share, 0 to 1: a `max` bound of 1 or more never fires."""
-    return rule.step == "gopher_repetition" or rule.param.endswith("_ratio")
-
-
 def rule_key(rule: Rule, language: str) -> str:
     """The key of a threshold in the calibration file (an n-gram rule: its pair of that n)."""
     return f"{rule.step}.per_language.{language}.{rule.param}" + (f" (n={rule.n})" if rule.n is not None else "")
@@ -505,16 +506,13 @@ def english_refusals(results: list[Result]) -> dict[Rule, str]:
     }
 
 
-def refusal(r: Result) -> str | None:
-    """Why the calibrated threshold of `r` cannot be used (it would switch its rule off, or drop
-    most of the language's own reference), or None."""
+def refusal(r: Result, allow_off: bool = False) -> str | None:
+    """Why the calibrated threshold of `r` cannot be used (it would switch its rule off, unless
+    `allow_off`, or drop most of the language's own reference), or None."""
     t = r.threshold
-    if not math.isfinite(t) or t < 0:
-        return f"{t} is no threshold"
-    if t == 0:
-        return "0 switches the rule off"
-    if r.rule.kind == "max" and _a_share(r.rule) and t >= 1:
-        return "a share never exceeds 1: the rule would never fire"
+    why = not_a_threshold(t) or (None if allow_off else switches_off(r.rule.step, r.rule.param, t))
+    if why is not None:
+        return why
     if not r.rule.length and r.share > MAX_REMOVED_SHARE:
         return f"removes {r.share:.0%} of the {r.language} reference (over {MAX_REMOVED_SHARE:.0%})"
     return None
@@ -530,7 +528,7 @@ def calibration_table(results: list[Result]) -> dict:
         if r.rule.n is None:
             per[r.rule.param] = r.threshold
         else:
-            pairs = per.setdefault(r.rule.param, [list(p) for p in getattr(_DEFAULTS[r.rule.step], r.rule.param)])
+            pairs = per.setdefault(r.rule.param, [list(p) for p in getattr(STEP_DEFAULTS[r.rule.step], r.rule.param)])
             for pair in pairs:
                 if pair[0] == r.rule.n:
                     pair[1] = r.threshold
@@ -575,11 +573,19 @@ def cmd_calibrate(args, console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    max_bytes = args.max_reference_mb << 20
     languages = [x for x in args.languages.split(",") if x] if args.languages else None
     for lang in languages or []:
         if lang not in LID176_LABELS:
             raise ConfigError(f"--languages: {lang!r} is not a lid.176 language label")
+    if args.from_fineweb2 is not None:
+        if args.udhr or args.reference or args.english:
+            raise ConfigError(
+                "--from-fineweb2 reads FineWeb-2's thresholds: give it without --udhr, --reference or --english"
+            )
+        return cmd_from_fineweb2(args, languages, console)
+    if args.base:
+        raise ConfigError("--base: only with --from-fineweb2 (the table FineWeb-2's values are merged onto)")
+    max_bytes = args.max_reference_mb << 20
     texts: dict[str, str] = {}
     source: dict[str, str] = {}  # language -> where its reference came from, as given
     if args.udhr:
@@ -636,7 +642,7 @@ def cmd_calibrate(args, console) -> int:
     matched = [r for r in results if r.rule not in off_in_english]
     refused: dict[str, list[tuple[Result, str]]] = {}  # language -> (result, why)
     for r in matched:
-        if (why := refusal(r)) is not None:
+        if (why := refusal(r, args.allow_off)) is not None:
             refused.setdefault(r.language, []).append((r, why))
     for lang, bad in sorted(refused.items()):
         # a file named for one language is refused as a whole: it is not clean text of that
@@ -652,7 +658,8 @@ def cmd_calibrate(args, console) -> int:
             )
     dropped = {id(r) for bad in refused.values() for r, _ in bad}
     kept = [r for r in matched if id(r) not in dropped]
-    table = calibration_table(kept)
+    table, changes = guard_table(calibration_table(kept), args.allow_off)
+    table = prune_defaults(table)
     header = (
         f"# Written by `pipeline calibrate` (gristmill.pipeline.calibrate): thresholds that remove the same share\n"
         f"# of each language's reference text as the English defaults remove of English reference text.\n"
@@ -660,8 +667,14 @@ def cmd_calibrate(args, console) -> int:
         f"{len(english)} English documents, about {round(statistics.mean(len(v) for v in others.values()))}"
         f" per language (cut at blank lines).\n"
         f"# Use it as `calibration: {args.output}` in a run config; a step's own per_language wins.\n"
+        + (
+            "# Changed or left out to keep to calibration_rules.guard_table's rules:\n" + changes_comment(changes)
+            if changes
+            else ""
+        )
+        + ("# --allow-off: values that switch a rule off are kept.\n" if args.allow_off else "")
     )
-    write_text_atomic(Path(args.output), header + yaml.safe_dump(table, sort_keys=True, allow_unicode=True))
+    write_text_atomic(Path(args.output), header + dump_table(table))
     t = Table("rule", "English default", "share it removes", "languages: min", "median", "max", "zh", "ar")
     by_rule: dict[str, dict[str, Result]] = {}
     for r in kept:
@@ -691,6 +704,8 @@ def cmd_calibrate(args, console) -> int:
                 ),
                 soft_wrap=True,
             )
+    for line in grouped_changes(changes):
+        console.print(Text(line), soft_wrap=True)
     n_values = sum(len(v) for step in table.values() for v in step["per_language"].values())
     calibrated = sorted({r.language for r in results})
     thin = sorted(set(references) - set(calibrated) - {"en"})
@@ -700,6 +715,7 @@ def cmd_calibrate(args, console) -> int:
         f"defaults"
         + (f"; {len(off_in_english)} rules not calibrated (above)" if off_in_english else "")
         + (f"; {n_refused} thresholds refused (above)" if n_refused else "")
+        + (f"; {len(changes)} values changed or left out (above)" if changes else "")
         + (f"; not calibrated (under {MIN_DOCUMENTS} documents): {', '.join(thin)}" if thin else "")
     )
     return 0
@@ -710,7 +726,7 @@ def add_parser(sub) -> None:
     c = sub.add_parser(
         "calibrate",
         help="per-language thresholds of the heuristic filters from reference text "
-        "(the share the English defaults remove)",
+        "(the share the English defaults remove), or from FineWeb-2's",
     )
     c.add_argument(
         "--udhr", help="the UDHR zip (udhr2.zip, one file per language), e.g. ../shared/data/corpus/multi/udhr2.zip"
@@ -736,6 +752,27 @@ def add_parser(sub) -> None:
         type=_reference_mb,
         default=MAX_REFERENCE_MB,
         help=f"read at most this much of each reference file (default {MAX_REFERENCE_MB}); a larger one is refused",
+    )
+    c.add_argument(
+        "--from-fineweb2",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="instead of reference text, FineWeb-2's per-language thresholds: its configs/ folder "
+        "(default ${GRISTMILL_DATA:-../shared/data}/reference/fineweb-2/configs), its "
+        "fineweb2-language-distribution.csv beside it",
+    )
+    c.add_argument(
+        "--base",
+        metavar="FILE",
+        help="with --from-fineweb2: a calibration file whose values FineWeb-2's replace, key by key "
+        "(its other keys and languages stay), e.g. configs/calibration/udhr.yaml",
+    )
+    c.add_argument(
+        "--allow-off",
+        action="store_true",
+        help="write thresholds that switch their rule off (0, a share's bound of 1, a mean word length "
+        "of 1) instead of leaving them out",
     )
     c.add_argument(
         "--output", "-o", required=True, help="calibration YAML to write, e.g. configs/calibration/udhr.yaml"

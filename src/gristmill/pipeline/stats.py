@@ -392,6 +392,11 @@ def journey_notes(row: JourneyRow) -> str:
     flawed = {k[4:]: v for k, v in c.items() if k.startswith("bad_") and k[4:] in KEPT_REASONS and v}
     if flawed:
         notes.append("kept despite " + ", ".join(f"{k} {v:,}" for k, v in sorted(flawed.items())))
+    if "emails_replaced" in c or "ips_replaced" in c:  # pii
+        notes.append(
+            f"{c.get('emails_replaced', 0):,} e-mail and {c.get('ips_replaced', 0):,} IP addresses replaced "
+            f"in {c.get('documents_touched', 0):,} documents"
+        )
     if "paragraphs_removed" in c:
         notes.append(f"{c['paragraphs_removed']:,} paragraphs removed")
     if "candidate_pairs" in c:
