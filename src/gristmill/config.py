@@ -28,7 +28,7 @@ from gristmill.core.configlib import (
     validate_config,
 )
 from gristmill.core.step import registered_steps
-from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, Extractor
+from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
@@ -136,6 +136,12 @@ class InputConfig(Strict):
         description="a WET or WARC record (or a WARC response's decoded body) longer than this is skipped, "
         "counted as record_too_large, and never held in memory",
     )
+    max_html_tags: int = Field(
+        MAX_HTML_TAGS,
+        ge=1,
+        description="format warc: a page with more start tags than this is skipped and counted as too_many_tags "
+        "(an extractor's memory and time grow with the elements, not the bytes)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -144,6 +150,8 @@ class InputConfig(Strict):
         # not "set at all": a run directory's config.yaml names every default, the extractor too
         if self.format != "warc" and self.extractor != DEFAULT_EXTRACTOR:
             raise ValueError(f"`extractor: {self.extractor}` extracts HTML: it needs `format: warc`")
+        if self.format != "warc" and self.max_html_tags != MAX_HTML_TAGS:
+            raise ValueError(f"`max_html_tags: {self.max_html_tags}` limits HTML pages: it needs `format: warc`")
         return self
 
 

@@ -9,7 +9,11 @@ plain zlib, independently of the reader, so the tests know each response's offse
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 import uuid
 import zlib
@@ -20,19 +24,27 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.config import ConfigError, from_dict
+from gristmill.core.step import Workload
 from gristmill.core.warc_reader import (
     DEFAULT_EXTRACTOR,
+    DEPTH_CHECK_TAGS,
     EXTRACTORS,
+    MAX_DEPTH,
+    MAX_HTML_TAGS,
+    TREE_BYTES_PER_TAG,
     WarcConverter,
     WarcReader,
     dechunk,
     decode_html,
+    dom_depth,
     iter_warc_documents,
+    start_tags,
 )
 from gristmill.core.wet_reader import BadRecord, WetRecord, iter_records
 from gristmill.pipeline.commoncrawl import list_wet_paths
+from gristmill.pipeline.planner import estimate_memory, plan
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import funnel, journey
+from gristmill.pipeline.stats import funnel, journey, journey_notes, language_funnel, language_summary
 
 from .test_wet_reader import members, starts
 
@@ -445,6 +457,56 @@ def test_truncated_member_loses_only_its_record(tmp_path):
     assert [r.url for r in recs] == ["http://a/0", "http://a/1"]
 
 
+def test_a_page_of_too_many_tags_is_counted_not_parsed(tmp_path):
+    """Markup costs an extractor per element, not per byte: 150,000 nested <div>s (750 KB) would
+    take resiliparse minutes (quadratic in depth) and trafilatura's tree ~200 MB."""
+    nested = b"<html><body>" + b"<div>" * 150_000 + b"</body></html>"
+    at_limit = page(EN).replace("<main>", "<main>" + "<b>w</b>" * 900).encode()  # 900 tags and the page's
+    path = write_warc(
+        tmp_path,
+        [ok("http://a/nested", nested), ok("http://a/at-limit", at_limit), ok("http://a/after", page(EN).encode())],
+    )
+    events = list(iter_warc_documents(path))
+    recs, reasons = split(events)
+    assert reasons == {"too_many_tags": 1} and [r.url for r in recs] == ["http://a/at-limit", "http://a/after"]
+    assert "150,002 start tags, over the limit of 100,000 (input.max_html_tags)" in next(
+        e.detail for e in events if isinstance(e, BadRecord)
+    )
+    # the limit is the page's start tags: the same page is over a limit just below them
+    tags = start_tags(at_limit.decode())
+    assert 900 < tags < 1000
+    for limit, kept in ((tags, ["at-limit", "after"]), (tags - 1, ["after"])):
+        recs, reasons = split(iter_warc_documents(path, max_html_tags=limit))
+        assert [r.url.removeprefix("http://a/") for r in recs] == kept
+        assert reasons == {"too_many_tags": 3 - len(kept)}
+    assert start_tags("<p>a</p><!-- x --><!DOCTYPE html><br/>") == 4  # comments make nodes too
+
+
+def test_a_page_nested_too_deep_is_counted_not_parsed(tmp_path):
+    """resiliparse's main-content pass is quadratic in nesting depth (50,000 nested <div>s: 44 CPU
+    seconds); a page of more than DEPTH_CHECK_TAGS start tags nested deeper than MAX_DEPTH is lost
+    as too_deep, whatever the extractor. Depth is the tree's, as a browser builds it."""
+    body = "<p>" + EN
+    pages = {
+        "deep": "<html><body>" + "<div>" * 600 + body * 5000,  # 5,602 start tags, 600 deep
+        "deep-few-tags": "<html><body>" + "<div>" * 600 + body * 100,  # as deep, too few tags to cost much
+        "wide": "<html><body>" + "<span>" * 500 + body * 5000,  # the <p>s nest in the spans, not in each other
+        "unclosed": "<html><body>" + "<li>" * 6000 + "<td>1" * 6000,  # lists and cells close themselves
+    }
+    assert dom_depth(pages["deep"]) == MAX_DEPTH + 1 and dom_depth(pages["wide"]) < MAX_DEPTH
+    assert dom_depth(pages["unclosed"]) < 10 and start_tags(pages["unclosed"]) > DEPTH_CHECK_TAGS
+    path = write_warc(tmp_path, [ok(f"http://a/{name}", html.encode()) for name, html in pages.items()])
+    # lxml stops building trafilatura's tree 256 levels down: what is deeper is lost as empty text
+    kept = {"resiliparse": ["deep-few-tags", "wide", "unclosed"], "trafilatura": ["unclosed"]}
+    for extractor in EXTRACTORS:
+        events = list(iter_warc_documents(path, extractor=extractor))
+        recs, reasons = split(events)
+        assert reasons == {"too_deep": 1, **({"empty_text": 2} if extractor == "trafilatura" else {})}
+        assert [r.url.removeprefix("http://a/") for r in recs] == kept[extractor]
+        bad = next(e for e in events if isinstance(e, BadRecord))
+        assert bad.detail.endswith("elements nested more than 512 deep (5,602 start tags)")
+
+
 # --- the pipeline ---------------------------------------------------------------------------------
 
 
@@ -515,6 +577,108 @@ def test_pipeline_run_on_warc_is_stable_across_runs_and_task_counts(tmp_path, sa
     assert all(r[3] and r[4] for r in rows)  # text, and langid's label
 
 
+def test_a_warc_runs_stats_count_every_fault(tmp_path, lid_model):
+    """What the reader counts reaches the run's stats: non-HTML responses and requests (records,
+    not documents), a page no charset decodes (kept, flagged), a page over max_record_bytes, one of
+    too many tags, one nested too deep, a truncated gzip member (lost, by reason); none ends the run."""
+    records = [
+        ok("http://a/plain", page(EN).encode()),
+        ok("http://a/doc.pdf", b"%PDF-1.4\n1 0 obj <<>> endobj\n", "application/pdf"),
+        warc_record("request", b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", "http://a/plain"),
+        ok("http://a/bad-bytes", page(ZH).encode().replace(b"marker", b"\xff\xfe marker", 1)),
+        ok("http://a/big", page(EN * 30_000).encode()),  # ~15 MB
+        ok("http://a/tags", b"<html><body>" + b"<b>w</b>" * 9000 + b"</body></html>"),
+        ok("http://a/deep", b"<html><body>" + b"<div>" * 600 + b"<p>w" * 4000),  # 4,602 start tags
+        ok("http://a/after", page(RU).encode()),
+    ]
+    path = write_warc(tmp_path, records, "faults.warc.gz")
+    last = gzip.compress(ok("http://a/cut", page(EN + " cut").encode()), mtime=0)
+    path.write_bytes(path.read_bytes() + last[: len(last) // 2])
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "executor": {"type": "local", "tasks": 1, "workers": 1},
+        "input": {"paths": [str(path)], "format": "warc", "max_record_bytes": 8 << 20, "max_html_tags": 8000},
+        "steps": [{"langid": {"model": str(lid_model), "languages": None, "min_score": 0.0}}],
+        "output": {"dropped_sample": 0.0},
+    }
+    merged = run(from_dict(cfg))
+    reader = journey(merged)[0]
+    assert (reader.step, reader.docs_in, reader.docs_out) == ("read_warc", 7, 3)
+    assert reader.drops == {"record_too_large": 1, "too_many_tags": 1, "too_deep": 1, "truncated_member": 1}
+    assert {k: v for k, v in reader.counters.items() if k != "files"} == {
+        "skipped_non_html": 1,
+        "skipped_request": 1,
+        "bad_undecodable_bytes": 1,
+    }
+    assert journey_notes(reader) == "1 files; 2 records skipped (not documents); kept despite undecodable_bytes 1"
+    # per language, the lost pages are the reader's drops, and records that are no pages are none
+    unknown = next(x for x in language_summary(language_funnel(merged)) if x["language"] == "unknown")
+    assert (unknown["read"], unknown["drops_by_step"]) == (4, {"read_warc": 4})
+
+
+def test_plan_models_the_warc_readers_memory(tmp_path):
+    """`pipeline plan` holds a WARC task to a page at both limits: per byte of max_record_bytes and
+    per tag of max_html_tags, each extractor its own, and refuses a stage that does not fit."""
+
+    def task_bytes(**inp) -> int:
+        cfg = from_dict({"input": {"paths": ["x.warc.gz"], "format": "warc", **inp}, "steps": []})
+        return estimate_memory(cfg, plan(cfg, input_size=1e9, sources=["x.warc.gz"], check_memory=False))[0].bytes
+
+    for name, per_byte in (("resiliparse", 18), ("trafilatura", 46)):
+        base = task_bytes(extractor=name, max_record_bytes=1 << 20, max_html_tags=10_000)
+        assert task_bytes(extractor=name, max_record_bytes=9 << 20, max_html_tags=10_000) - base == per_byte * (8 << 20)
+        more_tags = task_bytes(extractor=name, max_record_bytes=1 << 20, max_html_tags=90_000) - base
+        assert more_tags == TREE_BYTES_PER_TAG[name] * 80_000
+    wet = from_dict({"input": {"paths": ["x.warc.wet.gz"]}, "steps": []})
+    wet_bytes = estimate_memory(wet, plan(wet, input_size=1e9, sources=["x"], check_memory=False))[0].bytes
+    # at the defaults the WARC reader takes the WET reader's place (3x the limit: 96 MB) in a task:
+    # ~0.7 GB with resiliparse, ~1.8 GB with trafilatura
+    work = Workload(documents=1, text_bytes=1, tasks=1)
+    readers = {name: WarcReader([], extractor=name).memory_bytes(work) for name in EXTRACTORS}
+    assert task_bytes() - wet_bytes == readers["resiliparse"] - 3 * (32 << 20)
+    assert task_bytes(extractor="trafilatura") - wet_bytes == readers["trafilatura"] - 3 * (32 << 20)
+    assert 0.6e9 < readers["resiliparse"] < 0.8e9 and 1.7e9 < readers["trafilatura"] < 1.9e9
+    cfg = {"input": {"paths": ["x.warc.gz"], "format": "warc", "extractor": "trafilatura"}, "steps": []}
+    cfg["executor"] = {"type": "local", "memory_gb_per_task": 1}
+    with pytest.raises(ConfigError, match=r"01_curate.*executor.memory_gb_per_task"):
+        plan(from_dict(cfg), input_size=1e9, sources=["x.warc.gz"])
+
+
+@pytest.mark.parametrize("extractor", EXTRACTORS)
+def test_a_page_at_both_limits_peaks_below_the_estimate(tmp_path, extractor):
+    """A child process (its own peak RSS, VmHWM) reads a page of prose near max_record_bytes and
+    a page of tags at max_html_tags; what it reaches over its imports stays under memory_bytes."""
+    limit, tags = 2 << 20, 20_000
+    article = "<article><h1>Report</h1>" + "".join(f"<p>{EN} {RU} {ZH} {i}</p>" for i in range(20)) + "</article>"
+    head = "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Report</title></head><body><main>"
+    prose = head + article * ((limit - 4096) // len(article.encode())) + "</main></body></html>"
+    dense = "<html><body><main>" + "<p>word " * (tags - 10) + "</main></body></html>"
+    assert limit - 16384 < len(prose.encode()) < limit and start_tags(prose) < tags
+    assert tags - 10 <= start_tags(dense) <= tags
+    path = write_warc(tmp_path, [ok("http://a/prose", prose.encode()), ok("http://a/dense", dense.encode())])
+    script = textwrap.dedent(
+        f"""
+        import re
+        def peak():
+            return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+        from gristmill.core.warc_reader import iter_warc_documents
+        base = peak()
+        events = list(iter_warc_documents({str(path)!r}, extractor={extractor!r}, max_record_bytes={limit},
+                                          max_html_tags={tags}))
+        print(base, peak(), *(len(e.text) for e in events if hasattr(e, "text")))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True).stdout
+    base, peak, *kept = map(int, out.split())
+    assert len(kept) == 2 and min(kept) > 90_000  # both pages read and kept
+    estimate = WarcReader([], extractor=extractor, max_record_bytes=limit, max_html_tags=tags).memory_bytes(
+        Workload(documents=1, text_bytes=limit, tasks=1)
+    )
+    print(f"{extractor}: {(peak - base) / 2**20:.0f} MiB over the imports, estimate {estimate / 2**20:.0f} MiB")
+    assert peak - base <= estimate
+
+
 # --- configuration and Common Crawl by crawl name ------------------------------------------------
 
 
@@ -528,6 +692,11 @@ def test_config_keys(tmp_path):
         from_dict({"input": {"paths": ["x"], "format": "warc", "extractor": "jusText"}, "steps": []})
     with pytest.raises(ConfigError, match=r"input.format"):
         from_dict({"input": {"paths": ["x"], "format": "arc"}, "steps": []})
+    assert cfg.input.max_html_tags == MAX_HTML_TAGS == 100_000
+    with pytest.raises(ConfigError, match=r"max_html_tags: 5000.*needs `format: warc`"):
+        from_dict({"input": {"paths": ["x"], "max_html_tags": 5000}, "steps": []})
+    with pytest.raises(ConfigError, match=r"input.max_html_tags"):
+        from_dict({"input": {"paths": ["x"], "format": "warc", "max_html_tags": 0}, "steps": []})
 
 
 WARC_REL = f"crawl-data/{CRAWL}/segments/1596439737319.74/warc/CC-MAIN-20200808165417-20200808195417-00395.warc.gz"

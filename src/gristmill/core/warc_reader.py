@@ -30,11 +30,20 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
   character cut by a truncated payload at the very end is dropped), else detection's; if even
   that does not decode cleanly, the bytes it cannot decode become U+FFFD and the record is
   kept, flagged `undecodable_bytes`.
+- Markup. A page with more start tags than `max_html_tags` is `too_many_tags` (lost): an
+  extractor's tree costs memory per element, not per byte (up to 630 bytes a tag with
+  resiliparse, 2,150 with trafilatura: up to 78 and 294 per byte of a page of tags against 18
+  and 45 for prose), and time worse than linear in them.
+  A page of more than `DEPTH_CHECK_TAGS` start tags whose elements nest deeper than `MAX_DEPTH`
+  is `too_deep` (lost): resiliparse's main-content pass takes time quadratic in the depth
+  (20,000 nested `<div>`s: 9 CPU seconds), and Chrome's HTML parser stops nesting at 512
+  levels too.
 - The extractor's text, stripped; nothing left: `empty_text` (counted, not logged: it is what
   boilerplate removal is for, not damage). An extractor that raises: `extraction_error`.
 
 Memory holds one record at a time: its payload (up to `max_record_bytes`), the decoded body,
-the page as a string and the extractor's tree of it (`WarcReader.memory_bytes`).
+the page as a string and the extractor's tree of it, at most `max_html_tags` elements
+(`WarcReader.memory_bytes`).
 """
 
 from __future__ import annotations
@@ -70,6 +79,18 @@ DEFAULT_EXTRACTOR: Extractor = "resiliparse"
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 MAX_HTTP_HEADER = 256 << 10  # an HTTP header block larger than this is not one
 META_PRESCAN = 4096  # bytes searched for a <meta> charset (WHATWG says 1024; 2 of the 16 sample pages need more)
+#: start tags a page may have (`input.max_html_tags`): the sample's densest page has 3,809 (28 bytes
+#: a tag), so a page at Common Crawl's 1 MiB cap needs fewer than 11 bytes a tag to go over
+MAX_HTML_TAGS = 100_000
+#: elements nested deeper than this make a page `too_deep` (Chrome's parser nests no deeper either)
+MAX_DEPTH = 512
+#: pages with more start tags than this have their depth measured (lexbor's tree, walked in Python at
+#: ~5 us an element); fewer cannot nest deep enough to cost resiliparse much (4,096: ~0.4 s at worst)
+DEPTH_CHECK_TAGS = 4096
+#: bytes of an extractor's tree per start tag (its element and text nodes), the most measured on
+#: pages of tags (benchmarks/warc_extract_throughput.py --tag-pages; docs/warc.md#pages-of-tags):
+#: resiliparse 626, trafilatura 2,149, and ~10% more
+TREE_BYTES_PER_TAG = {"resiliparse": 700, "trafilatura": 2400}
 SNIFF = 1024  # bytes of a body without a declared type looked at for HTML
 DETECT_SAMPLE = 128 << 10  # bytes uchardet sees: half from each end of a larger body (resiliparse's default)
 _META_CHARSET = re.compile(rb"<meta[^>]{0,512}?charset\s*=\s*[\"']?\s*([A-Za-z0-9_.:-]{1,40})", re.I)
@@ -304,9 +325,15 @@ def load_extractor(name: str) -> Callable[[str], str]:
 class WarcConverter:
     """Turns one WARC record into events: a WetRecord of the page's extracted text, or why not."""
 
-    def __init__(self, extractor: str = DEFAULT_EXTRACTOR, max_record_bytes: int = MAX_RECORD_BYTES):
+    def __init__(
+        self,
+        extractor: str = DEFAULT_EXTRACTOR,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+        max_html_tags: int = MAX_HTML_TAGS,
+    ):
         self.extract = load_extractor(extractor)
         self.limit = max_record_bytes
+        self.max_tags = max_html_tags
 
     def __call__(self, rec: Record) -> list[WetEvent]:
         fields, source, off = rec.fields, rec.source, rec.offset
@@ -331,6 +358,16 @@ class WarcConverter:
             return [SkippedRecord("non_html", source, off)]
         html, codec, replaced = decode_html(body, headers.get("content-type"))
         del body
+        # one count of "<" (~15 us a page) clears nearly every page; the exact count costs more
+        # (a two-character search) and is made only for pages with more "<" than a limit
+        if html.count("<") > min(self.max_tags, DEPTH_CHECK_TAGS):
+            tags = start_tags(html)
+            if tags > self.max_tags:
+                detail = f"{rid}: {tags:,} start tags, over the limit of {self.max_tags:,} (input.max_html_tags)"
+                return [_warn(BadRecord("too_many_tags", source, off, detail))]
+            if tags > DEPTH_CHECK_TAGS and dom_depth(html) > MAX_DEPTH:
+                detail = f"{rid}: elements nested more than {MAX_DEPTH} deep ({tags:,} start tags)"
+                return [_warn(BadRecord("too_deep", source, off, detail))]
         try:
             # U+FEFF is no text: byte-order marks of pages pasted together (PHP includes) stay in them
             text = self.extract(html).replace("\ufeff", "").strip()
@@ -357,15 +394,44 @@ class WarcConverter:
         return [*events, record]
 
 
+def dom_depth(html: str, stop: int = MAX_DEPTH) -> int:
+    """How deep the elements of `html` nest as a browser builds them (lexbor, resiliparse's
+    parser: linear time), walked without recursion; the walk ends once deeper than `stop`."""
+    from resiliparse.parse.html import HTMLTree
+
+    node, depth, deepest = HTMLTree.parse(html).document, 0, 0
+    while node is not None:
+        child = node.first_child
+        if child is not None:
+            node, depth = child, depth + 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop:
+                    return deepest
+            continue
+        while node is not None and node.next is None:
+            node, depth = node.parent, depth - 1
+        node = node.next if node is not None else None
+    return deepest
+
+
+def start_tags(html: str) -> int:
+    """An upper bound of the nodes with markup a parser makes of `html` (elements, comments): its
+    `<` not followed by `/` (a `<` in a script or in text counts too). Two counts, no tokenizing."""
+    return html.count("<") - html.count("</")
+
+
 def iter_warc_documents(
     path_or_fileobj,
     source_name: str | None = None,
     max_record_bytes: int = MAX_RECORD_BYTES,
     extractor: str = DEFAULT_EXTRACTOR,
+    max_html_tags: int = MAX_HTML_TAGS,
 ) -> Iterator[WetEvent]:
     """Yield, in file order, a WetRecord per HTML response with text, a SkippedRecord per record
     that is no page, and a BadRecord per problem (the WET reader's, and this module's)."""
-    return iter_records(path_or_fileobj, WarcConverter(extractor, max_record_bytes), source_name, max_record_bytes)
+    convert = WarcConverter(extractor, max_record_bytes, max_html_tags)
+    return iter_records(path_or_fileobj, convert, source_name, max_record_bytes)
 
 
 class WarcReader(WetReader):
@@ -381,19 +447,24 @@ class WarcReader(WetReader):
         step_id: str | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
         extractor: str = DEFAULT_EXTRACTOR,
+        max_html_tags: int = MAX_HTML_TAGS,
     ):
         super().__init__(sources, resolve=resolve, limit=limit, step_id=step_id, max_record_bytes=max_record_bytes)
         if extractor not in EXTRACTORS:
             raise ValueError(f"unknown extractor {extractor!r}; one of {', '.join(EXTRACTORS)}")
         self.extractor = extractor
+        self.max_html_tags = max_html_tags
 
     def memory_bytes(self, work: Workload) -> int:
         """One page at the size limit: its payload, body, string, the extractor's tree and
         text. Peak RSS per byte of a page, measured on generated pages of 2-30 MB (docs/warc.md
-        #memory): resiliparse 12.2-17.8, trafilatura 15.7-43.5 (most for prose, which it keeps);
-        plus the extractor's modules (resiliparse 7 MB, trafilatura with lxml 54 MB)."""
-        per_byte, modules = (18, 10 << 20) if self.extractor == "resiliparse" else (44, 60 << 20)
-        return per_byte * self.max_record_bytes + modules
+        #memory): resiliparse 12.3-17.7, trafilatura 17.0-44.6 (most for prose, which it keeps);
+        plus the tree's elements, at most `max_html_tags` of them (`TREE_BYTES_PER_TAG`: a page of
+        tags costs more per byte than one of prose), plus the extractor's modules (resiliparse
+        7 MB, trafilatura with lxml 54 MB)."""
+        per_byte, modules = (18, 10 << 20) if self.extractor == "resiliparse" else (46, 60 << 20)
+        tree = TREE_BYTES_PER_TAG[self.extractor] * self.max_html_tags
+        return per_byte * self.max_record_bytes + tree + modules
 
     def _events(self, path, source: str) -> Iterator[WetEvent]:
-        return iter_warc_documents(path, source, self.max_record_bytes, self.extractor)
+        return iter_warc_documents(path, source, self.max_record_bytes, self.extractor, self.max_html_tags)

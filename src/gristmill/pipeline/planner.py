@@ -279,7 +279,7 @@ class PlanContext:
             inp = self.cfg.input
             common = {"resolve": self.fetcher.local_path, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
             if inp.format == "warc":
-                return WarcReader(self._sources(), **common, extractor=inp.extractor)
+                return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
             return WetReader(self._sources(), **common)
         return ParquetReader(self.documents)
 
