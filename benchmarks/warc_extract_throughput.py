@@ -1,7 +1,8 @@
 """HTML to text from WARC responses: resiliparse against trafilatura, one core, same pages.
 
     python benchmarks/warc_extract_throughput.py [--pages 3000] [--seed 1] [--repeat 3]
-        [--sample-passes 20] [--write-warc OUT.warc.gz] [--memory 8 16 32] [--smoke]
+        [--sample-passes 20] [--write-warc OUT.warc.gz] [--memory 8 16 32]
+        [--tag-pages 20000 100000] [--smoke]
 
 Two inputs. The shared WARC sample (../shared/data/cc/warc: 16 real HTML responses of
 CC-MAIN-2020-34, read `--sample-passes` times over), and `--pages` generated pages (seeded:
@@ -31,11 +32,21 @@ ratio of the two extractors' speeds.
 
 `--memory MB...`: for each size, two generated pages of about MB megabytes (an article of that
 much prose, and the bodies of generated pages one after another), each in a one-record WARC
-read by each extractor in a fresh process; prints the peak RSS over that of the same process
-after reading a small page (imports and warm-up), per byte of the page.
+read by each extractor in a fresh process (no limit on the page's tags); prints the peak RSS
+over that of the same process after reading a small page (imports and warm-up), per byte of the
+page.
 
-`--smoke`: 60 generated pages, one pass over the sample, one run each, no memory runs (seconds;
-checks that the benchmark still runs, its figures mean nothing).
+`--tag-pages N...`: pages of markup rather than text, N start tags each, in six shapes
+(`TAG_SHAPES`: `<p>word `, `<td>1`, `<b>w</b> `, `<!---->`, `<p>`s under 500 nested
+`<div>`s, and N nested `<div>`s), each read by each extractor in a fresh process (the reader's
+`max_html_tags` raised above N): the peak RSS over the base as above, per tag and per byte of
+the page, the reader's CPU seconds, what it kept (or why not), and for pages of at most 20,000
+tags the extractor's CPU seconds on the page alone (without the reader's depth check). They are
+what `input.max_html_tags` and `MAX_DEPTH` bound (`WarcReader.memory_bytes` takes
+`TREE_BYTES_PER_TAG`).
+
+`--smoke`: 60 generated pages, one pass over the sample, one run each, no memory runs, pages of
+200 tags (seconds; checks that the benchmark still runs, its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -536,16 +547,20 @@ def peak():
 for _ in iter_warc_documents(small, extractor=name):
     pass
 base = peak()
-n = sum(len(getattr(e, "text", "")) for e in iter_warc_documents(big, extractor=name))
+n = sum(len(getattr(e, "text", "")) for e in iter_warc_documents(big, extractor=name, max_html_tags=1 << 30))
 print(json.dumps({"base": base, "peak": peak(), "chars": n}))
 """
 
 
-def memory(sizes: list[float], seed: int, tmp: Path) -> None:
-    env = {
+def child_env() -> dict[str, str]:
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
     }
+
+
+def memory(sizes: list[float], seed: int, tmp: Path) -> None:
+    env = child_env()
     small = tmp / "small.warc.gz"
     write_warc(make_pages(3, seed), small, seed)
     print("\n## Memory: one page, peak RSS over the same process after a small page")
@@ -573,6 +588,84 @@ def memory(sizes: list[float], seed: int, tmp: Path) -> None:
                 )
 
 
+TAGS_CHILD = r"""
+import json, sys, time
+from gristmill.core.warc_reader import iter_warc_documents, load_extractor
+name, small, big, tags, alone = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+def peak():
+    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) * 1024
+for _ in iter_warc_documents(small, extractor=name):
+    pass
+base, t = peak(), time.process_time()
+events = list(iter_warc_documents(big, extractor=name, max_html_tags=tags + 1000))
+cpu, top = time.process_time() - t, peak()
+chars = sum(len(getattr(e, "text", "")) for e in events)
+why = [e.reason for e in events if hasattr(e, "reason")]
+alone_cpu = None
+if alone != "-":  # the extractor on the page itself, without the reader's depth check
+    html = open(alone, encoding="utf-8").read()
+    t = time.process_time()
+    load_extractor(name)(html)
+    alone_cpu = time.process_time() - t
+print(json.dumps({"base": base, "peak": top, "chars": chars, "cpu": cpu, "why": why, "alone": alone_cpu}))
+"""
+
+#: markup that makes an element (and a text node) per start tag: side by side, or under 500
+#: nested <div>s (about the deepest a page of many tags may be: MAX_DEPTH), or all nested (`too_deep`)
+TAG_SHAPES = {
+    "p": lambda n: "<p>word " * n,
+    "td": lambda n: "<td>1" * n,
+    "b": lambda n: "<b>w</b> " * n,
+    "comment": lambda n: "<!---->" * n,
+    "p under 500 divs": lambda n: "<div>" * 500 + "<p>word " * (n - 500),
+    "nested div": lambda n: "<div>a" * n,
+}
+#: pages of at most this many tags are also given to the extractor alone (nested: quadratic time)
+ALONE_TAGS = 20_000
+
+
+def tag_pages(counts: list[int], seed: int, tmp: Path, timeout: float = 900) -> None:
+    env = child_env()
+    small = tmp / "small.warc.gz"
+    write_warc(make_pages(3, seed), small, seed)
+    print("\n## Pages of tags: one page, peak RSS over the same process after a small page")
+    print(
+        "| extractor | shape | start tags | page MB | over base MB | bytes per tag | per page byte | reader CPU s "
+        "| kept chars or reason | extractor alone CPU s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    for n in counts:
+        for shape, make in TAG_SHAPES.items():
+            html = f"<html><head><meta charset='utf-8'></head><body><main>{make(n)}</main></body></html>"
+            body = html.encode()
+            stem = f"tags-{shape.replace(' ', '-')}-{n}"
+            big = tmp / f"{stem}.warc.gz"
+            write_warc([("http://en.example.com/tags.html", body, "text/html")], big, seed)
+            alone = "-"
+            if n <= ALONE_TAGS:
+                (tmp / f"{stem}.html").write_text(html, encoding="utf-8")
+                alone = str(tmp / f"{stem}.html")
+            for name in EXTRACTORS:
+                cmd = [sys.executable, "-c", TAGS_CHILD, name, str(small), str(big), str(n), alone]
+                row = f"| {name} | {shape} | {n:,} | {len(body) / 1e6:.2f} |"
+                try:
+                    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"{row} over {timeout:.0f} s wall | | | | | |")
+                    continue
+                if out.returncode != 0:
+                    print(f"{row} failed: {out.stderr.strip().splitlines()[-1:]} | | | | | |")
+                    continue
+                m = json.loads(out.stdout.strip().splitlines()[-1])
+                over = m["peak"] - m["base"]
+                kept = ", ".join(m["why"]) or f"{m['chars']:,}"
+                alone_s = "" if m["alone"] is None else f"{m['alone']:.2f}"
+                print(
+                    f"{row} {over / 1e6:.1f} | {over / n:,.0f} | {over / len(body):.1f} | {m['cpu']:.2f} "
+                    f"| {kept} | {alone_s} |"
+                )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pages", type=int, default=3000)
@@ -581,10 +674,11 @@ def main() -> int:
     ap.add_argument("--sample-passes", type=int, default=20, help="reads of the 16 sample pages per timed run")
     ap.add_argument("--write-warc", type=Path, help="also keep the generated pages as this WARC file")
     ap.add_argument("--memory", type=float, nargs="*", default=[], help="page sizes (MB) for the memory runs")
+    ap.add_argument("--tag-pages", type=int, nargs="*", default=[], help="start tags per page for the markup runs")
     ap.add_argument("--smoke", action="store_true", help="60 pages, one pass and run each: checks that it runs")
     args = ap.parse_args()
     if args.smoke:
-        args.pages, args.repeat, args.sample_passes, args.memory = 60, 1, 1, []
+        args.pages, args.repeat, args.sample_passes, args.memory, args.tag_pages = 60, 1, 1, [], [200]
     if not SAMPLE.is_file() or not UDHR.is_file():
         print(f"need {SAMPLE} and {UDHR}", file=sys.stderr)
         return 2
@@ -615,6 +709,8 @@ def main() -> int:
             report(title, rows)
         if args.memory:
             memory(args.memory, args.seed, tmp)
+        if args.tag_pages:
+            tag_pages(args.tag_pages, args.seed, tmp)
     return 0
 
 
