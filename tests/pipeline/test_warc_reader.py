@@ -715,7 +715,9 @@ def warc_mirror(server, sample):
 
 
 @pytest.mark.network
-def test_commoncrawl_by_crawl_name_reads_warc_paths(warc_mirror, fetcher, tmp_path, lid_model):
+@pytest.mark.parametrize("cache", ["none", "keep"])
+def test_commoncrawl_by_crawl_name_reads_warc_paths(warc_mirror, fetcher, tmp_path, lid_model, cache):
+    """WARC files of a crawl by name, streamed (`cache: none`, the default) or downloaded and kept."""
     srv = warc_mirror
     assert list_wet_paths(srv.base, CRAWL, files=1, fetcher=fetcher, kind="warc") == [f"{srv.base}/{WARC_REL}"]
     assert list_wet_paths(srv.base, CRAWL, files=1, fetcher=fetcher)[0].endswith(".warc.wet.gz")
@@ -725,7 +727,13 @@ def test_commoncrawl_by_crawl_name_reads_warc_paths(warc_mirror, fetcher, tmp_pa
         "input": {
             "format": "warc",
             "extractor": "trafilatura",
-            "commoncrawl": {"crawl": CRAWL, "files": 1, "base_url": srv.base, "cache_dir": str(tmp_path / "run-cache")},
+            "commoncrawl": {
+                "crawl": CRAWL,
+                "files": 1,
+                "base_url": srv.base,
+                "cache": cache,
+                "cache_dir": str(tmp_path / "run-cache"),
+            },
         },
         "steps": [{"langid": {"model": str(lid_model), "languages": None, "min_score": 0.0}}],
     }
@@ -740,7 +748,7 @@ def test_commoncrawl_by_crawl_name_reads_warc_paths(warc_mirror, fetcher, tmp_pa
     assert [r for r in srv.requests if r[0].endswith("warc.paths.gz")] and not [
         r for r in srv.requests if r[0].endswith("wet.paths.gz")
     ]
-    assert (tmp_path / "run-cache" / WARC_REL).is_file()
+    assert (tmp_path / "run-cache" / WARC_REL).is_file() == (cache == "keep")
     table = pq.read_table(tmp_path / "cc" / "01_curate" / "output")
     assert set(table.column("source").to_pylist()) == {f"{srv.base}/{WARC_REL}"}
     assert table.num_rows == 15
