@@ -132,10 +132,23 @@ def check_tokenize_throughput(request, tmp, data):
 
 
 def check_filter_throughput(request, tmp, data):
-    request.getfixturevalue("lid_model")
+    lid = request.getfixturevalue("lid_model")
     out = smoke("filter_throughput", tmp=tmp, data=data)
     assert figure(out, "gristmill ") == 43  # documents read from the smaller sample file
     peer_ratio(out, "ratio gristmill/datatrove (MB/s per core):")
+    peer_ratio(out, "ratio fineweb_quality gristmill/datatrove (per core):")
+    assert figure(out, "ratio pii gristmill/datatrove (per core):") > 0  # PIIFormatter needs no extra
+    assert figure(out, "pii worst case on 100,000 characters:") > 0
+    # --config: the curate stage of run configs (the steps before dedup), the first one the base
+    one, two = tmp / "one.yaml", tmp / "two.yaml"
+    steps = f"steps: [{{langid: {{model: {lid}}}}}, c4_lines, exact_dedup, gopher_quality]\n"
+    one.write_text("input: {paths: [unused]}\n" + steps)
+    two.write_text("input: {paths: [unused]}\n" + steps.replace("c4_lines", "{c4_lines: {min_paragraph_words: 80}}"))
+    out = smoke("filter_throughput", "--config", one.name, two.name, tmp=tmp, data=data)
+    assert figure(out, str(one)) == figure(out, str(two)) == 43  # documents read
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(str(tmp))}
+    assert int(rows[str(one)][2]) >= int(rows[str(two)][2])  # kept: the paragraph rule only drops
+    assert float(rows[str(one)][-1].rstrip("x")) == 1.0 and float(rows[str(two)][-1].rstrip("x")) > 0
 
 
 def check_quality_throughput(request, tmp, data):
@@ -153,6 +166,13 @@ def check_decontaminate_throughput(request, tmp, data):
     assert figure(out, "gristmill decontaminate: documents") == 43  # the smaller sample file's records
     assert figure(out, "bytes per million n-grams:") > 0
     peer_ratio(out, "ratio gristmill/datatrove (documents per CPU second):")
+
+
+def check_url_filter_throughput(request, tmp, data):
+    out = smoke("url_filter_throughput", tmp=tmp, data=data)
+    assert figure(out, "input:") == 2000  # URLs: the sample's 609 and generated ones
+    assert "decisions differ" not in out  # the script exits 1 then too
+    peer_ratio(out, "ratio gristmill/datatrove (URLs/s per core):")
 
 
 def check_make_dedup_corpus(request, tmp, data):
@@ -238,6 +258,16 @@ def check_word_segmenters(request, tmp, data):
     assert "## Dispatch on" in out
 
 
+def check_warc_extract_throughput(request, tmp, data):
+    out = smoke("warc_extract_throughput", tmp=tmp, data=data)
+    assert figure(out, "generated") == 60 and figure(out, "sample:") == 16  # pages; HTML responses
+    for title in ("Common Crawl sample (16 pages)", "generated pages (60)"):
+        assert figure(out, f"{title}: ratio resiliparse/trafilatura (pages/s per core, reader):") > 0
+    # pages of markup: a row per extractor and shape, each with its memory per tag
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "| 200 |" in line]
+    assert len(rows) == 12 and all(float(r.split("|")[6].replace(",", "")) >= 0 for r in rows), rows
+
+
 def check_kernels(request, tmp, data):
     out = smoke("kernels", tmp=tmp, data=data)
     for op in ("rms_norm+residual", "swiglu", "rope(qkv)", "linear+cross_entropy"):
@@ -249,6 +279,16 @@ def check_profile_step(request, tmp, data):
     out = smoke("profile_step", tmp=tmp, data=data)
     assert "== ours:" in out and "== reference:" in out
     assert figure(out, "ratio ours/reference (tokens/s):") > 0
+
+
+def check_stream_vs_local(request, tmp, data):
+    request.getfixturevalue("lid_model")  # the corpus generator groups pages by language
+    pytest.importorskip("moto.server", reason="moto (the test extra) is not installed")
+    out = smoke("stream_vs_local", "--work", tmp / "stream", tmp=tmp, data=data)
+    # the streamed run (from moto's S3 server in its own process) read the local run's documents
+    assert figure(out, "reader: documents identical on both sides:") > 400
+    assert figure(out, "reader: ratio stream/local CPU per GB:") > 0
+    assert figure(out, "reader: peak RSS of a task: local") > 0
 
 
 def check_train_throughput(request, tmp, data):
@@ -270,7 +310,14 @@ def check_resume_world_size(request, tmp, data):
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
-SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size", "ray_vs_local"}
+SLOW = {
+    "dedup_throughput",
+    "scale_run",
+    "near_removal_rules",
+    "resume_world_size",
+    "url_filter_throughput",
+    "ray_vs_local",
+}
 # xdist groups beside the module's own: ray_vs_local starts a Ray cluster, never while
 # tests/pipeline/test_ray.py has its own up (2 CPUs each, on a 2-core machine)
 GROUPS = {"ray_vs_local": "ray"}

@@ -5,6 +5,7 @@ named in the module's docstring before extending its WRITTEN_FOR."""
 from __future__ import annotations
 
 import importlib.metadata
+import io
 
 import pytest
 
@@ -113,3 +114,22 @@ def test_ray_internals():
         free = s.getsockname()[1]
     with pytest.raises(compat.Unreachable, match=f"cannot reach 127.0.0.1:{free}"):
         compat.check_reachable(f"127.0.0.1:{free}", 2.0)
+
+
+def test_botocore_internals():
+    botocore = pytest.importorskip("botocore")
+    from botocore.response import StreamingBody
+
+    from gristmill.compat import botocore as compat
+
+    assert _major_minor(botocore.__version__) in compat.WRITTEN_FOR, (
+        f"botocore {botocore.__version__} installed; gristmill.compat.botocore was written for {compat.WRITTEN_FOR}"
+    )
+    # a GetObject body wraps a urllib3 response whose read1 hands on what has arrived
+    from urllib3.response import HTTPResponse
+
+    raw = HTTPResponse(io.BytesIO(b"abcdef"), preload_content=False)
+    body = StreamingBody(raw, 6)
+    assert body._raw_stream is raw and callable(raw.read1)
+    assert compat.read_arrived(body, 4) == b"abcd" and compat.read_arrived(body, 4) == b"ef"
+    assert compat.read_arrived(body, 4) == b""

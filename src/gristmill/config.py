@@ -28,6 +28,7 @@ from gristmill.core.configlib import (
     validate_config,
 )
 from gristmill.core.step import registered_steps
+from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
@@ -51,7 +52,12 @@ class SlurmConfig(Strict):
     qos: str | None = None
     account: str | None = None
     job_name_prefix: str = Field("gristmill", description="jobs are named <prefix>-<stage>")
-    max_array_size: int = Field(1001, ge=1, description="the cluster's MaxArraySize; larger stages split")
+    max_array_size: int = Field(
+        1001,
+        ge=1,
+        description="most tasks per job array (the cluster's MaxArraySize, "
+        "read with scontrol, caps it); a wider stage is several arrays",
+    )
     requeue: bool = Field(True, description="requeue tasks that are preempted (signal SIGUSR1)")
     venv_path: str | None = Field(None, description="activate script for the jobs (default: this venv's)")
     env_command: str | None = Field(None, description="shell line run before each task instead of venv_path")
@@ -132,36 +138,79 @@ class ExecutorConfig(Strict):
 CRAWL_NAME = r"^CC-MAIN-\d{4}-\d{2}$"
 
 
+#: where `source:` reads Common Crawl when no `base_url` is given
+CC_BASE_URLS = {"https": "https://data.commoncrawl.org", "s3": "s3://commoncrawl"}
+
+
 class CommonCrawlInput(Strict):
     crawl: str = Field(pattern=CRAWL_NAME, description="crawl name, e.g. CC-MAIN-2024-22")
-    files: int | None = Field(None, ge=1, description="take the first N WET files of the crawl")
-    paths: list[str] | None = Field(None, description="or: these WET paths from wet.paths.gz")
-    base_url: str = Field("https://data.commoncrawl.org", description="server or local mirror directory")
-    cache_dir: str = Field("~/.cache/gristmill/commoncrawl", description="downloaded files are kept here")
+    files: int | None = Field(
+        None, ge=1, description="take the first N files of the crawl's listing (WET, or WARC with format warc)"
+    )
+    paths: list[str] | None = Field(
+        None, description="or: these paths from wet.paths.gz (warc.paths.gz with format warc)"
+    )
+    source: Literal["https", "s3"] = Field(
+        "https", description="https: data.commoncrawl.org; s3: the s3://commoncrawl bucket (AWS_ENDPOINT_URL...)"
+    )
+    base_url: str | None = Field(None, description="server, bucket or local mirror directory (default: the source's)")
+    cache: Literal["none", "keep"] = Field(
+        "none", description="none: each task streams its files, nothing on disk; keep: download into cache_dir"
+    )
+    cache_dir: str = Field("~/.cache/gristmill/commoncrawl", description="downloaded files are kept here (cache: keep)")
+    read_buffer_bytes: int = Field(
+        1 << 20, ge=4096, le=1 << 30, description="the most a stream reads from the network at a time"
+    )
     retries: int = Field(8, ge=0, description="retries per file on 429/5xx/SlowDown/connection errors")
     backoff_s: float = Field(1.0, gt=0, description="first retry wait; doubles per retry (capped at 60 s)")
+    timeout_s: float = Field(60.0, gt=0, description="seconds to connect, and without a byte on a connection")
 
     @model_validator(mode="after")
     def _one_selection(self):
         if (self.files is None) == (self.paths is None):
             raise ValueError("give exactly one of `files` (first N) or `paths` (a list)")
+        if self.base_url is None:
+            self.base_url = CC_BASE_URLS[self.source]
+        elif self.base_url.startswith("s3://") != (self.source == "s3"):
+            raise ValueError(
+                f"base_url {self.base_url} with source: {self.source}: an s3:// base_url needs source: s3, "
+                "and source: s3 an s3:// base_url"
+            )
         return self
 
 
 class InputConfig(Strict):
     paths: list[str] = Field(default_factory=list, description="local WET files or globs")
     commoncrawl: CommonCrawlInput | None = None
+    format: Literal["wet", "warc"] = Field(
+        "wet", description="wet: the crawl's extracted text; warc: HTML responses, text extracted by `extractor`"
+    )
+    extractor: Extractor = Field(
+        DEFAULT_EXTRACTOR, description="format warc: HTML to text with resiliparse or trafilatura (docs/warc.md)"
+    )
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
     max_record_bytes: int = Field(
         32 << 20,
         ge=1,
-        description="a WET record longer than this is skipped, counted as record_too_large, and never held in memory",
+        description="a WET or WARC record (or a WARC response's decoded body) longer than this is skipped, "
+        "counted as record_too_large, and never held in memory",
+    )
+    max_html_tags: int = Field(
+        MAX_HTML_TAGS,
+        ge=1,
+        description="format warc: a page with more start tags than this is skipped and counted as too_many_tags "
+        "(an extractor's memory and time grow with the elements, not the bytes)",
     )
 
     @model_validator(mode="after")
     def _one_source(self):
         if bool(self.paths) == (self.commoncrawl is not None):
             raise ValueError("give exactly one of `paths` or `commoncrawl`")
+        # not "set at all": a run directory's config.yaml names every default, the extractor too
+        if self.format != "warc" and self.extractor != DEFAULT_EXTRACTOR:
+            raise ValueError(f"`extractor: {self.extractor}` extracts HTML: it needs `format: warc`")
+        if self.format != "warc" and self.max_html_tags != MAX_HTML_TAGS:
+            raise ValueError(f"`max_html_tags: {self.max_html_tags}` limits HTML pages: it needs `format: warc`")
         return self
 
 

@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import made_once
+
 EOS = 1
 
 
@@ -99,7 +101,7 @@ def write_token_dir(
 
 @pytest.fixture(scope="session")
 def token_dir(tmp_path_factory) -> Path:
-    return write_token_dir(tmp_path_factory.mktemp("tokens") / "tokens")
+    return made_once(tmp_path_factory, "trainer-tokens", lambda out: write_token_dir(out / "tokens")) / "tokens"
 
 
 STEPS = 6
@@ -136,7 +138,8 @@ def baseline(token_dir, tmp_path_factory) -> Path:
     """STEPS steps of the tiny model in one go, checkpoints at steps 3 and 6 (read-only: copy it)."""
     from gristmill.trainer.train import train
 
-    out = tmp_path_factory.mktemp("train") / "full"
-    summary = train(tiny_cfg(token_dir, STEPS), out)
-    assert summary["steps"] == STEPS
-    return out
+    def make(folder: Path) -> None:
+        summary = train(tiny_cfg(token_dir, STEPS), folder / "full")
+        assert summary["steps"] == STEPS
+
+    return made_once(tmp_path_factory, "trainer-baseline", make) / "full"

@@ -26,6 +26,7 @@ from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
+from gristmill.core.warc_reader import WarcReader
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 
@@ -36,6 +37,7 @@ __all__ = [
     "build_steps",
     "estimate_memory",
     "input_bytes",
+    "input_traffic",
     "make_fetcher",
     "plan",
     "resolve_sources",
@@ -49,20 +51,31 @@ DOCUMENTS_PER_GB = 300_000
 TEXT_PER_COMPRESSED_BYTE = 2.2
 #: a Common Crawl WET file, compressed (files are 100-200 MB; listed, not yet downloaded)
 CC_WET_FILE_BYTES = 150_000_000
+#: sources that are read over the network
+REMOTE = ("http://", "https://", "s3://")
 
 
 def make_fetcher(cfg: RunConfig) -> Fetcher:
     cc = cfg.input.commoncrawl
     if cc is None:  # still needed for a langid model given as a URL
         return Fetcher(Path("~/.cache/gristmill/downloads").expanduser())
-    return Fetcher(Path(cc.cache_dir).expanduser(), retries=cc.retries, backoff=cc.backoff_s)
+    return Fetcher(
+        Path(cc.cache_dir).expanduser(),
+        retries=cc.retries,
+        backoff=cc.backoff_s,
+        timeout=cc.timeout_s,
+        cache=cc.cache,
+        read_bytes=cc.read_buffer_bytes,
+    )
 
 
 def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     """The WET files of the run, in a defined order (later dedup keeps first occurrences by it)."""
     if cfg.input.commoncrawl is not None:
         cc = cfg.input.commoncrawl
-        return list_wet_paths(cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher)
+        return list_wet_paths(
+            cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher, kind=cfg.input.format
+        )
     sources: list[str] = []
     seen: dict[str, str] = {}  # real path -> how it was first named
     for i, pattern in enumerate(cfg.input.paths):
@@ -122,12 +135,43 @@ def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
     cc = cfg.input.commoncrawl
     total = 0.0
     for s in sources:
-        local = Path(s).expanduser() if not s.startswith(("http://", "https://")) else None
+        local = Path(s).expanduser() if not s.startswith(REMOTE) else None
         if local is not None and local.is_file():
             total += local.stat().st_size
         else:
             total += CC_WET_FILE_BYTES if cc is not None or local is None else 0
     return total
+
+
+@dataclass
+class InputTraffic:
+    """What reading the run's input costs besides CPU: bytes over the network, disk for a cache."""
+
+    #: compressed bytes downloaded by the stage that reads the input files
+    ingress: float
+    #: bytes the download cache holds at the end (`input.commoncrawl.cache: keep`), else 0
+    cache: float
+    #: where they come from and where they go, in words (`pipeline plan`'s footer)
+    note: str
+
+
+def input_traffic(cfg: RunConfig, size: float, sources: list[str] | None = None) -> InputTraffic:
+    """Network ingress and cache disk of reading `size` compressed bytes of input. Common Crawl
+    from a server or bucket is all downloaded (streamed, or kept with `cache: keep`); a local
+    mirror and local files are read in place; `input.paths` URLs are downloaded (in proportion,
+    once their names are known)."""
+    cc = cfg.input.commoncrawl
+    if cc is not None:
+        if not str(cc.base_url).startswith(REMOTE):
+            return InputTraffic(0.0, 0.0, f"input read in place from {cc.base_url}")
+        if cc.cache == "keep":
+            return InputTraffic(size, size, f"input downloaded from {cc.base_url} into {cc.cache_dir} (cache: keep)")
+        return InputTraffic(size, 0.0, f"input streamed from {cc.base_url}, nothing kept on disk (cache: none)")
+    remote = [s for s in sources or [] if s.startswith(REMOTE)]
+    if not remote:
+        return InputTraffic(0.0, 0.0, "input read in place from local files")
+    share = len(remote) / len(sources)
+    return InputTraffic(size * share, size * share, f"{len(remote)} input URLs downloaded into the download cache")
 
 
 @dataclass
@@ -246,7 +290,7 @@ class PlanContext:
         return None if self.cfg.output.compression == "none" else self.cfg.output.compression
 
     def local_path(self, path_or_url: str) -> Path:
-        if str(path_or_url).startswith(("http://", "https://")):
+        if str(path_or_url).startswith(REMOTE):
             return self.fetcher.local_path(path_or_url)
         return Path(path_or_url).expanduser()
 
@@ -277,15 +321,13 @@ class PlanContext:
         return stage
 
     def read_documents(self) -> Step:
-        """The first step of a stage: the WET reader before any stage, then the last output."""
+        """The first step of a stage: the WET (or WARC) reader before any stage, then the last output."""
         if self.documents is None:
-            cfg = self.cfg
-            return WetReader(
-                self._sources(),
-                resolve=self.fetcher.local_path,
-                limit=cfg.input.limit,
-                max_record_bytes=cfg.input.max_record_bytes,
-            )
+            inp = self.cfg.input
+            common = {"resolve": self.fetcher.open, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
+            if inp.format == "warc":
+                return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
+            return WetReader(self._sources(), **common)
         return ParquetReader(self.documents)
 
 

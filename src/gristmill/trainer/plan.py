@@ -318,13 +318,14 @@ def vocab_for(cfg: TrainConfig) -> tuple[int, str]:
     manifest's, else an assumed 32,000 (said so)."""
     if cfg.model.vocab_size:
         return cfg.model.vocab_size, "model.vocab_size"
-    manifest = Path(cfg.data.tokens) / "manifest.json"
-    if not manifest.is_file():
-        manifest = Path(cfg.data.tokens) / "tokens" / "manifest.json"
-    try:
-        return int(json.loads(manifest.read_text())["tokenizer"]["vocab_size"]), str(manifest)
-    except (OSError, ValueError, KeyError, TypeError):
-        return DEFAULT_VOCAB, f"assumed (no readable {manifest}; set model.vocab_size)"
+    # data.tokens names a token directory, or a run directory holding tokens/
+    candidates = [Path(cfg.data.tokens) / "manifest.json", Path(cfg.data.tokens) / "tokens" / "manifest.json"]
+    for manifest in candidates:
+        try:
+            return int(json.loads(manifest.read_text())["tokenizer"]["vocab_size"]), str(manifest)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return DEFAULT_VOCAB, f"assumed (no readable {candidates[0]}; set model.vocab_size)"
 
 
 def make_plan(cfg: TrainConfig, *, gpus: int, gpu: str, calibration: dict | None = None) -> dict:
