@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gristmill.compat.ray import GCS_WAIT_ENV
 from gristmill.config import ConfigError, from_dict
 from gristmill.core.parquet_io import FAIL_TASK_ENV
 from gristmill.pipeline import run_dir as rd
@@ -80,10 +81,10 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(request):
     """A one-node Ray cluster (2 CPUs, a 200 MB object store); its token and auth mode are set
     in this process's environment while the module runs, so runs here and commands started from
-    here connect to it."""
+    here connect to it. The module's local run is made while the cluster starts."""
     if importlib.util.find_spec("ray") is None:
         if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
             pytest.fail("ray is not installed (the `ray` extra; `make test` installs it)")
@@ -117,6 +118,7 @@ def ray_cluster():
         )
     saved = {k: os.environ.get(k) for k in auth}
     try:
+        request.getfixturevalue("local_run")  # meanwhile: `ray start` spends most of its ~10 s waiting
         deadline = time.monotonic() + START_S
         while "Ray runtime started" not in log.read_text():
             assert head.poll() is None, f"ray start exited with {head.returncode}:\n{log.read_text()[-3000:]}"
@@ -266,11 +268,13 @@ def test_a_run_on_ray_writes_what_the_local_run_writes_also_when_a_ray_worker_is
 
     killer = threading.Thread(target=kill_worker_of_task_0)
     killer.start()
+    gcs_wait = os.environ.get(GCS_WAIT_ENV)
     try:
         run(cfg)
     finally:
         done.set()
         killer.join()
+    assert os.environ.get(GCS_WAIT_ENV) == gcs_wait  # set for ray.init alone, not for later commands
     out = capfd.readouterr()
     assert killed["cmdline"].startswith(b"ray::01_curate:task_00000"), killed  # a Ray worker, running task 0
     plan = json.loads((run_dir / "plan.json").read_text())["stages"]

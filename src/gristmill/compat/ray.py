@@ -111,6 +111,21 @@ def _stderr_held():
             os.close(saved)
 
 
+@contextmanager
+def _gcs_wait(timeout_s: float):
+    """RAY_gcs_server_port_wait_time_s from the timeout while `ray.init` connects, unless the
+    environment sets it; then as before (set for good, it would reach the commands started from
+    this process and every later connect in it)."""
+    own = GCS_WAIT_ENV not in os.environ
+    if own:
+        os.environ[GCS_WAIT_ENV] = str(max(1, math.ceil(timeout_s)))
+    try:
+        yield
+    finally:
+        if own:
+            os.environ.pop(GCS_WAIT_ENV, None)
+
+
 def _reason(error: BaseException) -> str:
     """The last line of the innermost cause's message (Ray puts a traceback text there)."""
     while error.__cause__ is not None:
@@ -127,9 +142,8 @@ def connect(address: str, timeout_s: float, runtime_env: dict | None = None) -> 
 
     resolved = resolve_address(address)
     check_reachable(resolved, min(timeout_s, 5.0))
-    os.environ.setdefault(GCS_WAIT_ENV, str(max(1, math.ceil(timeout_s))))
     _enable_token_auth_if_available()
-    with _stderr_held() as held:
+    with _stderr_held() as held, _gcs_wait(timeout_s):
         try:
             ray.init(
                 address=resolved,
