@@ -47,6 +47,7 @@ from datatrove.data import Document, DocumentsPipeline
 from isal import isal_zlib
 from loguru import logger
 
+from gristmill.core import storage
 from gristmill.core.messages import printable
 from gristmill.core.step import Step, Workload
 
@@ -343,7 +344,10 @@ def iter_wet_records(
 
     Raises OSError only if the file cannot be opened/read; damage inside it is yielded.
     """
-    if isinstance(path_or_fileobj, (str, os.PathLike)):
+    if isinstance(path_or_fileobj, str) and storage.is_url(path_or_fileobj):  # s3://, gs://, hf://: streamed
+        with storage.open_input(path_or_fileobj) as f:
+            yield from _iter_file(f, source_name or path_or_fileobj, max_record_bytes)
+    elif isinstance(path_or_fileobj, (str, os.PathLike)):
         source = source_name or os.fspath(path_or_fileobj)
         with open(path_or_fileobj, "rb") as f:
             yield from _iter_file(f, source, max_record_bytes)

@@ -11,6 +11,7 @@ implements the `StageContext` the steps plan against (`gristmill.core.step`).
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import stat
@@ -21,6 +22,7 @@ import pyarrow as pa
 from loguru import logger
 
 from gristmill.config import ConfigError, RunConfig
+from gristmill.core import storage
 from gristmill.core.filter import Filter
 from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
@@ -28,6 +30,7 @@ from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
+from gristmill.pipeline.staging import plan_root
 
 __all__ = [
     "MemoryEstimate",
@@ -66,6 +69,9 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     sources: list[str] = []
     seen: dict[str, str] = {}  # real path -> how it was first named
     for i, pattern in enumerate(cfg.input.paths):
+        if storage.is_url(pattern) and storage.protocol(pattern) not in storage.READ_ONLY:
+            sources += _store_sources(pattern, f"input.paths[{i}]", seen)
+            continue
         if pattern.startswith(("http://", "https://")):
             if pattern in seen:
                 logger.warning(f"input.paths[{i}]: {pattern} is listed twice; it is read once")
@@ -73,7 +79,7 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
             seen[pattern] = pattern
             sources.append(pattern)
             continue
-        matches = sorted(glob.glob(str(Path(pattern).expanduser())))
+        matches = sorted(glob.glob(str(storage.local_or_url(pattern))))
         if not matches:
             raise ConfigError(f"input.paths[{i}]: no file matches {pattern!r}")
         folders = [m for m in matches if Path(m).is_dir()]
@@ -92,6 +98,36 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
             seen[real] = m
             sources.append(m)
     return sources
+
+
+#: sizes of the objects listed by `_store_sources`, for `input_bytes` (one listing, not a HEAD each)
+_STORE_SIZES: dict[str, int] = {}
+
+
+def _store_sources(pattern: str, key: str, seen: dict[str, str]) -> list[str]:
+    """The objects a URL or glob URL names on a store (s3://, gs://, hf://), sorted."""
+    matches = storage.glob(pattern)  # a StorageError names the URL and what came back
+    if not matches:
+        raise ConfigError(f"{key}: no object matches {pattern!r}")
+    out = []
+    for url, info in matches:
+        if info.get("type") == "directory":
+            raise ConfigError(f"{key}: {url} is a folder, not a WET file; give the files, e.g. {url}/*.warc.wet.gz")
+        if url in seen:
+            logger.warning(printable(f"{key}: {url} is also matched as {seen[url]}; it is read once"))
+            continue
+        seen[url] = url
+        _STORE_SIZES[url] = int(info.get("size") or 0)
+        out.append(url)
+    return out
+
+
+def _input_path(fetcher: Fetcher, source: str) -> str | Path:
+    """What a task opens for an input: a store's URL as is (streamed by the WET reader), an
+    http(s) URL or a path through the fetcher."""
+    if storage.is_url(source) and storage.protocol(source) not in storage.READ_ONLY:
+        return source
+    return fetcher.local_path(source)
 
 
 _NOT_FILES = (
@@ -122,6 +158,9 @@ def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
     cc = cfg.input.commoncrawl
     total = 0.0
     for s in sources:
+        if storage.is_url(s) and storage.protocol(s) not in storage.READ_ONLY:
+            total += _STORE_SIZES[s] if s in _STORE_SIZES else storage.size(s)
+            continue
         local = Path(s).expanduser() if not s.startswith(("http://", "https://")) else None
         if local is not None and local.is_file():
             total += local.stat().st_size
@@ -229,6 +268,11 @@ class PlanContext:
 
     @property
     def run_dir(self) -> Path:
+        """The run directory the steps are planned against: the local one, or for a run
+        directory on object storage the root that each task's working copy replaces
+        (`gristmill.pipeline.staging`)."""
+        if storage.is_url(self.cfg.run_dir):
+            return plan_root(self.cfg.run_dir)
         return Path(self.cfg.run_dir)
 
     @property
@@ -242,7 +286,9 @@ class PlanContext:
     def local_path(self, path_or_url: str) -> Path:
         if str(path_or_url).startswith(("http://", "https://")):
             return self.fetcher.local_path(path_or_url)
-        return Path(path_or_url).expanduser()
+        if storage.is_url(path_or_url):  # s3://, gs://, hf://: downloaded once per machine
+            return storage.cached_copy(str(path_or_url))
+        return Path(storage.local_or_url(path_or_url))
 
     def writer(self) -> ParquetWriter:
         return ParquetWriter()
@@ -276,7 +322,7 @@ class PlanContext:
             cfg = self.cfg
             return WetReader(
                 self._sources(),
-                resolve=self.fetcher.local_path,
+                resolve=functools.partial(_input_path, self.fetcher),
                 limit=cfg.input.limit,
                 max_record_bytes=cfg.input.max_record_bytes,
             )
@@ -316,6 +362,7 @@ def plan(
 ) -> list[Stage]:
     """The run's stages. Refuses (ConfigError naming stage, estimate and setting) a stage whose
     tasks are estimated to need more memory than a task has."""
+    storage.configure(cfg.storage)
     ctx = PlanContext(cfg, make_fetcher(cfg), input_size=input_size, sources=sources)
     pending: list[Step] = []  # streaming steps not yet placed in a stage
     for step in build_steps(cfg, ctx):
