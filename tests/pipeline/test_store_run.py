@@ -68,9 +68,9 @@ def uploaded(s3, shared_data, lid_model, kenlm_model, quality_model) -> dict[str
     return {name: f"s3://{BUCKET}/{key}" for name, (_, key) in files.items()}
 
 
-def _env(s3: S3Server, tmp: Path, **extra: str) -> dict[str, str]:
+def _env(s3: S3Server | PlainS3Server, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    return {**env, **PYTHON_ENV, **s3.env(), "GRISTMILL_DATA": str(REPO.parent / "shared" / "data"), **extra}
+    return {**env, **PYTHON_ENV, **s3.env(), **extra}
 
 
 def _cli(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -141,7 +141,7 @@ def demo(s3, uploaded, shared_data, lid_model, kenlm_model, quality_model, tmp_p
     models, run directory and token shards on the server."""
     tmp = tmp_path_factory.mktemp("s3demo")
     local_models = {"lid": str(lid_model), "kenlm": str(kenlm_model), "quality": str(quality_model)}
-    env = _env(s3, tmp)
+    env = _env(s3)
     local_cfg = _crawl(str(tmp / "local"), str(shared_data / WET_2017), local_models)
     local = _cli(env, "run", _write(tmp / "local.yaml", local_cfg))
     assert local.returncode == 0, local.stderr
@@ -280,7 +280,7 @@ def _small(run_dir: str, wets: list[str], lid: str, scratch: Path, **input_extra
 
 
 def test_a_killed_task_commits_nothing_and_the_rerun_redoes_it_alone(s3, uploaded, lid_model, tmp_path):
-    env = _env(s3, tmp_path)
+    env = _env(s3)
     wets = [f"s3://{BUCKET}/wet/*.warc.wet.gz"]  # two files: the curate stage runs a task per file
     reference = _cli(
         env, "run", _write(tmp_path / "ref.yaml", _small(str(tmp_path / "ref"), wets, str(lid_model), tmp_path / "s"))
@@ -340,7 +340,7 @@ def _put_lease(s3: S3Server, prefix: str, holder: str, expires_in: float) -> Non
 
 
 def test_a_second_run_is_refused_while_the_first_holds_the_lease(s3, uploaded, lid_model, tmp_path):
-    env = _env(s3, tmp_path)
+    env = _env(s3)
     cfg = _write(tmp_path / "c.yaml", _tiny(f"s3://{BUCKET}/busy", uploaded, str(lid_model), tmp_path / "s"))
     # the first run's task stops itself (SIGSTOP) after its first page: the run holds the lease
     first = subprocess.Popen(
@@ -371,7 +371,7 @@ def _objects_exist(s3: S3Server, prefix: str, key: str) -> bool:
 
 
 def test_an_expired_lease_is_taken_over(s3, uploaded, lid_model, tmp_path):
-    env = _env(s3, tmp_path)
+    env = _env(s3)
     _put_lease(s3, "expired", "elsewhere:4242:dead00", expires_in=-5)
     res = _cli(
         env, "run", _write(tmp_path / "c.yaml", _tiny(f"s3://{BUCKET}/expired", uploaded, str(lid_model), tmp_path))
@@ -382,7 +382,7 @@ def test_an_expired_lease_is_taken_over(s3, uploaded, lid_model, tmp_path):
 
 
 def test_force_lock_takes_over_only_the_holder_it_names(s3, uploaded, lid_model, tmp_path):
-    env = _env(s3, tmp_path)
+    env = _env(s3)
     _put_lease(s3, "forced", "elsewhere:4242:abc123", expires_in=600)  # a run that died a minute ago
     cfg = _write(tmp_path / "c.yaml", _tiny(f"s3://{BUCKET}/forced", uploaded, str(lid_model), tmp_path))
     held = _cli(env, "run", cfg)
@@ -421,7 +421,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused(uploaded, lid_model,
     plain = PlainS3Server()
     proxy = StrippingProxy(plain)
     try:
-        env = _env(plain, tmp_path, AWS_ENDPOINT_URL_S3=proxy.endpoint)
+        env = _env(plain, AWS_ENDPOINT_URL_S3=proxy.endpoint)
         data = _tiny(f"s3://{BUCKET}/unsafe", {"wet17": str(shared_data / WET_2017)}, str(lid_model), tmp_path)
         res = _cli(env, "run", _write(tmp_path / "c.yaml", data))
         assert res.returncode == 2
@@ -434,7 +434,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused(uploaded, lid_model,
 
 
 def test_the_run_directory_checks_hold_on_s3(s3, uploaded, lid_model, tmp_path):
-    env = _env(s3, tmp_path)
+    env = _env(s3)
     client = s3.client()
     client.put_object(Bucket=BUCKET, Key="foreign/data.csv", Body=b"a,b\n")
     cfg = _tiny(f"s3://{BUCKET}/foreign", uploaded, str(lid_model), tmp_path)
@@ -485,7 +485,7 @@ def _closed_port() -> int:
     ],
 )
 def test_store_failures_are_one_line_naming_the_url(s3, uploaded, lid_model, tmp_path, case, expect):
-    env = _env(s3, tmp_path)
+    env = _env(s3)
     run_dir = f"s3://{BUCKET}/failing"
     if case == "bad_secret":
         env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret-" + s3.secret[:4]
@@ -503,7 +503,7 @@ def test_store_failures_are_one_line_naming_the_url(s3, uploaded, lid_model, tmp
 
 
 def test_an_input_the_credentials_cannot_read_is_one_line(s3, uploaded, lid_model, tmp_path):
-    env = {**_env(s3, tmp_path), "AWS_SECRET_ACCESS_KEY": "wrong-secret-key-value"}
+    env = {**_env(s3), "AWS_SECRET_ACCESS_KEY": "wrong-secret-key-value"}
     data = _tiny(str(tmp_path / "run"), uploaded, str(lid_model), tmp_path)
     data["input"]["paths"] = [f"s3://{BUCKET}/wet/*.warc.wet.gz"]
     res = _cli(env, "run", _write(tmp_path / "c.yaml", data))

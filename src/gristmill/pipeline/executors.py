@@ -42,6 +42,7 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 
 from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
+from gristmill.core import storage
 from gristmill.core.messages import os_error_line
 from gristmill.pipeline.planner import Stage
 from gristmill.pipeline.staging import RemoteStage, StagedTasks, task_log
@@ -302,13 +303,13 @@ def make_executor(stage: Stage, storage_config=None, remote: RemoteStage | None 
         logging_dir=str(stage.folder) if remote is None else _store_folder(remote.stage_url()),
         skip_completed=True,
     )
-    executor.storage_config, executor.remote = storage_config, remote
+    # the tasks reach URLs (inputs, models) with this process's storage settings
+    executor.storage_config = storage_config if storage_config is not None else storage.settings()
+    executor.remote = remote
     return executor
 
 
 def _store_folder(url: str):
-    from gristmill.core import storage
-
     fs, path = storage.filesystem(url)
     return (path, fs)
 
@@ -474,5 +475,6 @@ def make_slurm_executor(
         requeue=slurm.requeue,
         mail_type="NONE",
     )
-    executor.storage_config = storage_config  # inputs and models may be URLs; the run directory is local
+    # inputs and models may be URLs (the run directory is local: a store's is refused with Slurm)
+    executor.storage_config = storage_config if storage_config is not None else storage.settings()
     return executor

@@ -89,9 +89,7 @@ def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[
     """Submit every stage as a job array, chained by afterok; returns job ids by stage label."""
     executors = []
     for stage in stages:
-        executors.append(
-            make_slurm_executor(stage, cfg.executor.slurm, executors[-1] if executors else None, cfg.storage)
-        )
+        executors.append(make_slurm_executor(stage, cfg.executor.slurm, executors[-1] if executors else None))
     executors[-1].run()  # datatrove submits the dependencies first, in order
     jobs = {stage.label: str(ex.job_id) for stage, ex in zip(stages, executors)}
     if cfg.train is not None:
@@ -204,7 +202,7 @@ def _run_locked(
             if rd.completed_tasks(stage.folder) >= stage.tasks:
                 console.print(f"{stage.label}: all {stage.tasks} tasks already complete")
             else:
-                _run_stage(stage, console, make_executor(stage, cfg.storage))
+                _run_stage(stage, console)
             merge_stage(stage.folder)
     except BaseException:
         # Keep the stats of what completed, but never let a second failure (the same full
