@@ -132,13 +132,23 @@ def check_tokenize_throughput(request, tmp, data):
 
 
 def check_filter_throughput(request, tmp, data):
-    request.getfixturevalue("lid_model")
+    lid = request.getfixturevalue("lid_model")
     out = smoke("filter_throughput", tmp=tmp, data=data)
     assert figure(out, "gristmill ") == 43  # documents read from the smaller sample file
     peer_ratio(out, "ratio gristmill/datatrove (MB/s per core):")
     peer_ratio(out, "ratio fineweb_quality gristmill/datatrove (per core):")
     assert figure(out, "ratio pii gristmill/datatrove (per core):") > 0  # PIIFormatter needs no extra
     assert figure(out, "pii worst case on 100,000 characters:") > 0
+    # --config: the curate stage of run configs (the steps before dedup), the first one the base
+    one, two = tmp / "one.yaml", tmp / "two.yaml"
+    steps = f"steps: [{{langid: {{model: {lid}}}}}, c4_lines, exact_dedup, gopher_quality]\n"
+    one.write_text("input: {paths: [unused]}\n" + steps)
+    two.write_text("input: {paths: [unused]}\n" + steps.replace("c4_lines", "{c4_lines: {min_paragraph_words: 80}}"))
+    out = smoke("filter_throughput", "--config", one.name, two.name, tmp=tmp, data=data)
+    assert figure(out, str(one)) == figure(out, str(two)) == 43  # documents read
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(str(tmp))}
+    assert int(rows[str(one)][2]) >= int(rows[str(two)][2])  # kept: the paragraph rule only drops
+    assert float(rows[str(one)][-1].rstrip("x")) == 1.0 and float(rows[str(two)][-1].rstrip("x")) > 0
 
 
 def check_quality_throughput(request, tmp, data):
@@ -246,6 +256,16 @@ def check_profile_step(request, tmp, data):
     out = smoke("profile_step", tmp=tmp, data=data)
     assert "== ours:" in out and "== reference:" in out
     assert figure(out, "ratio ours/reference (tokens/s):") > 0
+
+
+def check_stream_vs_local(request, tmp, data):
+    request.getfixturevalue("lid_model")  # the corpus generator groups pages by language
+    pytest.importorskip("moto.server", reason="moto (the test extra) is not installed")
+    out = smoke("stream_vs_local", "--work", tmp / "stream", tmp=tmp, data=data)
+    # the streamed run (from moto's S3 server in its own process) read the local run's documents
+    assert figure(out, "reader: documents identical on both sides:") > 400
+    assert figure(out, "reader: ratio stream/local CPU per GB:") > 0
+    assert figure(out, "reader: peak RSS of a task: local") > 0
 
 
 def check_train_throughput(request, tmp, data):

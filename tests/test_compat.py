@@ -5,6 +5,7 @@ named in the module's docstring before extending its WRITTEN_FOR."""
 from __future__ import annotations
 
 import importlib.metadata
+import io
 
 import pytest
 
@@ -84,3 +85,22 @@ def test_datatrove_internals():
     # the per-rank entry the local supervisor calls and both executors override
     params = list(inspect.signature(dt_base.PipelineExecutor._run_for_rank).parameters)
     assert params[:4] == ["self", "rank", "local_rank", "node_rank"], params
+
+
+def test_botocore_internals():
+    botocore = pytest.importorskip("botocore")
+    from botocore.response import StreamingBody
+
+    from gristmill.compat import botocore as compat
+
+    assert _major_minor(botocore.__version__) in compat.WRITTEN_FOR, (
+        f"botocore {botocore.__version__} installed; gristmill.compat.botocore was written for {compat.WRITTEN_FOR}"
+    )
+    # a GetObject body wraps a urllib3 response whose read1 hands on what has arrived
+    from urllib3.response import HTTPResponse
+
+    raw = HTTPResponse(io.BytesIO(b"abcdef"), preload_content=False)
+    body = StreamingBody(raw, 6)
+    assert body._raw_stream is raw and callable(raw.read1)
+    assert compat.read_arrived(body, 4) == b"abcd" and compat.read_arrived(body, 4) == b"ef"
+    assert compat.read_arrived(body, 4) == b""

@@ -103,19 +103,40 @@ class ExecutorConfig(Strict):
 CRAWL_NAME = r"^CC-MAIN-\d{4}-\d{2}$"
 
 
+#: where `source:` reads Common Crawl when no `base_url` is given
+CC_BASE_URLS = {"https": "https://data.commoncrawl.org", "s3": "s3://commoncrawl"}
+
+
 class CommonCrawlInput(Strict):
     crawl: str = Field(pattern=CRAWL_NAME, description="crawl name, e.g. CC-MAIN-2024-22")
     files: int | None = Field(None, ge=1, description="take the first N WET files of the crawl")
     paths: list[str] | None = Field(None, description="or: these WET paths from wet.paths.gz")
-    base_url: str = Field("https://data.commoncrawl.org", description="server or local mirror directory")
-    cache_dir: str = Field("~/.cache/gristmill/commoncrawl", description="downloaded files are kept here")
+    source: Literal["https", "s3"] = Field(
+        "https", description="https: data.commoncrawl.org; s3: the s3://commoncrawl bucket (AWS_ENDPOINT_URL...)"
+    )
+    base_url: str | None = Field(None, description="server, bucket or local mirror directory (default: the source's)")
+    cache: Literal["none", "keep"] = Field(
+        "none", description="none: each task streams its files, nothing on disk; keep: download into cache_dir"
+    )
+    cache_dir: str = Field("~/.cache/gristmill/commoncrawl", description="downloaded files are kept here (cache: keep)")
+    read_buffer_bytes: int = Field(
+        1 << 20, ge=4096, le=1 << 30, description="the most a stream reads from the network at a time"
+    )
     retries: int = Field(8, ge=0, description="retries per file on 429/5xx/SlowDown/connection errors")
     backoff_s: float = Field(1.0, gt=0, description="first retry wait; doubles per retry (capped at 60 s)")
+    timeout_s: float = Field(60.0, gt=0, description="seconds to connect, and without a byte on a connection")
 
     @model_validator(mode="after")
     def _one_selection(self):
         if (self.files is None) == (self.paths is None):
             raise ValueError("give exactly one of `files` (first N) or `paths` (a list)")
+        if self.base_url is None:
+            self.base_url = CC_BASE_URLS[self.source]
+        elif self.base_url.startswith("s3://") != (self.source == "s3"):
+            raise ValueError(
+                f"base_url {self.base_url} with source: {self.source}: an s3:// base_url needs source: s3, "
+                "and source: s3 an s3:// base_url"
+            )
         return self
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from datatrove.data import Document, DocumentsPipeline
@@ -441,7 +441,8 @@ class WetReader(Step):
     def __init__(
         self,
         sources: list[str],
-        resolve: Callable[[str], str] | None = None,
+        #: source -> a path to read, or a binary stream (closed after use; see `_opened`)
+        resolve: Callable[[str], str | os.PathLike | io.RawIOBase] | None = None,
         limit: int = -1,
         step_id: str | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
@@ -466,9 +467,12 @@ class WetReader(Step):
                 break
             try:
                 path = self.resolve(source) if self.resolve else source
-                with closing(
-                    iter_wet_records(path, source_name=source, max_record_bytes=self.max_record_bytes)
-                ) as events:
+                with (
+                    self._opened(path),
+                    closing(
+                        iter_wet_records(path, source_name=source, max_record_bytes=self.max_record_bytes)
+                    ) as events,
+                ):
                     for doc in self._documents(events):
                         yield doc
                         n_docs += 1
@@ -478,6 +482,20 @@ class WetReader(Step):
                 # one missing or unreadable file must not kill a task over hundreds of files
                 logger.warning(printable(f"{source}: unreadable ({e}); going on with the next file"))
                 self.stat_update("bad_unreadable_file")
+
+    @contextmanager
+    def _opened(self, path):
+        """`resolve` may hand back a stream it opened (a remote file read without a local copy):
+        closed here when the file is done, its `counters` (bytes downloaded, retries, ...) added
+        to this step's stats."""
+        try:
+            yield
+        finally:
+            if hasattr(path, "read"):
+                path.close()
+                for label, value in sorted(getattr(path, "counters", {}).items()):
+                    if value:
+                        self.stat_update(label, value=value)
 
     def _documents(self, events: Iterator[WetEvent]) -> DocumentsPipeline:
         opened = False

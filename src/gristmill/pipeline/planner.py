@@ -39,6 +39,7 @@ __all__ = [
     "build_steps",
     "estimate_memory",
     "input_bytes",
+    "input_traffic",
     "make_fetcher",
     "plan",
     "resolve_sources",
@@ -52,13 +53,22 @@ DOCUMENTS_PER_GB = 300_000
 TEXT_PER_COMPRESSED_BYTE = 2.2
 #: a Common Crawl WET file, compressed (files are 100-200 MB; listed, not yet downloaded)
 CC_WET_FILE_BYTES = 150_000_000
+#: sources that are read over the network
+REMOTE = ("http://", "https://", "s3://")
 
 
 def make_fetcher(cfg: RunConfig) -> Fetcher:
     cc = cfg.input.commoncrawl
     if cc is None:  # still needed for a langid model given as a URL
         return Fetcher(Path("~/.cache/gristmill/downloads").expanduser())
-    return Fetcher(Path(cc.cache_dir).expanduser(), retries=cc.retries, backoff=cc.backoff_s)
+    return Fetcher(
+        Path(cc.cache_dir).expanduser(),
+        retries=cc.retries,
+        backoff=cc.backoff_s,
+        timeout=cc.timeout_s,
+        cache=cc.cache,
+        read_bytes=cc.read_buffer_bytes,
+    )
 
 
 def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
@@ -122,12 +132,16 @@ def _store_sources(pattern: str, key: str, seen: dict[str, str]) -> list[str]:
     return out
 
 
-def _input_path(fetcher: Fetcher, source: str) -> str | Path:
-    """What a task opens for an input: a store's URL as is (streamed by the WET reader), an
-    http(s) URL or a path through the fetcher."""
-    if storage.is_url(source) and storage.protocol(source) not in storage.READ_ONLY:
+def _input_path(fetcher: Fetcher, listed: bool, source: str):
+    """What a task opens for an input. An `input.paths` file on S3 (`listed`) is streamed as
+    Common Crawl's files are (ranged GETs, resumed, retried and counted), never copied to disk;
+    a file of another store (gs://, hf://) is streamed by the WET reader through fsspec; the
+    rest (Common Crawl's files, http(s):// URLs, paths) as the fetcher's `cache` says."""
+    if listed and source.startswith("s3://"):
+        return fetcher.stream(source)
+    if storage.is_url(source) and not source.startswith(REMOTE):
         return source
-    return fetcher.local_path(source)
+    return fetcher.open(source)
 
 
 _NOT_FILES = (
@@ -158,15 +172,49 @@ def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
     cc = cfg.input.commoncrawl
     total = 0.0
     for s in sources:
-        if storage.is_url(s) and storage.protocol(s) not in storage.READ_ONLY:
-            total += _STORE_SIZES[s] if s in _STORE_SIZES else storage.size(s)
+        if s in _STORE_SIZES:  # listed on a store (input.paths): its size came with the listing
+            total += _STORE_SIZES[s]
             continue
-        local = Path(s).expanduser() if not s.startswith(("http://", "https://")) else None
+        if storage.is_url(s) and not s.startswith(REMOTE):  # gs://, hf://
+            total += storage.size(s)
+            continue
+        local = Path(s).expanduser() if not s.startswith(REMOTE) else None
         if local is not None and local.is_file():
             total += local.stat().st_size
         else:
             total += CC_WET_FILE_BYTES if cc is not None or local is None else 0
     return total
+
+
+@dataclass
+class InputTraffic:
+    """What reading the run's input costs besides CPU: bytes over the network, disk for a cache."""
+
+    #: compressed bytes downloaded by the stage that reads the input files
+    ingress: float
+    #: bytes the download cache holds at the end (`input.commoncrawl.cache: keep`), else 0
+    cache: float
+    #: where they come from and where they go, in words (`pipeline plan`'s footer)
+    note: str
+
+
+def input_traffic(cfg: RunConfig, size: float, sources: list[str] | None = None) -> InputTraffic:
+    """Network ingress and cache disk of reading `size` compressed bytes of input. Common Crawl
+    from a server or bucket is all downloaded (streamed, or kept with `cache: keep`); a local
+    mirror and local files are read in place; `input.paths` URLs are downloaded (in proportion,
+    once their names are known)."""
+    cc = cfg.input.commoncrawl
+    if cc is not None:
+        if not str(cc.base_url).startswith(REMOTE):
+            return InputTraffic(0.0, 0.0, f"input read in place from {cc.base_url}")
+        if cc.cache == "keep":
+            return InputTraffic(size, size, f"input downloaded from {cc.base_url} into {cc.cache_dir} (cache: keep)")
+        return InputTraffic(size, 0.0, f"input streamed from {cc.base_url}, nothing kept on disk (cache: none)")
+    remote = [s for s in sources or [] if s.startswith(REMOTE)]
+    if not remote:
+        return InputTraffic(0.0, 0.0, "input read in place from local files")
+    share = len(remote) / len(sources)
+    return InputTraffic(size * share, size * share, f"{len(remote)} input URLs downloaded into the download cache")
 
 
 @dataclass
@@ -286,7 +334,7 @@ class PlanContext:
     def local_path(self, path_or_url: str) -> Path:
         if str(path_or_url).startswith(("http://", "https://")):
             return self.fetcher.local_path(path_or_url)
-        if storage.is_url(path_or_url):  # s3://, gs://, hf://: downloaded once per machine
+        if storage.is_url(path_or_url):  # s3://, gs://, hf://: downloaded once per machine (core.storage)
             return storage.cached_copy(str(path_or_url))
         return Path(storage.local_or_url(path_or_url))
 
@@ -322,7 +370,7 @@ class PlanContext:
             cfg = self.cfg
             return WetReader(
                 self._sources(),
-                resolve=functools.partial(_input_path, self.fetcher),
+                resolve=functools.partial(_input_path, self.fetcher, cfg.input.commoncrawl is None),
                 limit=cfg.input.limit,
                 max_record_bytes=cfg.input.max_record_bytes,
             )

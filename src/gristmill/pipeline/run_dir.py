@@ -28,6 +28,10 @@ from gristmill.dirlock import LOCK_NAME
 # Settings that change how or where a run goes, never what it writes (key prefixes). `run_dir`
 # itself is one: a run directory moved or copied elsewhere resumes where it stopped.
 _OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm", "run_dir", "storage")
+# How the input's bytes arrive (streamed or cached, read size, patience): the same bytes either way.
+_OUTPUT_NEUTRAL += tuple(
+    f"input.commoncrawl.{k}" for k in ("source", "cache", "read_buffer_bytes", "timeout_s", "retries", "backoff_s")
+)
 # Written by gristmill in every run directory it creates; `--force` removes nothing from a
 # directory without it (or, for directories made before the marker existed, config + plan).
 MARKER = ".gristmill-run"
