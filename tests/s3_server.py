@@ -2,7 +2,8 @@
 
 `S3Server.start()` runs moto in this process, creates an IAM user with an access key allowed
 everything, a bucket, and then turns request signing checks on (moto's `/moto-api/reset-auth`),
-so a wrong secret gets SignatureDoesNotMatch as from AWS. Moto 5.2.5 enforces `If-None-Match: *`
+so a wrong secret gets SignatureDoesNotMatch as from AWS; `stop()` turns them off again (the
+switch is the process's, shared with any other moto server a test starts in it). Moto 5.2.5 enforces `If-None-Match: *`
 and `If-Match` on PutObject, CompleteMultipartUpload and DeleteObject (412 PreconditionFailed).
 `env()` is what a process needs to reach it: the endpoint (AWS_ENDPOINT_URL_S3), the key and
 the region, the standard variables botocore reads. `stop()` stops the server.
@@ -55,17 +56,15 @@ class S3Server:
         endpoint = f"http://127.0.0.1:{port}"
         anyone = {"endpoint_url": endpoint, "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
         iam = boto3.client("iam", region_name="us-east-1", **anyone)
-        iam.create_user(UserName="gristmill")
+        user = f"gristmill-{port}"  # moto's state is the process's: another server's user may exist
+        iam.create_user(UserName=user)
         policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-        arn = iam.create_policy(PolicyName="everything", PolicyDocument=json.dumps(policy))["Policy"]["Arn"]
-        iam.attach_user_policy(UserName="gristmill", PolicyArn=arn)
-        key = iam.create_access_key(UserName="gristmill")["AccessKey"]
+        arn = iam.create_policy(PolicyName=f"everything-{port}", PolicyDocument=json.dumps(policy))["Policy"]["Arn"]
+        iam.attach_user_policy(UserName=user, PolicyArn=arn)
+        key = iam.create_access_key(UserName=user)["AccessKey"]
         boto3.client("s3", region_name="us-east-1", **anyone).create_bucket(Bucket=bucket)
         if auth:  # from now on every request must be signed with the key above
-            req = urllib.request.Request(
-                f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
-            )
-            urllib.request.urlopen(req, timeout=30).read()
+            _reset_auth(endpoint, b"0")
         return cls(endpoint, key["AccessKeyId"], key["SecretAccessKey"], server)
 
     def env(self, endpoint: str | None = None) -> dict[str, str]:
@@ -89,7 +88,17 @@ class S3Server:
         )
 
     def stop(self) -> None:
+        # moto's authentication switch is the process's: off again, for the servers of other tests
+        _reset_auth(self.endpoint, b"inf")
         self.server.stop()
+
+
+def _reset_auth(endpoint: str, count: bytes) -> None:
+    """moto's `reset-auth`: requests are signed-checked after `count` more (inf: never)."""
+    req = urllib.request.Request(
+        f"{endpoint}/moto-api/reset-auth", data=count, method="POST", headers={"Content-Type": "text/plain"}
+    )
+    urllib.request.urlopen(req, timeout=30).read()
 
 
 class PlainS3Server:

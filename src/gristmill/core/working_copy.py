@@ -93,15 +93,12 @@ class WorkingCopy:
         them holds a committed object of the store (an input, or a hard link made of one)."""
         out = {}
         for ident, (key, size, mtime) in self._files.items():
-            for path in (self._local(key),):
-                try:
-                    st = path.stat()
-                except OSError:
-                    st = None
-                if st is None or (st.st_dev, st.st_ino) != ident or (st.st_size, st.st_mtime_ns) != (size, mtime):
-                    # gone, replaced or changed in place: whatever holds its inode now is new
-                    continue
-                out[ident] = key
+            try:
+                st = self._local(key).stat()
+            except OSError:
+                continue  # gone: whatever holds its inode now is new
+            if (st.st_dev, st.st_ino) == ident and (st.st_size, st.st_mtime_ns) == (size, mtime):
+                out[ident] = key  # not replaced, not changed in place
         return out
 
     def listing(self, folder: Path, pattern: str, recursive: bool) -> list[Path]:
