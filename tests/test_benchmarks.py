@@ -245,6 +245,16 @@ def check_word_segmenters(request, tmp, data):
     assert "## Dispatch on" in out
 
 
+def check_warc_extract_throughput(request, tmp, data):
+    out = smoke("warc_extract_throughput", tmp=tmp, data=data)
+    assert figure(out, "generated") == 60 and figure(out, "sample:") == 16  # pages; HTML responses
+    for title in ("Common Crawl sample (16 pages)", "generated pages (60)"):
+        assert figure(out, f"{title}: ratio resiliparse/trafilatura (pages/s per core, reader):") > 0
+    # pages of markup: a row per extractor and shape, each with its memory per tag
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "| 200 |" in line]
+    assert len(rows) == 12 and all(float(r.split("|")[6].replace(",", "")) >= 0 for r in rows), rows
+
+
 def check_kernels(request, tmp, data):
     out = smoke("kernels", tmp=tmp, data=data)
     for op in ("rms_norm+residual", "swiglu", "rope(qkv)", "linear+cross_entropy"):

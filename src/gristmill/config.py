@@ -30,6 +30,7 @@ from gristmill.core.configlib import (
 )
 from gristmill.core.step import registered_steps
 from gristmill.core.storage import StorageConfig
+from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
@@ -109,8 +110,12 @@ CC_BASE_URLS = {"https": "https://data.commoncrawl.org", "s3": "s3://commoncrawl
 
 class CommonCrawlInput(Strict):
     crawl: str = Field(pattern=CRAWL_NAME, description="crawl name, e.g. CC-MAIN-2024-22")
-    files: int | None = Field(None, ge=1, description="take the first N WET files of the crawl")
-    paths: list[str] | None = Field(None, description="or: these WET paths from wet.paths.gz")
+    files: int | None = Field(
+        None, ge=1, description="take the first N files of the crawl's listing (WET, or WARC with format warc)"
+    )
+    paths: list[str] | None = Field(
+        None, description="or: these paths from wet.paths.gz (warc.paths.gz with format warc)"
+    )
     source: Literal["https", "s3"] = Field(
         "https", description="https: data.commoncrawl.org; s3: the s3://commoncrawl bucket (AWS_ENDPOINT_URL...)"
     )
@@ -145,17 +150,35 @@ class InputConfig(Strict):
         default_factory=list, description="WET files or globs: local paths or URLs (s3://bucket/wet/*.warc.wet.gz)"
     )
     commoncrawl: CommonCrawlInput | None = None
+    format: Literal["wet", "warc"] = Field(
+        "wet", description="wet: the crawl's extracted text; warc: HTML responses, text extracted by `extractor`"
+    )
+    extractor: Extractor = Field(
+        DEFAULT_EXTRACTOR, description="format warc: HTML to text with resiliparse or trafilatura (docs/warc.md)"
+    )
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
     max_record_bytes: int = Field(
         32 << 20,
         ge=1,
-        description="a WET record longer than this is skipped, counted as record_too_large, and never held in memory",
+        description="a WET or WARC record (or a WARC response's decoded body) longer than this is skipped, "
+        "counted as record_too_large, and never held in memory",
+    )
+    max_html_tags: int = Field(
+        MAX_HTML_TAGS,
+        ge=1,
+        description="format warc: a page with more start tags than this is skipped and counted as too_many_tags "
+        "(an extractor's memory and time grow with the elements, not the bytes)",
     )
 
     @model_validator(mode="after")
     def _one_source(self):
         if bool(self.paths) == (self.commoncrawl is not None):
             raise ValueError("give exactly one of `paths` or `commoncrawl`")
+        # not "set at all": a run directory's config.yaml names every default, the extractor too
+        if self.format != "warc" and self.extractor != DEFAULT_EXTRACTOR:
+            raise ValueError(f"`extractor: {self.extractor}` extracts HTML: it needs `format: warc`")
+        if self.format != "warc" and self.max_html_tags != MAX_HTML_TAGS:
+            raise ValueError(f"`max_html_tags: {self.max_html_tags}` limits HTML pages: it needs `format: warc`")
         return self
 
 

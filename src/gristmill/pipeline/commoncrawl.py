@@ -63,7 +63,8 @@ GZIP_MAGIC = b"\x1f\x8b"
 FEED = 16 << 10
 # Output cap per inflate call: a gzip bomb (1000:1) must not turn one slice into gigabytes.
 MAX_OUT = 4 << 20
-_LISTING_LINE = re.compile(r"crawl-data/\S+\.wet\.gz")
+#: what a line of `<kind>.paths.gz` names: WET files end .warc.wet.gz, WARC files .warc.gz
+_LISTING_LINE = {"wet": re.compile(r"crawl-data/\S+\.wet\.gz"), "warc": re.compile(r"crawl-data/\S+\.warc\.gz")}
 
 
 class _Retry(Exception):
@@ -430,8 +431,8 @@ class Fetcher:
         raise DownloadError(f"{url}: {what}") from None
 
 
-def _listing_entries(raw: bytes, where: str) -> list[str]:
-    """The non-blank lines of a gzipped paths listing, each checked to be a WET path."""
+def _listing_entries(raw: bytes, where: str, kind: str = "wet") -> list[str]:
+    """The non-blank lines of a gzipped paths listing, each checked to be a path of a `kind` file."""
     try:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
@@ -440,14 +441,14 @@ def _listing_entries(raw: bytes, where: str) -> list[str]:
             if not raw.startswith(GZIP_MAGIC)
             else f"that do not decompress to UTF-8 text ({e})"
         )
-        raise ValueError(f"{where}: not a WET paths listing: {len(raw):,} bytes {what}") from None
+        raise ValueError(f"{where}: not a {kind.upper()} paths listing: {len(raw):,} bytes {what}") from None
     lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     entries = [e for _, e in lines]
-    bad = [(n, e) for n, e in lines if not _LISTING_LINE.fullmatch(e) or ".." in e.split("/")]
+    bad = [(n, e) for n, e in lines if not _LISTING_LINE[kind].fullmatch(e) or ".." in e.split("/")]
     if bad or not entries:
         first = f"line {bad[0][0]} is {bad[0][1][:80]!r}" if bad else "it is empty"
         raise ValueError(
-            f"{where}: not a WET paths listing: {first}, expected crawl-data/...wet.gz"
+            f"{where}: not a {kind.upper()} paths listing: {first}, expected crawl-data/...{kind}.gz"
             + (f" ({len(bad):,} of {len(entries):,} lines are not such paths)" if bad else "")
         )
     return entries
@@ -459,33 +460,37 @@ def list_wet_paths(
     files: int | None = None,
     paths: list[str] | None = None,
     fetcher: Fetcher | None = None,
+    kind: str = "wet",
 ) -> list[str]:
     """WET files of `crawl` under `base_url`: the first `files` of the listing, the named
     `paths` (in the order given), or all of them. Remote bases give URLs, local bases paths.
+    `kind="warc"` lists the crawl's WARC files instead (`warc.paths.gz`).
 
     `paths` entries are listing entries (`crawl-data/...`), optionally with the base prepended.
     """
+    if kind not in _LISTING_LINE:
+        raise ValueError(f"kind must be one of {', '.join(_LISTING_LINE)}, got {kind!r}")
     if files is not None and paths is not None:
         raise ValueError("give either files or paths, not both")
     if files is not None and files < 0:
         raise ValueError(f"files must be >= 0, got {files}")
     remote = _is_remote(str(base_url))
     base = str(base_url).rstrip("/") if remote else str(_as_local(base_url)).rstrip("/")
-    listing_rel = f"crawl-data/{crawl}/wet.paths.gz"
+    listing_rel = f"crawl-data/{crawl}/{kind}.paths.gz"
     if remote:
         if fetcher is None:
             raise ValueError(f"a Fetcher (with a cache_dir) is needed to list {base}")
         listing_url = f"{base}/{listing_rel}"
         try:
-            entries = _listing_entries(fetcher.fetch_bytes(listing_url), listing_url)
+            entries = _listing_entries(fetcher.fetch_bytes(listing_url), listing_url, kind)
         except ValueError:
             fetcher.forget(listing_url)  # gzip, but not a listing: fetch afresh next time
             raise
     else:
         listing = Path(base) / listing_rel
         if not listing.is_file():
-            raise FileNotFoundError(f"no WET listing for crawl {crawl}: {listing}")
-        entries = _listing_entries(listing.read_bytes(), str(listing))
+            raise FileNotFoundError(f"no {kind.upper()} listing for crawl {crawl}: {listing}")
+        entries = _listing_entries(listing.read_bytes(), str(listing), kind)
 
     if paths is not None:
         known, chosen, missing = set(entries), [], []
@@ -495,12 +500,12 @@ def list_wet_paths(
             rel = rel.lstrip("/")
             (chosen if rel in known else missing).append(rel)
         if missing:
-            raise ValueError(f"not in the {crawl} WET listing ({base}/{listing_rel}): " + ", ".join(missing))
+            raise ValueError(f"not in the {crawl} {kind.upper()} listing ({base}/{listing_rel}): " + ", ".join(missing))
         # A file named twice would be processed twice, i.e. its documents duplicated.
         chosen = list(dict.fromkeys(chosen))
     elif files is not None:
         if files > len(entries):
-            logger.warning(f"asked for {files} WET files of {crawl}; the listing has only {len(entries)}")
+            logger.warning(f"asked for {files} {kind.upper()} files of {crawl}; the listing has only {len(entries)}")
         chosen = entries[:files]
     else:
         chosen = entries

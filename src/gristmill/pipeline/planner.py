@@ -28,6 +28,7 @@ from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
+from gristmill.core.warc_reader import WarcReader
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.pipeline.staging import plan_root
@@ -75,7 +76,9 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     """The WET files of the run, in a defined order (later dedup keeps first occurrences by it)."""
     if cfg.input.commoncrawl is not None:
         cc = cfg.input.commoncrawl
-        return list_wet_paths(cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher)
+        return list_wet_paths(
+            cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher, kind=cfg.input.format
+        )
     sources: list[str] = []
     seen: dict[str, str] = {}  # real path -> how it was first named
     for i, pattern in enumerate(cfg.input.paths):
@@ -365,15 +368,14 @@ class PlanContext:
         return stage
 
     def read_documents(self) -> Step:
-        """The first step of a stage: the WET reader before any stage, then the last output."""
+        """The first step of a stage: the WET (or WARC) reader before any stage, then the last output."""
         if self.documents is None:
-            cfg = self.cfg
-            return WetReader(
-                self._sources(),
-                resolve=functools.partial(_input_path, self.fetcher, cfg.input.commoncrawl is None),
-                limit=cfg.input.limit,
-                max_record_bytes=cfg.input.max_record_bytes,
-            )
+            inp = self.cfg.input
+            resolve = functools.partial(_input_path, self.fetcher, inp.commoncrawl is None)
+            common = {"resolve": resolve, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
+            if inp.format == "warc":
+                return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
+            return WetReader(self._sources(), **common)
         return ParquetReader(self.documents)
 
 

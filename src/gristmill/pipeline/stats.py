@@ -618,8 +618,10 @@ def language_summary(by_language: dict[str, list[LanguageRow]]) -> list[dict]:
         last = next((r for r in reversed(rows) if r.kind in ("filter", "writer")), rows[-1] if rows else None)
         drops: dict[str, int] = {}
         for r in rows:
-            if sum(r.drops.values()):
-                drops[r.step] = drops.get(r.step, 0) + sum(r.drops.values())
+            # records that are no documents (a WARC file's requests, metadata, non-HTML) were never read
+            lost = sum(n for reason, n in r.drops.items() if not reason.startswith("skipped_"))
+            if lost:
+                drops[r.step] = drops.get(r.step, 0) + lost
         out.append(
             {
                 "language": lang,
