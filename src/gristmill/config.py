@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_serializer, field_validator, model_validator
 
+from gristmill.core import storage
 from gristmill.core.configlib import (
     ConfigError,
     Fraction,
@@ -28,6 +29,7 @@ from gristmill.core.configlib import (
     validate_config,
 )
 from gristmill.core.step import registered_steps
+from gristmill.core.storage import StorageConfig
 from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
@@ -180,7 +182,9 @@ class CommonCrawlInput(Strict):
 
 
 class InputConfig(Strict):
-    paths: list[str] = Field(default_factory=list, description="local WET files or globs")
+    paths: list[str] = Field(
+        default_factory=list, description="WET files or globs: local paths or URLs (s3://bucket/wet/*.warc.wet.gz)"
+    )
     commoncrawl: CommonCrawlInput | None = None
     format: Literal["wet", "warc"] = Field(
         "wet", description="wet: the crawl's extracted text; warc: HTML responses, text extracted by `extractor`"
@@ -334,6 +338,10 @@ class RunConfig(Strict):
         description="YAML of per-language thresholds `{step: {per_language: "
         "{...}}}` (`pipeline calibrate`), under each step's own per_language",
     )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig,
+        description="how URLs (s3://, gs://, hf://) are reached, and the local scratch space (docs/storage.md)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -355,8 +363,20 @@ class RunConfig(Strict):
     @field_validator("run_dir")
     @classmethod
     def _expand_home(cls, value: str) -> str:
-        # `--run-dir '~/x'` (quoted, so no shell expanded it) means the home directory's x
-        return os.path.expanduser(value)
+        proto = storage.protocol(value)
+        if proto is None:
+            # `--run-dir '~/x'` (quoted, so no shell expanded it) means the home directory's x
+            return os.path.expanduser(str(storage.local_or_url(value)))
+        if proto in storage.READ_ONLY:
+            raise ValueError(f"{value}: {proto}:// is read-only; a run directory is written")
+        if proto not in storage.RUN_DIR_PROTOCOLS:
+            raise ValueError(
+                f"{value}: a run directory on {proto}:// is not supported: one run per directory needs a "
+                "conditional create (If-None-Match), which gristmill issues through S3's API only; use s3:// "
+                "(AWS S3, MinIO, R2, Ceph) or a local path (inputs, models and exports may still be on "
+                f"{proto}://)"
+            )
+        return value.rstrip("/")
 
     @property
     def specs(self) -> list[StepSpec]:
@@ -368,6 +388,8 @@ class RunConfig(Strict):
         data = self.model_dump(mode="json")
         if data.get("calibration") is None:
             data.pop("calibration", None)
+        if self.storage == StorageConfig():
+            data.pop("storage", None)  # as a run directory made before the section existed holds it
         return data
 
 
@@ -381,11 +403,12 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
     if not isinstance(path, str):
         errors.append(f"{where}: expected a path to a YAML file, got {path!r}")
         return
-    file = Path(path).expanduser()
+    file = storage.local_or_url(path)
     try:
-        table = yaml.safe_load(file.read_text())
+        text = storage.read_bytes(file).decode("utf-8", "replace") if isinstance(file, str) else file.read_text()
+        table = yaml.safe_load(text)
     except OSError as e:
-        errors.append(f"{where}: {file}: {e.strerror or e}")
+        errors.append(f"{where}: {file}: {e.strerror or e}" if isinstance(file, Path) else f"{where}: {e}")
         return
     except yaml.YAMLError as e:
         errors.append(f"{where}: {file}: not valid YAML: {e}")
@@ -470,6 +493,11 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
         if run_dir is not None:
             data["run_dir"] = run_dir
         if data.get("calibration") is not None:
+            if storage.is_url(data["calibration"]):  # read with the config's own storage settings
+                try:
+                    storage.configure(StorageConfig.model_validate(data.get("storage") or {}))
+                except ValidationError:
+                    pass  # reported by the validation of `storage`
             _apply_calibration(data, errors)
         return data
 
@@ -478,6 +506,27 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
 
 def _checks(cfg: RunConfig) -> list[str]:
     """Rules across sections."""
+    problems = []
     if cfg.output.per_language and not any(s.name == "langid" for s in cfg.steps):
-        return ["output.per_language: needs a `langid` step to know each document's language"]
-    return []
+        problems.append("output.per_language: needs a `langid` step to know each document's language")
+    if storage.is_url(cfg.run_dir):
+        # what a run directory on object storage does not support, refused before anything runs
+        if cfg.train is not None:
+            problems.append(
+                f"train: training on a run directory on object storage ({cfg.run_dir}) is not supported: the "
+                "trainer memory-maps the token shards and writes checkpoints in place; run without `train:` "
+                "and train on a local copy of tokens/ (`pipeline train`)"
+            )
+        if cfg.executor.type == "slurm":
+            problems.append(
+                f"executor.type: slurm with a run directory on object storage ({cfg.run_dir}) is not supported: "
+                "Slurm writes each task's output and reads its launch script on a shared filesystem; use a "
+                "run_dir there (inputs, models and token exports may still be URLs)"
+            )
+        if cfg.executor.type == "ray":
+            problems.append(
+                f"executor.type: ray with a run directory on object storage ({cfg.run_dir}) is not supported: "
+                "Ray tasks write their outputs, logs and completion markers to a run directory every node mounts "
+                "at the same path; use a run_dir there (inputs, models and token exports may still be URLs)"
+            )
+    return problems

@@ -425,3 +425,11 @@ def test_ray_crawl_yaml_is_the_demo_on_ray():
     }
     cfg = from_dict(on_ray)
     assert cfg.executor.ray.address == "auto" and cfg.executor.tasks == demo["executor"]["tasks"]
+
+
+def test_a_run_directory_on_object_storage_is_refused_on_ray(tmp_path, wet_files, lid_model):
+    """Ray's tasks write their stage folders in place: one line, before anything runs."""
+    cfg = config(tmp_path / "run", wet_files, lid_model, {"type": "ray", "tasks": 2}, later_steps=False)
+    cfg["run_dir"] = "s3://bucket/runs/crawl"
+    with pytest.raises(ConfigError, match=r"executor.type: ray with a run directory on object storage \(s3://"):
+        from_dict(cfg)

@@ -47,6 +47,7 @@ from datatrove.data import Document, DocumentsPipeline
 from isal import isal_zlib
 from loguru import logger
 
+from gristmill.core import storage
 from gristmill.core.messages import printable
 from gristmill.core.step import Step, Workload
 
@@ -367,7 +368,10 @@ def iter_records(
 ) -> Iterator[WetEvent]:
     """Yield, in file order, the events `convert` makes of each record, and a BadRecord per problem
     of the file or of a record's WARC framing (the damage policy above, whatever the format)."""
-    if isinstance(path_or_fileobj, (str, os.PathLike)):
+    if isinstance(path_or_fileobj, str) and storage.is_url(path_or_fileobj):  # gs://, hf://: streamed by fsspec
+        with storage.open_input(path_or_fileobj) as f:
+            yield from _iter_file(f, source_name or path_or_fileobj, max_record_bytes, convert)
+    elif isinstance(path_or_fileobj, (str, os.PathLike)):
         source = source_name or os.fspath(path_or_fileobj)
         with open(path_or_fileobj, "rb") as f:
             yield from _iter_file(f, source, max_record_bytes, convert)

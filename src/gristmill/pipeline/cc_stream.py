@@ -261,8 +261,11 @@ class S3Transport:
             from botocore import UNSIGNED
             from botocore.config import Config
 
-            session = botocore.session.get_session()
-            signed = session.get_credentials() is not None
+            from gristmill.core import storage
+
+            s3 = storage.settings().s3  # the run config's storage.s3, over botocore's own chain
+            session = botocore.session.Session(profile=s3.profile) if s3.profile else botocore.session.get_session()
+            signed = not s3.anon and session.get_credentials() is not None
             config = Config(
                 retries={"total_max_attempts": 1, "mode": "standard"},  # ours: backed off and counted
                 connect_timeout=self.timeout,
@@ -272,10 +275,11 @@ class S3Transport:
                 # checked over ranged reads anyway
                 response_checksum_validation="when_required",
                 request_checksum_calculation="when_required",
+                s3={"addressing_style": s3.addressing_style} if s3.addressing_style else None,
             )
-            # Common Crawl's bucket is in us-east-1; AWS_REGION / a profile's region win
-            region = session.get_config_variable("region") or "us-east-1"
-            self._client = session.create_client("s3", region_name=region, config=config)
+            # Common Crawl's bucket is in us-east-1; storage.s3.region, AWS_REGION, a profile's region win
+            region = s3.region or session.get_config_variable("region") or "us-east-1"
+            self._client = session.create_client("s3", region_name=region, config=config, endpoint_url=s3.endpoint_url)
         return self._client
 
     def get(self, url: str, offset: int, if_match: str | None) -> Answer:

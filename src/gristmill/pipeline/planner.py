@@ -11,6 +11,7 @@ implements the `StageContext` the steps plan against (`gristmill.core.step`).
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import stat
@@ -21,6 +22,7 @@ import pyarrow as pa
 from loguru import logger
 
 from gristmill.config import ConfigError, RunConfig
+from gristmill.core import storage
 from gristmill.core.filter import Filter
 from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
@@ -29,6 +31,7 @@ from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, register
 from gristmill.core.warc_reader import WarcReader
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
+from gristmill.pipeline.staging import plan_root
 
 __all__ = [
     "MemoryEstimate",
@@ -79,6 +82,9 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     sources: list[str] = []
     seen: dict[str, str] = {}  # real path -> how it was first named
     for i, pattern in enumerate(cfg.input.paths):
+        if storage.is_url(pattern) and storage.protocol(pattern) not in storage.READ_ONLY:
+            sources += _store_sources(pattern, f"input.paths[{i}]", seen)
+            continue
         if pattern.startswith(("http://", "https://")):
             if pattern in seen:
                 logger.warning(f"input.paths[{i}]: {pattern} is listed twice; it is read once")
@@ -86,7 +92,7 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
             seen[pattern] = pattern
             sources.append(pattern)
             continue
-        matches = sorted(glob.glob(str(Path(pattern).expanduser())))
+        matches = sorted(glob.glob(str(storage.local_or_url(pattern))))
         if not matches:
             raise ConfigError(f"input.paths[{i}]: no file matches {pattern!r}")
         folders = [m for m in matches if Path(m).is_dir()]
@@ -105,6 +111,40 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
             seen[real] = m
             sources.append(m)
     return sources
+
+
+#: sizes of the objects listed by `_store_sources`, for `input_bytes` (one listing, not a HEAD each)
+_STORE_SIZES: dict[str, int] = {}
+
+
+def _store_sources(pattern: str, key: str, seen: dict[str, str]) -> list[str]:
+    """The objects a URL or glob URL names on a store (s3://, gs://, hf://), sorted."""
+    matches = storage.glob(pattern)  # a StorageError names the URL and what came back
+    if not matches:
+        raise ConfigError(f"{key}: no object matches {pattern!r}")
+    out = []
+    for url, info in matches:
+        if info.get("type") == "directory":
+            raise ConfigError(f"{key}: {url} is a folder, not a WET file; give the files, e.g. {url}/*.warc.wet.gz")
+        if url in seen:
+            logger.warning(printable(f"{key}: {url} is also matched as {seen[url]}; it is read once"))
+            continue
+        seen[url] = url
+        _STORE_SIZES[url] = int(info.get("size") or 0)
+        out.append(url)
+    return out
+
+
+def _input_path(fetcher: Fetcher, listed: bool, source: str):
+    """What a task opens for an input. An `input.paths` file on S3 (`listed`) is streamed as
+    Common Crawl's files are (ranged GETs, resumed, retried and counted), never copied to disk;
+    a file of another store (gs://, hf://) is streamed by the WET reader through fsspec; the
+    rest (Common Crawl's files, http(s):// URLs, paths) as the fetcher's `cache` says."""
+    if listed and source.startswith("s3://"):
+        return fetcher.stream(source)
+    if storage.is_url(source) and not source.startswith(REMOTE):
+        return source
+    return fetcher.open(source)
 
 
 _NOT_FILES = (
@@ -135,6 +175,12 @@ def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
     cc = cfg.input.commoncrawl
     total = 0.0
     for s in sources:
+        if s in _STORE_SIZES:  # listed on a store (input.paths): its size came with the listing
+            total += _STORE_SIZES[s]
+            continue
+        if storage.is_url(s) and not s.startswith(REMOTE):  # gs://, hf://
+            total += storage.size(s)
+            continue
         local = Path(s).expanduser() if not s.startswith(REMOTE) else None
         if local is not None and local.is_file():
             total += local.stat().st_size
@@ -279,6 +325,11 @@ class PlanContext:
 
     @property
     def run_dir(self) -> Path:
+        """The run directory the steps are planned against: the local one, or for a run
+        directory on object storage the root that each task's working copy replaces
+        (`gristmill.pipeline.staging`)."""
+        if storage.is_url(self.cfg.run_dir):
+            return plan_root(self.cfg.run_dir)
         return Path(self.cfg.run_dir)
 
     @property
@@ -290,9 +341,11 @@ class PlanContext:
         return None if self.cfg.output.compression == "none" else self.cfg.output.compression
 
     def local_path(self, path_or_url: str) -> Path:
-        if str(path_or_url).startswith(REMOTE):
+        if str(path_or_url).startswith(("http://", "https://")):
             return self.fetcher.local_path(path_or_url)
-        return Path(path_or_url).expanduser()
+        if storage.is_url(path_or_url):  # s3://, gs://, hf://: downloaded once per machine (core.storage)
+            return storage.cached_copy(str(path_or_url))
+        return Path(storage.local_or_url(path_or_url))
 
     def writer(self) -> ParquetWriter:
         return ParquetWriter()
@@ -324,7 +377,8 @@ class PlanContext:
         """The first step of a stage: the WET (or WARC) reader before any stage, then the last output."""
         if self.documents is None:
             inp = self.cfg.input
-            common = {"resolve": self.fetcher.open, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
+            resolve = functools.partial(_input_path, self.fetcher, inp.commoncrawl is None)
+            common = {"resolve": resolve, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
             if inp.format == "warc":
                 return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
             return WetReader(self._sources(), **common)
@@ -364,6 +418,7 @@ def plan(
 ) -> list[Stage]:
     """The run's stages. Refuses (ConfigError naming stage, estimate and setting) a stage whose
     tasks are estimated to need more memory than a task has."""
+    storage.configure(cfg.storage)
     ctx = PlanContext(cfg, make_fetcher(cfg), input_size=input_size, sources=sources)
     pending: list[Step] = []  # streaming steps not yet placed in a stage
     for step in build_steps(cfg, ctx):

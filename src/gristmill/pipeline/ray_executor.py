@@ -47,6 +47,7 @@ from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 
 from gristmill.compat.datatrove import QuietTaskLogs
 from gristmill.config import ConfigError, RunConfig
+from gristmill.core import storage
 from gristmill.pipeline.executors import (
     _TASK_CMD,
     POLL_S,
@@ -57,6 +58,7 @@ from gristmill.pipeline.executors import (
     describe_exit,
 )
 from gristmill.pipeline.planner import Stage, estimate_memory
+from gristmill.pipeline.staging import StagedTasks
 from gristmill.pipeline.usage import RecordsTaskUsage
 
 GB = 1 << 30
@@ -148,7 +150,7 @@ def _run_task(payload: bytes, rank: int, cwd: str, env: dict[str, str], retries:
     return {"node": node, "returncode": returncode, "error": error, "attempts": attempt}
 
 
-class RayExecutor(RecordsTaskUsage, QuietTaskLogs, PipelineExecutor):
+class RayExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, PipelineExecutor):
     """One stage on Ray; `run` submits its incomplete tasks and follows them to the end."""
 
     def __init__(self, pipeline, tasks: int, logging_dir: str, options: dict, max_retries: int):
@@ -377,13 +379,16 @@ class RayCluster:
             )
 
     def executor(self, stage: Stage) -> RayExecutor:
-        return RayExecutor(
+        executor = RayExecutor(
             pipeline=stage.pipeline,
             tasks=stage.tasks,
             logging_dir=str(stage.folder.absolute()),
             options=self.resources(stage),
             max_retries=self.ray_cfg.max_retries,
         )
+        # the tasks reach URLs (inputs, models) with the run's storage settings, on every node
+        executor.storage_config = storage.settings()
+        return executor
 
     def close(self) -> None:
         import ray
