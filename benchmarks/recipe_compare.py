@@ -147,6 +147,7 @@ def datatrove_filter(step: str, c, language: str, exclusion_writer=None):
         )
     if step == "c4_lines":
         assert c.end_punctuation is None, "datatrove's C4 filter has no end_punctuation parameter"
+        assert c.min_paragraph_words == -1, "min_paragraph_words is gristmill's own rule, not C4's"
         return C4QualityFilter(
             exclusion_writer=w,
             split_paragraph=c.split_paragraph,
