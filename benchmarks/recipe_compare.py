@@ -63,15 +63,6 @@ LID = REPO / "models" / "lid.176.ftz"
 RECIPES = {"fineweb": REPO / "configs" / "fineweb.yaml", "fineweb2": REPO / "configs" / "fineweb2.yaml"}
 KEPT = "kept"
 NOT_READ = "not read"
-#: datatrove's URLFilter reasons, as url_filter names them
-URL_REASONS = {
-    "domain": "blocklisted_domain",
-    "subdomain": "blocklisted_subdomain",
-    "url": "blocklisted_url",
-    "hard_blacklisted": "banned_word",
-    "soft_blacklisted": "soft_banned_words",
-    "blacklisted_subword": "banned_subword",
-}
 #: FineWeb's MinHash (examples/fineweb.py): 5-grams, 14 buckets of 8 hashes, sha1 of 64 bits;
 #: FineWeb-2's the same with xxhash
 MINHASH = {"n_grams": 5, "num_buckets": 14, "hashes_per_bucket": 8}
@@ -409,7 +400,9 @@ def datatrove_side(work: Path, steps: list[str], languages: list[str]) -> Side:
             m = r.get("metadata", {})
             reason = m.get("filter_reason")
             if step == "url_filter":
-                reason = URL_REASONS.get(reason, reason)
+                from gristmill.filters.url_filter import DATATROVE_REASONS
+
+                reason = DATATROVE_REASONS.get(reason, reason)
             elif step == "langid":
                 reason = "low_language_score" if m.get("language") in languages else "language_not_kept"
             elif step == "near_dedup":
