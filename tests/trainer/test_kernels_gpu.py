@@ -63,13 +63,13 @@ def _fp32_close(kernel, reference, inputs):
 
 
 @pytest.mark.parametrize("shape", [(4, 256, 768), (2, 100, 2048), (3, 7, 1000)])
-@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("residual", [False, True, "round_dx"])
 def test_rms_norm(shape, residual):
     x = torch.randn(shape, device=DEV)
     w = 1 + 0.1 * torch.randn(shape[-1], device=DEV)
     r = torch.randn(shape, device=DEV)
     if residual:
-        kern = lambda x, w, r: rms_norm_triton(x, w, 1e-5, r)  # noqa: E731
+        kern = lambda x, w, r: rms_norm_triton(x, w, 1e-5, r, round_dx=residual == "round_dx")  # noqa: E731
         ref = lambda x, w, r: rms_norm_reference(x, w, 1e-5, r)  # noqa: E731
         inputs = [x, w, r]
     else:
@@ -78,6 +78,30 @@ def test_rms_norm(shape, residual):
         inputs = [x, w]
     _fp32_close(kern, ref, inputs)
     _check(kern, ref, [t.bfloat16() for t in inputs])
+
+
+@pytest.mark.parametrize("shape", [(4, 256, 2048), (2, 100, 768), (3, 7, 1000)])
+def test_rms_norm_round_dx_is_the_separate_add(shape):
+    """With `round_dx` the fused residual norm computes, bit for bit, what the norm without a
+    residual and separate adds compute in bf16: h = x + r; dx = dr = round(norm's ∂h) + ∂h from
+    upstream (what the model's fused residual relies on to change no number)."""
+    x, r = (torch.randn(shape, device=DEV).bfloat16() for _ in range(2))
+    w = (1 + 0.1 * torch.randn(shape[-1], device=DEV)).bfloat16()
+    dy, dh = (torch.randn(shape, device=DEV).bfloat16() for _ in range(2))
+    fused = [t.clone().requires_grad_() for t in (x, r, w)]
+    y1, h1 = rms_norm_triton(fused[0], fused[2], 1e-5, fused[1], round_dx=True)
+    torch.autograd.backward([y1, h1], [dy, dh])
+    sep = [t.clone().requires_grad_() for t in (x, r, w)]
+    h0 = sep[0] + sep[1]
+    y0 = rms_norm_triton(h0, sep[2], 1e-5)
+    torch.autograd.backward([y0, h0], [dy, dh])
+    assert torch.equal(h1, h0) and torch.equal(y1, y0)
+    for a, b in zip(fused, sep):
+        assert torch.equal(a.grad, b.grad)
+    # without round_dx the sum is rounded once: not the same numbers (else the flag does nothing)
+    plain = [t.clone().requires_grad_() for t in (x, r, w)]
+    torch.autograd.backward(list(rms_norm_triton(plain[0], plain[2], 1e-5, plain[1])), [dy, dh])
+    assert not torch.equal(plain[0].grad, sep[0].grad)
 
 
 @pytest.mark.parametrize("shape", [(4, 256, 2 * 2048), (2, 33, 2 * 5632), (5, 3, 2 * 100)])
@@ -144,7 +168,9 @@ def test_fused_ce_weight_grad_accumulates_in_fp32():
 @pytest.mark.parametrize("ac", ["none", "full", "selective"])
 def test_model_triton_matches_reference(ac):
     """Also under activation checkpointing: the in-place RoPE must not corrupt what a recompute
-    reuses (selective checkpointing keeps the q/k/v matmul's output)."""
+    reuses (selective checkpointing keeps the q/k/v matmul's output). Without checkpointing the
+    Triton model hands each block's last residual add to the next norm (`fused_residual`, as the
+    trainer does there); the reference keeps the separate add."""
     from gristmill.trainer.kernels import Kernels
     from gristmill.trainer.model import ModelArgs, Transformer
     from gristmill.trainer.parallel import apply_ac
@@ -153,7 +179,7 @@ def test_model_triton_matches_reference(ac):
     torch.manual_seed(0)
     ref = Transformer(args, Kernels("reference")).to(DEV)
     ref.init_weights()
-    tri = Transformer(args, Kernels("triton", rope_in_place=ac != "selective")).to(DEV)
+    tri = Transformer(args, Kernels("triton", rope_in_place=ac != "selective", fused_residual=ac == "none")).to(DEV)
     tri.load_state_dict(ref.state_dict())
     apply_ac(tri, ac)
     x = torch.randint(0, 1000, (2, 129), device=DEV)

@@ -129,3 +129,30 @@ def test_rope_in_place_off_under_selective_checkpointing():
     for ac, in_place in (("none", True), ("full", True), ("selective", False)):
         cfg = load(configs / "125m.yaml", [f"ac={ac}"])
         assert resolve_kernels(cfg, cpu).rope_in_place is in_place, ac
+
+
+def test_fused_residual_changes_no_number():
+    """The block's last add done by the next norm (`fused_residual`) gives the same loss and
+    gradients, bit for bit, as the separate add; under activation checkpointing the trainer
+    keeps the separate add (a checkpointed block would keep two inputs instead of one)."""
+    from pathlib import Path
+
+    from gristmill.trainer.config import load
+    from gristmill.trainer.train import resolve_kernels
+
+    x = torch.randint(0, 300, (2, 33), generator=torch.Generator().manual_seed(1))
+    out = []
+    for fused in (False, True):
+        m = _model(Kernels("reference", fused_ce=True, fused_residual=fused), n_layers=3, z_loss=1e-4)
+        loss = m(x[:, :-1], x[:, 1:])
+        loss.backward()
+        out.append((loss.detach(), [p.grad for p in m.parameters()]))
+    (l0, g0), (l1, g1) = out
+    assert torch.equal(l0, l1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+
+    configs = Path(__file__).resolve().parents[2] / "configs" / "train"
+    cpu = torch.device("cpu")
+    for ac, fused in (("none", True), ("full", False), ("selective", False)):
+        assert resolve_kernels(load(configs / "125m.yaml", [f"ac={ac}"]), cpu).fused_residual is fused, ac
+    assert resolve_kernels(load(configs / "125m.yaml", ["fused_residual=false"]), cpu).fused_residual is False

@@ -1,5 +1,5 @@
-"""The trainer's GPU-only paths (`pytest -m gpu`): the optimizer beside the forward gives the
-same numbers bit for bit; `precision: fp8` trains on
+"""The trainer's GPU-only paths (`pytest -m gpu`): the optimizer beside the forward and the fused
+residual give the same numbers bit for bit; `precision: fp8` trains on
 the FP8 tensor cores near bf16, and is refused where the GPU has none."""
 
 from __future__ import annotations
@@ -59,6 +59,17 @@ def test_overlapped_update_is_bitwise_the_plain_step():
     loss1, norm1, params1, model = _run(["optim.overlap_update=true"])
     assert plain.before_unit is None
     assert model.before_unit is not None  # the forward waited unit by unit
+    assert torch.equal(loss0, loss1) and torch.equal(norm0, norm1)
+    for a, b in zip(params0, params1):
+        assert torch.equal(a, b)
+
+
+def test_fused_residual_is_bitwise_the_separate_add():
+    """The block's last residual add done inside the next norm's kernel (`fused_residual`, on
+    by default) trains to the same losses, norms and weights, bit for bit."""
+    loss0, norm0, params0, plain = _run(["fused_residual=false"])
+    loss1, norm1, params1, model = _run([])
+    assert not plain.layers[0].fused_residual and model.layers[0].fused_residual
     assert torch.equal(loss0, loss1) and torch.equal(norm0, norm1)
     for a, b in zip(params0, params1):
         assert torch.equal(a, b)

@@ -108,6 +108,13 @@ class TrainConfig(Strict):
     log: LogSection = Field(default_factory=LogSection)
     kernels: Literal["auto", "triton", "reference"] = Field("auto", description="auto: triton on CUDA, else reference")
     fused_ce: bool = Field(True, description="chunked linear+CE even with reference kernels")
+    fused_residual: bool = Field(
+        True,
+        description="each block's feed-forward output is added to the residual stream inside the next"
+        " norm's kernel (one pass less over the stream per block, forward and backward; same"
+        " forward numbers bit for bit); false: a separate add at the end of each block. Only with"
+        " `ac: none` (a checkpointed block would keep both the stream and the pending output)",
+    )
     compile: bool = Field(False, description="torch.compile each block")
     ac: Literal["none", "selective", "full"] = "none"
     precision: Literal["auto", "bf16", "fp32", "fp8"] = Field(

@@ -83,9 +83,10 @@ class RMSNorm(nn.Module):
         self.eps, self.kernels = eps, kernels
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x, residual=None):
-        """With `residual`: returns (norm(x + residual), x + residual) in one fused pass."""
-        return self.kernels.rms_norm(x, self.weight, self.eps, residual)
+    def forward(self, x, residual=None, round_dx=False):
+        """With `residual`: returns (norm(x + residual), x + residual) in one fused pass
+        (`round_dx`: see `Kernels.rms_norm`)."""
+        return self.kernels.rms_norm(x, self.weight, self.eps, residual, round_dx)
 
 
 class Attention(nn.Module):
@@ -128,11 +129,24 @@ class Block(nn.Module):
         self.attention = Attention(args, kernels)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps, kernels)
         self.feed_forward = FeedForward(args, kernels)
+        self.fused_residual = kernels.fused_residual
 
-    def forward(self, x, cos, sin, mask=None):
-        attn = self.attention(self.attention_norm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask=None, delta=None):
+        """x: the residual stream; `delta`: the previous block's feed-forward output not yet
+        added to it (None: nothing pending). With `kernels.fused_residual` returns (stream,
+        this block's feed-forward output) and the next norm adds the two in its kernel (one
+        read and one write of the stream fewer per block than a separate add, and in backward
+        the norm's kernel adds the stream's gradient to its own instead of a separate add);
+        otherwise their sum. Both compute the same numbers, bit for bit: the sum rounds once
+        either way, and the backward rounds as the separate add did (`round_dx`)."""
+        if delta is None:
+            y = self.attention_norm(x)
+        else:
+            y, x = self.attention_norm(delta, residual=x, round_dx=True)  # x = x + delta, y = norm(x)
+        attn = self.attention(y, cos, sin, mask)
         y, h = self.ffn_norm(attn, residual=x)  # h = x + attn, y = norm(h), fused
-        return h + self.feed_forward(y)
+        out = self.feed_forward(y)
+        return (h, out) if self.fused_residual else h + out
 
 
 def head(h, weight, targets, kernels: Kernels, args: ModelArgs):
@@ -221,14 +235,17 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {self.args.max_seq_len}")
         wait = self.before_unit or (lambda i: None)
         wait(0)
-        x = self.tok_embeddings(tokens)
+        x, delta = self.tok_embeddings(tokens), None
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         mask = document_mask(doc_ids) if doc_ids is not None else None
         for i, block in enumerate(self.layers):
             wait(i + 1)
-            x = block(x, cos, sin, mask)
+            out = block(x, cos, sin, mask, delta)
+            x, delta = out if self.kernels.fused_residual else (out, None)
         wait(len(self.layers) + 1)
-        return self.norm(x)
+        if delta is None:
+            return self.norm(x)
+        return self.norm(delta, residual=x, round_dx=True)[0]  # the last block's add, in the final norm
 
     def units(self) -> list[list[nn.Parameter]]:
         """The parameters in the order the forward uses them, by `before_unit`'s index: the

@@ -147,8 +147,14 @@ def resolve_kernels(cfg: TrainConfig, device: torch.device) -> Kernels:
     backend = cfg.kernels
     if backend == "auto":
         backend = "triton" if device.type == "cuda" and HAVE_TRITON else "reference"
-    # selective checkpointing keeps matmul outputs for its recompute: RoPE must not rotate them in place
-    return Kernels(backend, fused_ce=cfg.fused_ce, rope_in_place=cfg.ac != "selective")
+    # selective checkpointing keeps matmul outputs for its recompute: RoPE must not rotate them in
+    # place; a checkpointed block keeps its inputs, which the fused residual makes two
+    return Kernels(
+        backend,
+        fused_ce=cfg.fused_ce,
+        rope_in_place=cfg.ac != "selective",
+        fused_residual=cfg.fused_residual and cfg.ac == "none",
+    )
 
 
 @dataclass

@@ -26,11 +26,16 @@ class Kernels:
     step then runs in PyTorch): memory stays O(chunk × vocab) on any device. `rope_in_place`:
     the RoPE kernel rotates the q/k/v projection's output in place (off under selective
     activation checkpointing, which keeps that output for its recompute; see kernels.rope).
+    `fused_residual`: the model hands each block's feed-forward output to the next norm, whose
+    kernel adds it to the residual stream (see model.Block). Off by default and under activation
+    checkpointing: a checkpointed block would then keep two inputs (stream and pending output)
+    where it keeps one.
     """
 
     backend: str = "reference"
     fused_ce: bool = False
     rope_in_place: bool = True
+    fused_residual: bool = False
 
     def __post_init__(self):
         if self.backend not in ("triton", "reference"):
@@ -42,9 +47,11 @@ class Kernels:
     def triton(self) -> bool:
         return self.backend == "triton"
 
-    def rms_norm(self, x, weight, eps, residual=None):
+    def rms_norm(self, x, weight, eps, residual=None, round_dx=False):
+        """`round_dx`: the Triton backward rounds the norm's input gradient before adding the
+        residual's, as autograd's separate add (and so the reference) does."""
         if self.triton and x.is_cuda:
-            return rms_norm_triton(x, weight, eps, residual)
+            return rms_norm_triton(x, weight, eps, residual, round_dx)
         return rms_norm_reference(x, weight, eps, residual)
 
     def swiglu(self, gate_up):

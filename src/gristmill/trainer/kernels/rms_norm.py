@@ -1,6 +1,10 @@
 """RMSNorm, optionally fused with the residual add before it: `h = x + residual; y = norm(h)`.
 
 Forward keeps one fp32 `rstd` per row; backward recomputes `x̂ = h·rstd` rather than storing it.
+With a residual, backward adds the gradient arriving at `h` to the norm's own input gradient in
+the same pass: in fp32 (one rounding), or with `round_dx` the norm's part rounded to the
+activation dtype first, which is what a separate add of the two would compute (the model's
+fused residual uses that: fusing it changes no number).
 The weight gradient is reduced in fp32: each program sums its rows' `dy·x̂` into one partial row
 (as Liger-Kernel's rms_norm does), and a second small kernel sums the partials and casts once.
 """
@@ -54,6 +58,7 @@ def _rms_norm_bwd(
     N,
     rows_per_program,
     HAS_DH: tl.constexpr,
+    ROUND_DX: tl.constexpr,
     BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
 ):
@@ -91,6 +96,8 @@ def _rms_norm_bwd(
         c = tl.sum(xhat * wdy, axis=1)[:, None] / N
         dx = (wdy - xhat * c) * rstd[:, None]
         if HAS_DH:
+            if ROUND_DX:
+                dx = dx.to(DX.dtype.element_ty).to(tl.float32)
             dx += dh.to(tl.float32)
         tl.store(DX + off, dx.to(DX.dtype.element_ty), mask=mask)
         dw += dyf * xhat
@@ -162,8 +169,9 @@ def rms_norm_fwd(x2, r2, weight, eps):
     return y, h, rstd
 
 
-def rms_norm_bwd(dy, dh, h, weight, rstd):
-    """Launch the backward on (M, N) rows; dh None when h had no upstream gradient. Returns dx, dw."""
+def rms_norm_bwd(dy, dh, h, weight, rstd, round_dx=False):
+    """Launch the backward on (M, N) rows; dh None when h had no upstream gradient; `round_dx`:
+    round the norm's input gradient before adding dh (module docstring). Returns dx, dw."""
     M, N = h.shape
     rows, warps, per_sm = bwd_settings(N)
     sms = torch.cuda.get_device_properties(dy.device).multi_processor_count
@@ -183,6 +191,7 @@ def rms_norm_bwd(dy, dh, h, weight, rstd):
         N,
         rows_per_program,
         HAS_DH=dh is not None,
+        ROUND_DX=round_dx,
         BLOCK=triton.next_power_of_2(N),
         ROWS=rows,
         num_warps=warps,
@@ -195,7 +204,7 @@ def rms_norm_bwd(dy, dh, h, weight, rstd):
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, eps):
+    def forward(ctx, x, residual, weight, eps, round_dx=False):
         shape = x.shape
         N = shape[-1]
         x2 = x.reshape(-1, N).contiguous()
@@ -203,7 +212,7 @@ class RMSNormFunction(torch.autograd.Function):
         r2 = residual.reshape(-1, N).contiguous() if has_res else None
         y, h, rstd = rms_norm_fwd(x2, r2, weight, eps)
         ctx.save_for_backward(h, weight, rstd)
-        ctx.has_res = has_res
+        ctx.has_res, ctx.round_dx = has_res, round_dx
         ctx.shape = shape
         if has_res:
             return y.view(shape), h.view(shape)
@@ -215,10 +224,10 @@ class RMSNormFunction(torch.autograd.Function):
         M, N = h.shape
         dy = dy.reshape(M, N).contiguous()
         dh = dh.reshape(M, N).contiguous() if dh is not None else None
-        dx, dw = rms_norm_bwd(dy, dh, h, weight, rstd)
+        dx, dw = rms_norm_bwd(dy, dh, h, weight, rstd, ctx.round_dx)
         dx = dx.view(ctx.shape)
-        return dx, (dx if ctx.has_res else None), dw, None
+        return dx, (dx if ctx.has_res else None), dw, None, None
 
 
-def rms_norm_triton(x, weight, eps, residual=None):
-    return RMSNormFunction.apply(x, residual, weight, eps)
+def rms_norm_triton(x, weight, eps, residual=None, round_dx=False):
+    return RMSNormFunction.apply(x, residual, weight, eps, round_dx)
