@@ -326,6 +326,14 @@ def check_resume_world_size(request, tmp, data):
     assert figure(out, "resume 2 → 1 processes: max relative loss difference") <= 1e-6
 
 
+def check_task_start(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("task_start", tmp=tmp, data=data)
+    assert figure(out, "ratio exec/fork: CPU") > 0
+    assert "outputs identical in every pair: yes" in out
+    assert "zygote not used" not in out  # the forked side forked
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
 SLOW = {
     "dedup_throughput",

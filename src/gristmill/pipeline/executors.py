@@ -8,7 +8,9 @@ killed the command without a word. Here a task that dies or fails stops its stag
 poll interval, naming the task, the signal and its log; the other running tasks are stopped,
 completed tasks stay complete, and no child outlives the run (Ctrl-C, SIGTERM, failure: each
 task is its own process group, killed with its descendants; a task also dies with this
-process via PR_SET_PDEATHSIG). The task itself is datatrove's `_run_for_rank`, so skipping
+process via PR_SET_PDEATHSIG). A task process is forked from a pre-imported zygote
+(`task_zygote`: no interpreter start-up and imports per task); `GRISTMILL_TASK_START=exec` starts
+each as a fresh interpreter instead. The task itself is datatrove's `_run_for_rank`, so skipping
 completed tasks, stats files and completions are datatrove's. Task logs: datatrove prints
 every task's INFO log to the terminal, which buries the progress bar; we keep INFO and below
 in each task's log file (`<stage>/logs/task_NNNNN.log`) and show warnings and errors live.
@@ -21,7 +23,6 @@ stage is not submitted: `pipeline status`/`stats` merge the per-task files thems
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -44,8 +45,10 @@ from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
 from gristmill.core import storage
 from gristmill.core.messages import os_error_line
+from gristmill.pipeline import task_zygote
 from gristmill.pipeline.planner import Stage
 from gristmill.pipeline.staging import RemoteStage, StagedTasks, task_log
+from gristmill.pipeline.task_zygote import ZygoteUnavailable, die_with_parent
 from gristmill.pipeline.usage import RecordsTaskUsage
 
 # Fault injection for tests: "RANK:SIGNAL:DOCS" makes task RANK send itself SIGNAL (a name,
@@ -96,7 +99,7 @@ def describe_exit(returncode: int, error: str) -> str:
 class _Task:
     rank: int
     slot: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | task_zygote.ForkedProcess
     status_fd: int  # read end of a pipe only the task writes to (one line: why it failed)
     error: bytes = b""
 
@@ -106,16 +109,6 @@ class _Task:
                 self.error += chunk
         except BlockingIOError:
             pass
-
-
-def _die_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGKILL when its parent dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _kill_after(steps: list, rank: int) -> list:
@@ -142,10 +135,16 @@ def _error_line(e: BaseException, stage_dir: str | None) -> str:
 
 
 def _task_main() -> None:
-    """Entry point of a task's child process: run one rank of the pickled executor."""
+    """Entry point of a task's child process started with exec (`_TASK_CMD`)."""
     executor_file, rank, local_rank, parent, status_fd = sys.argv[2:7]
-    _die_with_parent(int(parent))
-    status = os.fdopen(int(status_fd), "w")
+    _run_task(int(status_fd), executor_file, rank, local_rank, parent)
+
+
+def _run_task(status_fd: int, executor_file: str, rank: str, local_rank: str, parent: str) -> None:
+    """In a task's own process (exec'd, or forked by the zygote): run one rank of the pickled
+    executor, write why it failed to `status_fd`, and end the process."""
+    die_with_parent(int(parent))
+    status = os.fdopen(status_fd, "w")
     code, stage_dir = 0, None
     try:
         with open(executor_file, "rb") as f:
@@ -166,6 +165,7 @@ _TASK_CMD = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
     "from gristmill.pipeline.executors import _task_main; _task_main()"
 )
+_TASK_TARGET = "gristmill.pipeline.executors:_run_task"  # what the zygote's child calls
 
 
 def _stop(tasks) -> None:
@@ -248,6 +248,9 @@ class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineE
                         task.drain()
                         os.close(task.status_fd)
                         slots.append(task.slot)
+                        if getattr(task.proc, "lost", False) and not self.is_rank_completed(task.rank):
+                            ranks.appendleft(task.rank)  # died with the zygote, not of itself: again, with exec
+                            continue
                         if not self.is_rank_completed(task.rank) and failure is None:
                             error = task.error.decode("utf-8", "replace").strip()
                             failure = TaskFailed(
@@ -268,7 +271,7 @@ class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineE
     def _start(self, rank: int, slot: int, executor_file: str) -> _Task:
         status_r, status_w = os.pipe()
         try:
-            proc = subprocess.Popen(
+            proc = self._fork(rank, slot, executor_file, status_w) or subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
@@ -291,6 +294,18 @@ class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineE
             os.close(status_w)
         os.set_blocking(status_r, False)
         return _Task(rank, slot, proc, status_r)
+
+    @staticmethod
+    def _fork(rank: int, slot: int, executor_file: str, status_w: int) -> task_zygote.ForkedProcess | None:
+        """The task forked from this process's zygote; None where tasks start with exec."""
+        zygote = task_zygote.shared()
+        if zygote is None:
+            return None
+        try:
+            return zygote.spawn(_TASK_TARGET, [executor_file, str(rank), str(slot), str(zygote.pid)], (status_w,))
+        except ZygoteUnavailable as e:
+            task_zygote.give_up(str(e))
+            return None
 
 
 def make_executor(stage: Stage, storage_config=None, remote: RemoteStage | None = None) -> LocalPipelineExecutor:

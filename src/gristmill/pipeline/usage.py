@@ -3,9 +3,11 @@
 A task appends nothing to the documents' path: when it completes, its process writes
 `<stage>/usage/task_NNNNN.json` = {"cpu_s", "wall_s", "max_rss_mb", "start", "end"} from `getrusage` and
 /proc (its own
-process: the local executor runs each task in a fresh child, a Slurm array task is its own
-job). `max_rss_mb` is the process's peak resident set, imports and models included: the figure
-a memory limit (`executor.memory_gb_per_task`, Slurm's `--mem-per-cpu`) is compared with.
+process: the local executor runs each task in a child of its own, forked from the task zygote
+or exec'd; a Slurm array task is its own job). `max_rss_mb` is the process's peak resident set,
+imports and models included (a forked task counts the zygote's resident pages it shares: the
+kernel starts a forked process's high-water mark at its resident set, not at the zygote's peak):
+the figure a memory limit (`executor.memory_gb_per_task`, Slurm's `--mem-per-cpu`) is compared with.
 
 `stage_usage` sums them for `pipeline stats`, `benchmarks/scale_run.py` and the calibration of
 `pipeline plan`.
