@@ -27,7 +27,14 @@ from pydantic import Field
 
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
 from gristmill.core.filter import Filter, FilterResult
-from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, split_sentences, split_words
+from gristmill.text.words import (
+    CHUNK_CHARS,
+    PUNCTUATION_CHARS,
+    UNSPACED_LANGUAGES,
+    line_chunks,
+    split_sentences,
+    split_words,
+)
 
 _POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))
 
@@ -93,9 +100,17 @@ class C4Lines(Filter):
         filter_curly_bracket: bool = Field(True, description="drop documents with a curly bracket")
         filter_policy: bool = Field(True, description="drop lines about cookie, privacy or terms-of-use policies")
 
+    #: the kept lines and the text made of them (a new string, up to 4 bytes a character)
+    document_factor = 8.0
+
     def filter(self, doc: Document, c: Config) -> FilterResult:
         language = doc.metadata.get("language")
-        lines = doc.text.splitlines() if c.split_paragraph else split_sentences(doc.text)
+        if not c.split_paragraph:
+            lines = split_sentences(doc.text)
+        elif len(doc.text) >= CHUNK_CHARS:  # a long page's lines a piece at a time, never all listed
+            lines = (line for piece in line_chunks(doc.text) for line in piece.splitlines())
+        else:
+            lines = doc.text.splitlines()
         # Words of a line are whitespace-separated, as in C4, except on pages whose lid label is a
         # language written without spaces (zh, ja, th, ...): there a whitespace split sees a
         # whole line as one word, so ICU's words are counted (punctuation tokens are not words).
