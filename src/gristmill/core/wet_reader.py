@@ -400,7 +400,7 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
                     text = payload.decode("utf-8", errors="replace")
                     yield _warn(BadRecord("invalid_utf8", source, off, f"{rid}: {e.reason} at {e.start}"))
                 del payload
-                yield WetRecord(
+                record = WetRecord(
                     record_id=rid,
                     url=fields.get("warc-target-uri"),
                     date=fields.get("warc-date"),
@@ -410,6 +410,8 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
                     source=source,
                     offset=off,
                 )
+                del text  # held by the record alone, which a reader may empty (WetReader does)
+                yield record
         except _Damaged:  # the member's record in progress is lost; its bytes do not count
             pos = b.mark
         else:
@@ -495,4 +497,8 @@ class WetReader(Step):
                 self.stat_update("documents")
                 self.stat_update("bytes", value=len(event.text.encode("utf-8")))
                 meta = {k: getattr(event, k) for k in META}
-                yield Document(text=event.text, id=event.record_id, metadata=meta)
+                doc = Document(text=event.text, id=event.record_id, metadata=meta)
+                # the document holds the text alone: a step that rewrites it (c4_lines) frees
+                # the old one, not a copy kept here for the length of the document's visit
+                event.text = ""
+                yield doc
