@@ -203,9 +203,13 @@ class TokenizerStep(Step):
         """The sample (`sample_bytes` of text, held as UTF-8 in a heap), training on it (the HF
         trainer's word counts: ~4x the sample), the tokenizer, and one row group of every sample
         task's file while they are merged (16 documents or `SAMPLE_ROW_GROUP_BYTES`)."""
+        from gristmill.tokenize.encode import COMPARE_BATCH_CHARS, HF_BYTES_PER_BYTE
+
         sample = min(self.params["sample_bytes"], work.text_bytes)
         group = min(SAMPLE_ROW_GROUP * work.text_bytes / max(work.documents, 1), SAMPLE_ROW_GROUP_BYTES)
-        return int((5 if self.params.get("train") else 2) * sample + self.sample_tasks * group + (64 << 20))
+        # the engine check encodes a batch with HF (up to COMPARE_BATCH_CHARS characters)
+        check = HF_BYTES_PER_BYTE * COMPARE_BATCH_CHARS if self.params["engine"] != "hf" else 0
+        return int((5 if self.params.get("train") else 2) * sample + self.sample_tasks * group + check + (64 << 20))
 
     #: the document that may take the sample past `sample_bytes` (its UTF-8 and a row group of
     #: it), then decoded (as Python holds it), fed to the trainer in pieces (`training_pieces`)
@@ -333,20 +337,24 @@ class EncodeStep(Step):
 
     def memory_bytes(self, work: Workload) -> int:
         """The tokenizer, one batch (`batch_docs` documents or `ENCODE_BATCH_CHARS` characters:
-        its texts, token ids, the buckets' Arrow buffers: ~10x the batch's text, fitted to the
-        scale runs' peak RSS)."""
+        its texts, token ids, the buckets' Arrow buffers: ~10x the batch's text with tiktoken,
+        fitted to the scale runs' peak RSS; HF's encodings: `HF_BYTES_PER_BYTE`)."""
+        from gristmill.tokenize.encode import HF_BYTES_PER_BYTE
+
         batch = min(self.batch_docs * work.text_bytes / max(work.documents, 1), ENCODE_BATCH_CHARS)
-        return int(10 * batch + (64 << 20))
+        return int((HF_BYTES_PER_BYTE if self.engine_hint == "hf" else 10) * batch + (64 << 20))
 
     #: a document of `encode.LONG_CHARS` or more encoded alone: tiktoken's ids as a numpy array
     #: (its buffer and the array: 8 bytes a token), the tokens column with its EOS and the
-    #: Arrow batch (measured on 30 MB pages, docs/scale.md "Large records"); HF's encodings
-    #: hold ~70 bytes a token and its ids a Python list (`hf_document_factor`)
+    #: Arrow batch (measured: 4.2 bytes per byte of a 30 MB page, docs/scale.md "Large
+    #: records"); with HF, its encodings and ids of the whole text (`encode.HF_BYTES_PER_BYTE`:
+    #: HF's tokenizers may normalise or match added tokens across any cut, so no cut is safe)
     document_factor = 8.0
-    hf_document_factor = 40.0
 
     def document_bytes(self, work: Workload) -> int:
-        factor = self.hf_document_factor if self.engine_hint == "hf" else self.document_factor
+        from gristmill.tokenize.encode import HF_BYTES_PER_BYTE
+
+        factor = HF_BYTES_PER_BYTE if self.engine_hint == "hf" else self.document_factor
         return int(factor * work.max_document_bytes)
 
     @property
