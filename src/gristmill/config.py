@@ -27,6 +27,7 @@ from gristmill.core.configlib import (
     validate_config,
 )
 from gristmill.core.step import registered_steps
+from gristmill.core.wet_reader import MAX_RECORD_BYTES
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
@@ -94,10 +95,16 @@ class InputConfig(Strict):
     paths: list[str] = Field(default_factory=list, description="local WET files or globs")
     commoncrawl: CommonCrawlInput | None = None
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
+    # 8 MiB: a WET page is text extracted from a payload Common Crawl cuts at 1 MiB (5 MiB
+    # announced); its UTF-8 is at most 3x the payload (a byte of a single-byte charset) and
+    # markup makes it far shorter. The shared sample's 609 records (CC-MAIN-2014-10, 2017-30):
+    # largest 177 KB, 99th percentile 70 KB. A longer record is counted, not lost silently, and
+    # every stage's memory per task grows with the limit (docs/scale.md "Large records").
     max_record_bytes: int = Field(
-        32 << 20,
+        MAX_RECORD_BYTES,
         ge=1,
-        description="a WET record longer than this is skipped, counted as record_too_large, and never held in memory",
+        description="a WET record longer than this is skipped, counted as record_too_large, and never held in "
+        "memory; every stage's memory per task grows with it",
     )
 
     @model_validator(mode="after")
