@@ -10,8 +10,16 @@ word tokenizer (spaCy), C4QualityFilter. Needs the bench extra (`make bench` ins
 Prints MB/s (compressed WET) and documents/s per core for each, and the ratio. Without the
 bench extra, datatrove's side is skipped with a line saying so.
 
-`--smoke`: the smaller sample file (43 records), one run each (seconds; checks that the
-benchmark still runs, its figures mean nothing).
+Then FineWeb's steps one by one, on the same documents for both sides: the English pages
+(langid `en` at score >= 0.65), as read and as they leave FineWeb's Gopher and C4 filters
+(gopher_repetition, gopher_quality, c4_lines without its terminal-punctuation rule).
+`fineweb_quality` against datatrove's FineWebQualityFilter (its English words: spaCy), `pii`
+against its PIIFormatter, each step's `run` over the documents as a pipeline runs it: CPU
+microseconds per document and the ratio. Last, `pii` on adversarial documents of 1 MB
+(matching must stay linear), datatrove's PIIFormatter on 10 KB versions (quadratic on some).
+
+`--smoke`: the smaller sample file (43 records), one run each, adversarial documents of 100 KB
+and 2 KB (seconds; checks that the benchmark still runs, its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -106,6 +114,125 @@ def measure(name: str, build, files: list[Path], repeat: int) -> dict:
     return best
 
 
+# --- FineWeb's steps, one by one ------------------------------------------------------------------
+
+
+def copies(docs):
+    from datatrove.data import Document
+
+    return [Document(text=d.text, id=d.id, metadata=dict(d.metadata)) for d in docs]
+
+
+def english_pages(files: list[Path]) -> dict[str, list]:
+    """The English pages as read, and as FineWeb's Gopher and C4 filters leave them."""
+    from gristmill.core.wet_reader import WetReader
+    from gristmill.filters.c4_lines import C4Lines
+    from gristmill.filters.gopher_quality import GopherQuality
+    from gristmill.filters.gopher_repetition import GopherRepetition
+    from gristmill.filters.langid import LangId
+
+    lid = LangId(model=str(LID), languages=["en"], min_score=0.65)
+    read = list(lid.run(WetReader([str(f) for f in files]).run()))
+    steps = [GopherRepetition(), GopherQuality(), C4Lines(filter_no_terminal_punct=False)]
+    after = [d for d in copies(read) if all(step.filter_batch([d])[0] is True for step in steps)]
+    return {"read": read, "after gopher/c4": after}
+
+
+def us_per_doc(make_step, docs, repeat: int) -> float:
+    """CPU microseconds per document of a fresh step's `run` over copies of `docs`, best of runs."""
+    best = float("inf")
+    for _ in range(repeat):
+        step, batch = make_step(), copies(docs)
+        gc.collect()
+        t0 = time.process_time()
+        deque(step.run(iter(batch)), maxlen=0)
+        best = min(best, time.process_time() - t0)
+    return best / max(len(docs), 1) * 1e6
+
+
+def datatrove_fineweb_quality():
+    from datatrove.pipeline.filters import FineWebQualityFilter
+    from datatrove.utils.word_tokenizers import load_word_tokenizer
+
+    load_word_tokenizer("en").word_tokenize("Loaded before the clock starts.")  # spaCy, once per process
+    return FineWebQualityFilter
+
+
+def compare_steps(files: list[Path], repeat: int) -> None:
+    from datatrove.pipeline.formatters import PIIFormatter
+
+    from gristmill.filters.fineweb_quality import FineWebQuality
+    from gristmill.filters.pii import PII
+
+    pages = english_pages(files)
+    try:
+        theirs_fineweb = datatrove_fineweb_quality()
+    except ImportError as e:  # spaCy: the bench extra
+        theirs_fineweb = None
+        print(f"datatrove's FineWebQualityFilter skipped: {e} (pip install -e '.[bench]')")
+    print("\nFineWeb's steps, same documents (English pages); CPU us per document, best of runs")
+    print(f"{'step':<16} {'documents':<22} {'gristmill':>10} {'datatrove':>10} {'ratio':>7}")
+    ratios: dict[str, list[tuple[float, float]]] = {"fineweb_quality": [], "pii": []}
+    for name, docs in pages.items():
+        for step, ours, theirs in (
+            ("fineweb_quality", FineWebQuality, theirs_fineweb),
+            ("pii", PII, PIIFormatter),
+        ):
+            a = us_per_doc(ours, docs, repeat)
+            b = us_per_doc(theirs, docs, repeat) if theirs else None
+            label = f"{name} ({len(docs)})"
+            if b is None:
+                print(f"{step:<16} {label:<22} {a:>10.1f} {'-':>10} {'-':>7}")
+                continue
+            ratios[step].append((a * len(docs), b * len(docs)))
+            print(f"{step:<16} {label:<22} {a:>10.1f} {b:>10.1f} {b / a:>6.1f}x")
+    for step, pairs in ratios.items():
+        if pairs:  # over both document sets: total CPU time of datatrove's side over ours
+            ratio = sum(b for _, b in pairs) / sum(a for a, _ in pairs)
+            print(f"ratio {step} gristmill/datatrove (per core): {ratio:.1f}x")
+
+
+def adversarial(n: int) -> dict[str, str]:
+    """Documents of n characters that make a backtracking matcher work hard."""
+    return {
+        "a-a-a-...@": ("a-" * n)[: n - 1] + "@",
+        "x@a-a-a-...": "x@" + ("a-" * n)[: n - 2],
+        "a@a@a@...": "a@" * (n // 2),
+        "x@a.a.a....": "x@" + ("a." * n)[: n - 2],
+        "......@": "." * (n - 1) + "@",
+        "1.1.1.1.1...": "1." * (n // 2),
+        "x@[1.1.1.x@[1.1.1...": "x@[1.1.1." * (n // 9),
+        "8.8.8.8 8.8.8.8 ...": "8.8.8.8 " * (n // 8),
+        "a.b@a.b@...": "a.b@" * (n // 4),
+    }
+
+
+def adversarial_pii(size: int, peer_size: int) -> None:
+    from datatrove.pipeline.formatters import PIIFormatter
+
+    from gristmill.filters.pii import PII, replace_pii
+
+    config, theirs = PII.Config(), PIIFormatter()
+
+    def cpu_ms(fn, text) -> float:
+        t0 = time.process_time()
+        fn(text)
+        return (time.process_time() - t0) * 1e3
+
+    sizes = f"ours at {size // 10:,} and {size:,} characters, datatrove at {peer_size:,}"
+    print(f"\npii on adversarial documents: CPU ms; {sizes}")
+    print(f"{'document':<22} {'ours small':>10} {'ours large':>10} {'growth':>7} {'datatrove':>10}")
+    worst = 0.0
+    for name, small in adversarial(size // 10).items():
+        large = adversarial(size)[name]
+        a = cpu_ms(lambda t: replace_pii(t, "id", config), small)
+        b = cpu_ms(lambda t: replace_pii(t, "id", config), large)
+        c = cpu_ms(theirs.format, adversarial(peer_size)[name])
+        worst = max(worst, b)
+        print(f"{name:<22} {a:>10.2f} {b:>10.2f} {b / max(a, 1e-3):>6.1f}x {c:>10.2f}")
+    print(f"pii worst case on {size:,} characters: {worst:.0f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wet", nargs="*", type=Path, help="WET files (default: the shared samples)")
@@ -139,14 +266,15 @@ def main() -> int:
         read = r["read"] if r["read"] is not None else "-"
         docs_s = f"{r['read'] / r['cpu_s']:.0f}" if r["read"] else "-"
         print(f"{r['name']:<10} {read:>9} {r['kept']:>6} {r['cpu_s']:>8.2f} {mb / r['cpu_s']:>10.2f} {docs_s:>12}")
-    if theirs is None:
-        return 0
-    if ours["read"] and theirs["read"] is not None and theirs["read"] < ours["read"]:
-        print(
-            f"datatrove's WarcReader dropped {ours['read'] - theirs['read']} records without counting them"
-            " (libmagic labelled them code/CSV)"
-        )
-    print(f"ratio gristmill/datatrove (MB/s per core): {theirs['cpu_s'] / ours['cpu_s']:.1f}x")
+    if theirs is not None:
+        if ours["read"] and theirs["read"] is not None and theirs["read"] < ours["read"]:
+            print(
+                f"datatrove's WarcReader dropped {ours['read'] - theirs['read']} records without counting them"
+                " (libmagic labelled them code/CSV)"
+            )
+        print(f"ratio gristmill/datatrove (MB/s per core): {theirs['cpu_s'] / ours['cpu_s']:.1f}x")
+    compare_steps(files, args.repeat)
+    adversarial_pii(100_000 if args.smoke else 1_000_000, 2_000 if args.smoke else 10_000)
     return 0
 
 

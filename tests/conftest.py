@@ -6,7 +6,10 @@ the reason elsewhere.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,25 @@ def _missing(what: str):
     if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
         pytest.fail(f"required test data missing: {what}")
     pytest.skip(f"test data missing: {what}")
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `make(folder)` once per test run, also when xdist runs the tests
+    on several workers (each has its own session): the first to ask makes it under a lock, the
+    others wait and take it. For a session fixture that only writes its folder; its users read it
+    (they copy it to change it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that died while making it left
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +93,65 @@ def kenlm_tools() -> None:
         find_tool("lmplz"), find_tool("build_binary")
     except ToolMissing as e:
         _missing(str(e))
+
+
+# --- running the suite on several workers (pytest-xdist; pyproject `addopts`: -n auto --dist loadgroup)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: a worker per core (at least 2, at most 4: each holds torch and its own runs) for
+    a run of several test files; none (no xdist) for one file, where starting workers costs more
+    than it saves and `--pdb`, `breakpoint()`, `-s` work as usual. `-n N` or
+    PYTEST_XDIST_AUTO_NUM_WORKERS overrides it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    files = {arg.split("::")[0] for arg in config.args}
+    if len(files) == 1 and Path(next(iter(files))).is_file():
+        return 0
+    return min(4, max(2, len(os.sched_getaffinity(0))))
+
+
+def _modules_with_shared_fixtures(session) -> set[str]:
+    """Node ids of the test modules that define a module- or session-scoped fixture (a pipeline run,
+    a trained model, a cluster made once and read by several tests). pytest has no public API for
+    this; without it nothing is grouped, which is slower, never wrong."""
+    manager = session._fixturemanager
+    by_node = getattr(manager, "_arg2node2fixturedefs", {})  # pytest 9: name -> node -> defs
+    return {
+        node.nodeid
+        for node2defs in by_node.values()
+        for node, defs in node2defs.items()
+        if isinstance(node, pytest.Module) and any(d.scope in ("module", "session") for d in defs)
+    }
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(session, config, items):
+    """With `--dist loadgroup`, the tests of a module that makes something once for its tests run on
+    one worker, so it is made once, not once per worker. Tests that carry an `xdist_group` mark
+    keep theirs (the Slurm tests: one cluster, jobs submitted one test at a time)."""
+    if not getattr(config.option, "loadgroup", False):  # set on the workers of `--dist loadgroup`
+        return
+    shared = _modules_with_shared_fixtures(session)
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        if module in shared and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
+class _GroupIdsForPytest9:
+    """pytest-xdist 3.8 names a grouped test `<node id>@<group>` by writing `item._nodeid`, which
+    pytest 9.2 no longer reads (its node ids are structured), so every group would be silently
+    ignored (pytest-xdist issue #1386). This carries the name over into the structured id, after
+    xdist's hook; it does nothing once xdist sets the id itself."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            named = getattr(item, "_nodeid", None)
+            if isinstance(named, str) and "@" in named and named != item.nodeid and hasattr(item, "_id"):
+                item._id = type(item._id).parse(named)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_GroupIdsForPytest9(), "gristmill-xdist-group-ids")

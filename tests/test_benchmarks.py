@@ -136,6 +136,9 @@ def check_filter_throughput(request, tmp, data):
     out = smoke("filter_throughput", tmp=tmp, data=data)
     assert figure(out, "gristmill ") == 43  # documents read from the smaller sample file
     peer_ratio(out, "ratio gristmill/datatrove (MB/s per core):")
+    peer_ratio(out, "ratio fineweb_quality gristmill/datatrove (per core):")
+    assert figure(out, "ratio pii gristmill/datatrove (per core):") > 0  # PIIFormatter needs no extra
+    assert figure(out, "pii worst case on 100,000 characters:") > 0
 
 
 def check_quality_throughput(request, tmp, data):
@@ -145,6 +148,21 @@ def check_quality_throughput(request, tmp, data):
     assert figure(out, "gristmill kenlm") > 0 and figure(out, "gristmill quality") > 0
     peer_ratio(out, "ratio gristmill/datatrove (perplexity, MB/s per core):")
     peer_ratio(out, "ratio gristmill/datatrove (quality, MB/s per core):")
+
+
+def check_decontaminate_throughput(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("decontaminate_throughput", tmp=tmp, data=data)
+    assert figure(out, "gristmill decontaminate: documents") == 43  # the smaller sample file's records
+    assert figure(out, "bytes per million n-grams:") > 0
+    peer_ratio(out, "ratio gristmill/datatrove (documents per CPU second):")
+
+
+def check_url_filter_throughput(request, tmp, data):
+    out = smoke("url_filter_throughput", tmp=tmp, data=data)
+    assert figure(out, "input:") == 2000  # URLs: the sample's 609 and generated ones
+    assert "decisions differ" not in out  # the script exits 1 then too
+    peer_ratio(out, "ratio gristmill/datatrove (URLs/s per core):")
 
 
 def check_make_dedup_corpus(request, tmp, data):
@@ -201,6 +219,13 @@ def check_near_removal_rules(request, tmp, data):
         assert figure(line, "recall") >= 0.9
 
 
+def check_calibration_vs_fineweb2(request, tmp, data):
+    out = smoke("calibration_vs_fineweb2", tmp=tmp, data=data)
+    # the shipped table against FineWeb-2's: a correlation per key, the letter share's on its own line
+    assert -1 <= figure(out, "letter-share bound (max_non_alpha_words_ratio), all: r") <= 1
+    assert "| max_non_alpha_words_ratio |" in out and "Languages that differ most" in out
+
+
 def check_word_segmenters(request, tmp, data):
     request.getfixturevalue("lid_model")
     out = smoke("word_segmenters", tmp=tmp, data=data)
@@ -228,6 +253,13 @@ def check_train_throughput(request, tmp, data):
     assert figure(out, "tiny  ratio ours/reference:") > 0
 
 
+def check_train_memory(request, tmp, data):
+    out = smoke("train_memory", tmp=tmp, data=data)
+    # the plan's predicted peak for each (ac, micro-batch) of the tiny preset (no allocator on CPU)
+    rows = re.findall(r"^\| tiny \| (none|selective|full) \| \d+ \| ([\d.]+) \|", out, re.M)
+    assert len(rows) >= 6 and all(float(gib) > 0 for _, gib in rows), out[-2000:]
+
+
 def check_resume_world_size(request, tmp, data):
     out = smoke("resume_world_size", tmp=tmp, data=data)
     # on CPU a resumed run is bitwise the uninterrupted one (2 processes → 1)
@@ -235,7 +267,7 @@ def check_resume_world_size(request, tmp, data):
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")}
-SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size"}
+SLOW = {"dedup_throughput", "scale_run", "near_removal_rules", "resume_world_size", "url_filter_throughput"}
 
 
 def test_every_script_has_a_check():

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -198,3 +203,133 @@ def test_a_run_directory_of_the_section_layout_resumes(tmp_path):
         (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
         with pytest.raises(ConfigError, match=r"another configuration:\n  steps\[3\]"):
             rd.prepare(tmp_path / "r", changed.resolved(), force=False)
+
+
+# --- every float is finite ------------------------------------------------------------------
+
+
+def _with_nan(annotation):
+    """A value of `annotation` holding NaN wherever a float goes (None: it holds no float)."""
+    import math
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is float:
+        return math.nan
+    if origin is typing.Annotated:
+        return _with_nan(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return next((v for v in map(_with_nan, args) if v is not None), None)
+    if origin is tuple and args:
+        if args[-1] is Ellipsis:
+            inner = _with_nan(args[0])
+            return None if inner is None else (inner,)
+        parts = [_with_nan(a) for a in args]
+        if all(p is None for p in parts):
+            return None
+        return tuple(p if p is not None else {int: 2, str: "en"}[a] for p, a in zip(parts, args))
+    if origin is list and args:
+        inner = _with_nan(args[0])
+        return None if inner is None else [inner]
+    if origin is dict and args:
+        inner = _with_nan(args[1])
+        return None if inner is None else {"en": inner}
+    return None
+
+
+def _float_fields(model, prefix=""):
+    """(key path, model, field name, value holding NaN) of every float field of `model`, nested sections too."""
+    import typing
+
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        value = _with_nan(field.annotation)
+        if value is not None:
+            yield f"{prefix}{name}", model, name, value
+        for arg in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                yield from _float_fields(arg, f"{prefix}{name}.")
+
+
+def test_no_float_parameter_of_any_step_or_section_accepts_nan_or_inf():
+    """NaN compares false with every document's statistic, so a NaN threshold switches its rule
+    off without a word; inf is no threshold either. Every float field, found by its type."""
+    from gristmill.core.step import registered_steps
+
+    models = [(f"{name}.", step.Config) for name, step in registered_steps().items()] + [("", RunConfig)]
+    checked = []
+    for prefix, model in models:
+        for path, owner, name, value in _float_fields(model, prefix):
+            for bad in (value, json.loads(json.dumps(value).replace("NaN", "Infinity"))):
+                with pytest.raises(ValidationError) as e:
+                    owner.model_validate({name: bad})
+                lines = [line for line in messages(e.value, "", owner) if line.startswith(name)]
+                assert lines, (path, messages(e.value, "", owner))
+                assert all(
+                    re.search(r": expected a (finite number|number between 0 and 1), got -?(nan|inf)$", line)
+                    for line in lines
+                ), (path, lines)
+            checked.append(path)
+    # the thresholds of the heuristic filters, nested pairs, and the run's own sections among them
+    for path in (
+        "gopher_quality.max_non_alpha_words_ratio",
+        "gopher_repetition.top_n_grams",
+        "kenlm.cutoffs",
+        "langid.min_score",
+        "near_dedup.threshold",
+        "executor.memory_gb_per_task",
+        "input.commoncrawl.backoff_s",
+    ):
+        assert path in checked, path
+    assert len(checked) >= 25
+
+
+def _write_yaml(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+NAN_PLACES = {
+    "top level": ("- gopher_quality: {max_non_alpha_words_ratio: .nan}", None),
+    "per_language": ("- gopher_quality: {per_language: {de: {max_non_alpha_words_ratio: .nan}}}", None),
+    "calibration file": (
+        "- gopher_quality: {}",
+        "gopher_quality:\n  per_language:\n    de: {max_non_alpha_words_ratio: .nan}\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("place", list(NAN_PLACES))
+def test_a_nan_threshold_is_refused_by_validate_and_run(tmp_path, wet_files, command, place):
+    step, calibration = NAN_PLACES[place]
+    run_dir = tmp_path / "run"
+    text = f"run_dir: {run_dir}\ninput: {{paths: [{wet_files[0]}]}}\nsteps:\n  {step}\n"
+    if calibration is not None:
+        cal = _write_yaml(tmp_path / "cal.yaml", calibration)
+        text += f"calibration: {cal}\n"
+    config = _write_yaml(tmp_path / "crawl.yaml", text)
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", command, str(config)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    expected = {
+        "top level": "steps[0].gopher_quality.max_non_alpha_words_ratio: expected a finite number, got nan",
+        "per_language": "steps[0].gopher_quality.per_language.de.max_non_alpha_words_ratio: "
+        "expected a finite number, got nan",
+        "calibration file": f"calibration: {tmp_path / 'cal.yaml'}: gopher_quality.per_language.de."
+        "max_non_alpha_words_ratio: expected a finite number, got nan",
+    }[place]
+    assert res.stderr.splitlines() == [f"error: {config}: 1 error(s)", f"  {expected}"]
+    assert not run_dir.exists()
+
+
+def test_negative_thresholds_are_refused():
+    msg = _err({**BASE, "steps": [{"gopher_quality": {"max_non_alpha_words_ratio": -0.5}}]})
+    assert "steps[0].gopher_quality.max_non_alpha_words_ratio: input should be greater than or equal to 0" in msg
+    msg = _err({**BASE, "steps": [{"gopher_repetition": {"top_n_grams": [[2, -0.2]]}}]})
+    assert "steps[0].gopher_repetition.top_n_grams: n-gram rules need a fraction >= 0" in msg
+    msg = _err({**BASE, "steps": [{"c4_lines": {"max_word_length": -5}}]})  # -1 disables; -5 dropped every line
+    assert "steps[0].c4_lines.max_word_length: input should be greater than or equal to -1" in msg
+    assert from_dict({**BASE, "steps": [{"c4_lines": {"max_word_length": -1}}]}).specs[0].params.max_word_length == -1

@@ -31,6 +31,7 @@ LAYERS = [
 TRAINER = "gristmill.trainer"
 TRAINER_MAY_IMPORT = (
     "gristmill.core.configlib",
+    "gristmill.core.messages",
     "gristmill.dirlock",
     "gristmill.compat",
     "gristmill.tokenize.reader",

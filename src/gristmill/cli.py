@@ -10,8 +10,9 @@ pipeline tokenizer train INPUT... --vocab-size N -o tokenizer.json
 pipeline tokens inspect DIR | pipeline tokens export DIR --format bin -o out.bin
 pipeline kenlm train INPUT... -o models/kenlm/en.arpa.bin
 pipeline quality train --positives REF... --negatives CRAWL... -o models/quality/en.bin
-pipeline calibrate --udhr UDHR.zip -o configs/calibration/udhr.yaml
+pipeline calibrate --udhr UDHR.zip | --from-fineweb2 [DIR] [--base FILE] [--allow-off] -o configs/calibration/X.yaml
 pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
+pipeline train CONFIG --plan [--gpus N] [--gpu h100|h200|...] [--set key=value ...]
 pipeline export-hf CHECKPOINT OUT
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -29,17 +29,7 @@ from rich.text import Text
 
 from gristmill import __version__
 from gristmill.config import ConfigError, load
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+from gristmill.core.messages import format_bytes, os_error_line, printable
 
 
 def safe(value: object) -> Text:
@@ -49,7 +39,7 @@ def safe(value: object) -> Text:
     `[...]` that rich would read as markup: control and bidi characters are shown escaped,
     and a Text object is never parsed for markup.
     """
-    return Text(_CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), str(value)))
+    return Text(printable(str(value)))
 
 
 def cmd_validate(args, console: Console) -> int:
@@ -104,14 +94,14 @@ def cmd_stats(args, console: Console) -> int:
         language_summary,
         languages,
         load_scores,
-        merge_run,
+        read_run,
         top_domains,
     )
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "plan.json").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
-    merged = merge_run(run_dir)
+    merged = read_run(run_dir)
     scores = load_scores(run_dir)
     by_lang = language_funnel(merged, scores)
     if args.language is not None and args.language not in by_lang:
@@ -157,7 +147,7 @@ def cmd_stats(args, console: Console) -> int:
                 f"{line['read']:,}",
                 f"{line['kept']:,}",
                 f"{line['kept_share']:.1%}" if line["kept_share"] is not None else "-",
-                _human_bytes(line["bytes_kept"]),
+                format_bytes(line["bytes_kept"]),
                 safe(", ".join(f"{k} {v:,}" for k, v in drops[:3])),
             )
         if len(summary) > 20:
@@ -167,7 +157,7 @@ def cmd_stats(args, console: Console) -> int:
                 f"{sum(x['read'] for x in rest):,}",
                 f"{sum(x['kept'] for x in rest):,}",
                 "",
-                _human_bytes(sum(x["bytes_kept"] for x in rest)),
+                format_bytes(sum(x["bytes_kept"] for x in rest)),
                 "",
             )
         out.print(lt)
@@ -210,8 +200,8 @@ def _print_journey(out: Console, run_dir: Path, rows: list) -> None:
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
             f"{r.dropped:,}",
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             f"{r.time_s:.2f}s",
             safe(journey_notes(r)),
         )
@@ -241,8 +231,8 @@ def _print_stages(out: Console, run_dir: Path, rows: list) -> None:
             f"{r.docs_in:,}",
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             f"{r.time_s:.2f}s",
             speed,
         )
@@ -271,8 +261,8 @@ def _print_language_journey(out: Console, run_dir: Path, lang: str, rows: list, 
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
             f"{sum(r.drops.values()):,}",
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             _share(r.docs_in, total.docs_in),
         )
     out.print(table)
@@ -304,8 +294,8 @@ def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_row
             f"{r.docs_in:,}",
             f"{r.docs_out:,}",
             _share(r.docs_out, r.docs_in),
-            _human_bytes(r.bytes_in),
-            _human_bytes(r.bytes_out),
+            format_bytes(r.bytes_in),
+            format_bytes(r.bytes_out),
             _share(r.docs_in, total.docs_in),
         )
     out.print(table)
@@ -389,6 +379,52 @@ def cmd_plan(args, console: Console) -> int:
     return 1 if any(not p.fits for p in projections) else 0
 
 
+#: the most input `pipeline plan` projects for: 10 PB of compressed WET, more than every crawl's
+#: together (~100 crawls of ~10 TB). Far beyond it the memory models' arithmetic overflows.
+MAX_PLAN_GB = 10_000_000
+
+
+def _plan_gb(text: str) -> float:
+    """`--gb`: a size above 0 and at most MAX_PLAN_GB (not nan, not inf)."""
+    try:
+        gb = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size in GB, e.g. 150, got {text!r}") from None
+    if not 0 < gb <= MAX_PLAN_GB:  # false for nan too
+        raise argparse.ArgumentTypeError(
+            f"expected a size in GB above 0 and at most {MAX_PLAN_GB:,} (10 PB, more than all of Common Crawl), "
+            f"got {text}"
+        )
+    return gb
+
+
+def _plan_files(text: str) -> int:
+    """`--files`: at least one WET file, and no more than MAX_PLAN_GB of them."""
+    from gristmill.pipeline.planner import CC_WET_FILE_BYTES
+
+    most = int(MAX_PLAN_GB * 1e9 // CC_WET_FILE_BYTES)
+    try:
+        files = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of WET files, e.g. 100, got {text!r}") from None
+    if not 1 <= files <= most:
+        raise argparse.ArgumentTypeError(
+            f"expected between 1 and {most:,} WET files ({MAX_PLAN_GB:,} GB at ~150 MB each), got {text}"
+        )
+    return files
+
+
+def _plan_cores(text: str) -> int:
+    """`--cores`: at least one."""
+    try:
+        cores = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of cores, e.g. 16, got {text!r}") from None
+    if cores < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 core, got {text}")
+    return cores
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description="Common Crawl → curated pretraining data")
     p.add_argument("--version", action="version", version=f"gristmill {__version__}")
@@ -412,9 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plan", help="before running: per stage CPU-hours, memory per task, disk and wall time")
     config_args(pl)
-    pl.add_argument("--gb", type=float, help="input size: GB of compressed WET (default: the config's input)")
-    pl.add_argument("--files", type=int, help="input size: this many Common Crawl WET files (~150 MB each)")
-    pl.add_argument("--cores", type=int, help="cores the tasks share (default: 1 locally; every task at once on Slurm)")
+    pl.add_argument("--gb", type=_plan_gb, help="input size: GB of compressed WET (default: the config's input)")
+    pl.add_argument("--files", type=_plan_files, help="input size: this many Common Crawl WET files (~150 MB each)")
+    pl.add_argument(
+        "--cores", type=_plan_cores, help="cores the tasks share (default: 1 locally; every task at once on Slurm)"
+    )
     pl.add_argument(
         "--calibration",
         help="measurements to project from (benchmarks/scale_run.py --write-calibration; default: the shipped ones)",
@@ -493,12 +531,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; re-run the same command to finish what is missing", file=sys.stderr)
         return 130
-
-
-def os_error_line(e: OSError) -> str:
-    what = e.strerror or str(e)
-    paths = [p for p in (e.filename, e.filename2) if p is not None]
-    return f"{what}: {' -> '.join(map(str, paths))}" if paths else what
 
 
 if __name__ == "__main__":

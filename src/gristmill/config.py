@@ -9,6 +9,7 @@ the parsing, `${VAR}` interpolation, `--set` overrides and the collection of err
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -51,7 +52,12 @@ class SlurmConfig(Strict):
     qos: str | None = None
     account: str | None = None
     job_name_prefix: str = Field("gristmill", description="jobs are named <prefix>-<stage>")
-    max_array_size: int = Field(1001, ge=1, description="the cluster's MaxArraySize; larger stages split")
+    max_array_size: int = Field(
+        1001,
+        ge=1,
+        description="most tasks per job array (the cluster's MaxArraySize, "
+        "read with scontrol, caps it); a wider stage is several arrays",
+    )
     requeue: bool = Field(True, description="requeue tasks that are preempted (signal SIGUSR1)")
     venv_path: str | None = Field(None, description="activate script for the jobs (default: this venv's)")
     env_command: str | None = Field(None, description="shell line run before each task instead of venv_path")
@@ -59,9 +65,20 @@ class SlurmConfig(Strict):
     stages: dict[str, SlurmStageOverrides] = Field(default_factory=dict, description="overrides by stage name")
 
 
+#: the most tasks a stage may have: stages that shuffle (near_dedup's edges, tokenize's
+#: buckets) write tasks x tasks files, 100 million at this bound; a whole snapshot runs on
+#: 4,000 (docs/scale.md)
+MAX_TASKS = 10_000
+
+
 class ExecutorConfig(Strict):
     type: Literal["local", "slurm"] = "local"
-    tasks: int = Field(4, ge=1, description="parallel tasks per stage (input files are split among them)")
+    tasks: int = Field(
+        4,
+        ge=1,
+        description="parallel tasks per stage (input files are split among them; "
+        "the curate stage runs at most one per input file)",
+    )
     workers: int = Field(2, ge=1, description="tasks run at once on this machine (local)")
     memory_gb_per_task: float | None = Field(
         None,
@@ -70,6 +87,16 @@ class ExecutorConfig(Strict):
         "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage",
     )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+
+    @field_validator("tasks")
+    @classmethod
+    def _sane_tasks(cls, tasks: int) -> int:
+        if tasks > MAX_TASKS:
+            raise ValueError(
+                f"at most {MAX_TASKS:,}, got {tasks:,}: stages that shuffle (near_dedup, tokenize) write "
+                f"tasks x tasks files ({tasks * tasks:,}); a whole Common Crawl snapshot runs on 4,000"
+            )
+        return tasks
 
 
 CRAWL_NAME = r"^CC-MAIN-\d{4}-\d{2}$"
@@ -305,6 +332,12 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         ):
             errors.append(f"{where}: {file}: {step}: expected `per_language: {{language: {{param: value}}}}`")
             continue
+        # a computed file's likeliest fault (a mean of nothing): named here with the file, and
+        # not merged, so that each value is reported once
+        errors.extend(
+            f"{where}: {file}: {key}: expected a finite number, got {value!r}"
+            for key, value in _non_finite(section, step)
+        )
     if any(e.startswith(f"{where}:") for e in errors):
         return
     steps = data.get("steps")
@@ -332,6 +365,17 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         for lang, values in own.items():
             merged[lang] = {**merged.get(lang, {}), **values} if isinstance(values, dict) else values
         params["per_language"] = merged
+
+
+def _non_finite(node: Any, path: str) -> list[tuple[str, float]]:
+    """(key path, value) of every NaN or infinite float in a YAML tree."""
+    if isinstance(node, float):
+        return [] if math.isfinite(node) else [(path, node)]
+    if isinstance(node, dict):
+        return [found for k, v in node.items() for found in _non_finite(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [found for i, v in enumerate(node) for found in _non_finite(v, f"{path}[{i}]")]
+    return []
 
 
 def load(path: str | Path, overrides: list[str] = (), run_dir: str | None = None) -> RunConfig:

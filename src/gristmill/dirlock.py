@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gristmill.core.files import naming
+
 LOCK_NAME = ".gristmill.lock"
 
 
@@ -94,8 +96,11 @@ def hold(directory: str | os.PathLike, what: str = "directory") -> Iterator[Path
                 print(f"warning: {path}: taking over a stale lock of {_describe(info)}", file=sys.stderr)
         acquired = True
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": sys.argv}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except OSError as e:  # a full disk: say which (the lock itself is the flock, already held)
+            raise naming(e, path) from None
         yield directory
     finally:
         if acquired:  # clear our record before the flock goes; never touch another holder's

@@ -40,7 +40,7 @@ from gristmill.pipeline.stats import (
     language_summary,
     languages,
     load_scores,
-    merge_run,
+    read_run,
     top_domains,
 )
 
@@ -50,7 +50,7 @@ JOURNEY_COLUMNS = ["step", "kind", "stages", "docs_in", "docs_out", "dropped", "
 class RunStats:
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
-        self.merged = merge_run(self.run_dir)
+        self.merged = read_run(self.run_dir)
         self.scores = load_scores(self.run_dir)
         self.thresholds = report.thresholds(self.run_dir)
         self.journey = pd.DataFrame(
@@ -213,5 +213,5 @@ class RunStats:
 
 
 def load(run_dir: str | Path) -> RunStats:
-    """Stats of a run directory as DataFrames and SVG plots (merges the per-task files first)."""
+    """Stats of a run directory as DataFrames and SVG plots (the per-task files merged in memory)."""
     return RunStats(run_dir)

@@ -27,7 +27,11 @@ def _run(stages, shrink: bool) -> list[tuple[str, str]]:
                         setattr(step, attr, value)
         make_executor(stage).run()
         merge_stage(stage.folder)
-    t = pq.read_table(stages[-1].output, columns=["id", "text"]).to_pydict()
+    return _table(stages[-1].output)
+
+
+def _table(folder) -> list[tuple[str, str]]:
+    t = pq.read_table(folder, columns=["id", "text"]).to_pydict()
     return sorted(zip(t["id"], t["text"]))
 
 
@@ -47,9 +51,9 @@ def test_exact_dedup_in_parts_and_key_ranges_matches_one_part(dedup_corpus, tmp_
     assert 0 < len(big) < 5000
 
 
-def test_near_dedup_in_parts_matches_one_part(dedup_corpus, tmp_path):
+def test_near_dedup_in_parts_matches_one_part(dedup_corpus, near_dedup_run, tmp_path):
     params = {"threshold": 0.8}
-    big = _run(plan_on_parquet("near_dedup", params, dedup_corpus / "docs", tmp_path / "big", tasks=2), False)
+    big = _table(near_dedup_run[-1].output)  # the same parameters and tasks, in one part (conftest)
     stages = plan_on_parquet("near_dedup", params, dedup_corpus / "docs", tmp_path / "small", tasks=2)
     small = _run(stages, True)
     assert _parts(stages[0].folder / "bands" / "band_000", "task_00000.part*.npy") > 2

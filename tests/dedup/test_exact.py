@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from gristmill.core.documents import schema_for
+from gristmill.dedup.bloom import BloomFilter
+from gristmill.dedup.exact import filter_slices
 from gristmill.dedup.text import normalize
-from gristmill.pipeline.on_parquet import run_on_parquet
+from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
 
 
 def _table(folder):
@@ -110,3 +116,76 @@ def test_saved_filter_dedups_a_second_crawl(dedup_corpus, tmp_path):
             seen.add(normalize(t))
             new_unique.add(i)
     assert new_unique <= kept2 and len(kept1) > 900
+
+
+def _earlier_filter(tmp_path, tasks: int = 3):
+    """An earlier run's filter/ folder of `tasks` slices, copied where a user would keep it."""
+    rows = [(f"d{i}", f"document number {i} with some text") for i in range(60)]
+    _write(tmp_path / "crawl1", rows, "crawl1")
+    st = run_on_parquet("exact_dedup", {"capacity": 50_000}, tmp_path / "crawl1", tmp_path / "r1", tasks=tasks)
+    saved = tmp_path / "saved_filter"
+    shutil.copytree(st[1].folder / "filter", saved)
+    return saved
+
+
+def test_partial_filter_from_is_refused_when_planned_naming_the_missing_slice(tmp_path):
+    saved = _earlier_filter(tmp_path)
+    (saved / "slice_00001.bloom").unlink()
+    (saved / "slice_00001.bloom.json").unlink()
+    _write(tmp_path / "crawl2", [("x", "a new document")], "crawl2")
+    with pytest.raises(ValueError) as e:
+        plan_on_parquet("exact_dedup", {"filter_from": str(saved)}, tmp_path / "crawl2", tmp_path / "r2", tasks=2)
+    msg = str(e.value)
+    assert f"exact_dedup.filter_from: {saved}: incomplete" in msg, msg
+    assert "slice_00001.bloom" in msg and "missing" in msg, msg
+    meta = json.loads((saved / "slice_00000.bloom.json").read_text())
+    gap = json.loads((saved / "slice_00002.bloom.json").read_text())["block_lo"]
+    assert f"blocks {meta['block_hi']}..{gap} " in msg, msg
+    assert "\n" not in msg
+    assert not (tmp_path / "r2").exists()  # refused before any stage folder was made
+
+
+def test_bit_file_without_its_metadata_is_refused(tmp_path):
+    saved = _earlier_filter(tmp_path)
+    (saved / "slice_00002.bloom.json").unlink()
+    with pytest.raises(ValueError, match=r"slice_00002.bloom without its .bloom.json"):
+        filter_slices(saved)
+
+
+def test_truncated_slice_is_refused_naming_file_and_sizes(tmp_path):
+    saved = _earlier_filter(tmp_path)
+    bits = saved / "slice_00002.bloom"
+    expected = bits.stat().st_size
+    with open(bits, "r+b") as f:  # a copy cut short, as by a full disk or an interrupted rsync
+        f.truncate(expected - 100)
+    with pytest.raises(ValueError) as e:
+        filter_slices(saved)
+    assert str(e.value).startswith(f"{bits}: {expected - 100} bytes, expected {expected}"), e.value
+    with pytest.raises(ValueError, match=f"{bits}: {expected - 100} bytes, expected {expected}"):
+        BloomFilter.open(bits)  # never numpy's "mmap length is greater than file size"
+
+
+def test_partial_filter_from_stops_pipeline_run_before_any_stage(tmp_path, wet_files):
+    saved = _earlier_filter(tmp_path)
+    (saved / "slice_00000.bloom").unlink()  # the bits gone, the metadata left
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "executor": {"type": "local", "tasks": 1, "workers": 1},
+        "input": {"paths": [str(wet_files[1])]},
+        "steps": [{"exact_dedup": {"filter_from": str(saved)}}],
+    }
+    (tmp_path / "c.yaml").write_text(json.dumps(cfg))
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "run", str(tmp_path / "c.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert lines == [
+        f"error: {saved / 'slice_00000.bloom'}: missing (its metadata slice_00000.bloom.json says it "
+        f"holds blocks 0..{json.loads((saved / 'slice_00000.bloom.json').read_text())['block_hi']})"
+    ], res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "run").exists()

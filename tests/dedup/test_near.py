@@ -11,10 +11,10 @@ from gristmill.pipeline.on_parquet import run_on_parquet
 from gristmill.pipeline.runner import run
 
 
-def test_recall_and_precision_on_ground_truth(dedup_corpus, corpus_ids, tmp_path):
+def test_recall_and_precision_on_ground_truth(dedup_corpus, corpus_ids, near_dedup_run):
     from dedup_eval import score
 
-    stages = run_on_parquet("near_dedup", {"threshold": 0.8}, dedup_corpus / "docs", tmp_path / "r", tasks=2)
+    stages = near_dedup_run  # threshold 0.8, 2 tasks
     kept = set(pq.read_table(stages[-1].output, columns=["id"]).column("id").to_pylist())
     s = score(dedup_corpus, set(corpus_ids) - kept)
     assert s["recall_j>=0.85"] >= 0.95, s

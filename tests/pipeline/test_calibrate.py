@@ -3,6 +3,10 @@ reference text (UDHR) as the English defaults remove of English reference text."
 
 from __future__ import annotations
 
+import math
+import random
+import string
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -244,3 +248,445 @@ def test_no_threshold_turns_a_rule_off_when_a_statistic_is_mostly_zero(udhr_zip,
     )
     values = list(_thresholds(yaml.safe_load(out.read_text())))
     assert values and all(v > 0 for _, v in values)
+
+
+# --- hostile and unlucky references ------------------------------------------------------------
+
+
+def _garbage(path: Path, kind: str) -> Path:
+    """30 documents, blank-line separated, that are no language's clean text."""
+    rng = random.Random(0)
+    if kind == "digits":
+        docs = [" ".join(str(rng.randint(0, 99999)) for _ in range(80)) for _ in range(30)]
+    elif kind == "letters":  # words of random letters: no stop word of any language
+        docs = [
+            " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(80))
+            + "."
+            for _ in range(30)
+        ]
+    else:  # one line, over and over
+        docs = ["\n".join(["spam spam spam eggs."] * 20) for _ in range(30)]
+    path.write_text("\n\n".join(docs))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        ("digits", "gopher_quality.per_language.de.max_non_alpha_words_ratio = 0.0: 0 switches the rule off"),
+        ("letters", "gopher_quality.per_language.de.min_stop_words = 1: removes 73% of the de reference (over 50%)"),
+        ("repeat", "gopher_repetition.per_language.de.top_n_grams (n=2) = 2.6291: a share never exceeds 1"),
+    ],
+)
+def test_a_garbage_reference_is_refused_naming_the_key(udhr_zip, tmp_path, capsys, kind, named):
+    ref = _garbage(tmp_path / f"{kind}.txt", kind)
+    out = tmp_path / "cal.yaml"
+    assert (
+        main(["calibrate", "--udhr", str(udhr_zip), "--languages", "de", "--reference", f"de={ref}", "-o", str(out)])
+        == 2
+    )
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --reference de={ref}: ") and named in line, line
+    assert line.endswith("Is it de text, documents separated by blank lines?")
+    assert not out.exists()
+
+
+def test_an_odd_udhr_value_is_left_out_and_named(udhr_zip, tmp_path, capsys):
+    """Croatian UDHR's 3-grams gave 1.1, a bound no share reaches (the rule off): that value
+    alone is refused, and Croatian keeps the English default for it."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "hr,de", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "refused: gopher_repetition.per_language.hr.top_n_grams (n=3) = 1.1 from --udhr "
+        f"{udhr_zip} (udhr2/hrv.txt): a share never exceeds 1: the rule would never fire; hr keeps the default 0.18"
+    ) in err
+    assert "1 thresholds refused (above)" in err
+    table = yaml.safe_load(out.read_text())
+    assert dict(map(tuple, table["gopher_repetition"]["per_language"]["hr"]["top_n_grams"]))[3] == 0.18
+    for step in table.values():
+        for lang, params in step["per_language"].items():
+            for name, value in params.items():
+                for v in [x for _, x in value] if isinstance(value, list) else [value]:
+                    assert v > 0, (lang, name)
+                    if step is table.get("gopher_repetition") or name.endswith("_ratio"):
+                        assert v < 1, (lang, name)  # a share's bound of 1 or more never fires
+
+
+def test_rules_the_english_reference_trips_mostly_are_not_calibrated(udhr_zip, shared_data, tmp_path, capsys):
+    """WikiText's `@-@` and `@,@` tokens fail the letter share in 93% of its paragraphs: matched,
+    every language would lose 93% of its clean text to that rule."""
+    out = tmp_path / "cal.yaml"
+    wiki = shared_data / "corpus" / "en" / "wikitext-2.test.txt"
+    args = ["calibrate", "--udhr", str(udhr_zip), "--english", str(wiki), "--no-udhr-english", "--languages", "ar,de"]
+    assert main([*args, "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "not calibrated: gopher_quality.max_non_alpha_words_ratio: the English default removes 93% of the English "
+        "reference (over 50%)"
+    ) in err
+    table = yaml.safe_load(out.read_text())
+    assert all("max_non_alpha_words_ratio" not in p for p in table["gopher_quality"]["per_language"].values())
+
+
+def test_refusal_of_thresholds_that_switch_a_rule_off():
+    from gristmill.pipeline.calibrate import RULES, Result, refusal
+
+    rule = {r.name: r for r in RULES}
+    alpha, dup = rule["gopher_quality.max_non_alpha_words_ratio"], rule["gopher_repetition.dup_line_frac"]
+    words = rule["gopher_quality.max_avg_word_length"]
+
+    def why(r, t, share=0.0):
+        return refusal(Result(r, "de", r.default(), t, 0.0, share, 30))
+
+    assert why(alpha, 0.7) is None and why(dup, 0.5) is None and why(words, 14.0) is None
+    assert why(alpha, 0.0) == "0 switches the rule off"
+    assert why(alpha, -0.2) == "-0.2 is no threshold" and why(dup, math.nan) == "nan is no threshold"
+    assert why(dup, 1.0) == "a share never exceeds 1: the rule would never fire"
+    assert why(words, 14.0, share=0.6) == "removes 60% of the de reference (over 50%)"
+
+
+@pytest.mark.parametrize("flag", ["--english", "--reference", "--udhr"])
+def test_a_device_is_never_read(tmp_path, capsys, flag):
+    """`/dev/zero` was read to 10.7 GB; a device, a FIFO or a directory is refused before any read."""
+    value = "de=/dev/zero" if flag == "--reference" else "/dev/zero"
+    assert main(["calibrate", flag, value, "-o", str(tmp_path / "cal.yaml")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"error: {flag} {value}: not a regular file; give " + (
+        "the UDHR zip" if flag == "--udhr" else "a text file"
+    )
+
+
+def test_reference_bytes_are_bounded(udhr_zip, tmp_path, capsys):
+    # a 20 GB file (sparse: it costs no disk) is refused from its size, without reading it
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(20 << 30)
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--english", str(big), "-o", str(tmp_path / "c.yaml")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --english {big}: over --max-reference-mb (64 MB); give a sample of it "
+        "(thousands of documents set a quantile as well as millions)"
+    ]
+    # the bound is the user's, and holds inside the zip too: 2 MB of zeros compress to a few KB
+    bomb = tmp_path / "udhr.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("udhr2/eng.txt", "\0" * (2 << 20))
+    assert bomb.stat().st_size < 20_000
+    assert main(["calibrate", "--udhr", str(bomb), "--max-reference-mb", "1", "-o", str(tmp_path / "c.yaml")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"error: --udhr {bomb}: udhr2/eng.txt is over --max-reference-mb (1 MB uncompressed)"
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--udhr", str(udhr_zip), "--max-reference-mb", "0", "-o", str(tmp_path / "c.yaml")])
+    assert (
+        capsys.readouterr().err.splitlines()[-1].endswith("argument --max-reference-mb: expected at least 1 MB, got 0")
+    )
+
+
+def test_a_reference_without_usable_text_is_named(udhr_zip, shared_data, tmp_path, capsys):
+    wiki = shared_data / "corpus" / "en" / "wikitext-2.test.txt"
+    out = tmp_path / "cal.yaml"
+    # no language besides English (this was `mean requires at least one data point`)
+    assert main(["calibrate", "--english", str(wiki), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: no reference text of a language other than English: give --udhr or --reference LANG=FILE"
+    ]
+    for text in ("", "\n\n   \n\n", "one block\n\ntwo blocks\n"):
+        empty = tmp_path / "de.txt"
+        empty.write_text(text)
+        assert main(["calibrate", "--english", str(wiki), "--reference", f"de={empty}", "-o", str(out)]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: --reference de={empty}: ") and "documents of de text" in line, line
+        assert "at least 10 are needed" in line
+    empty_zip = tmp_path / "other.zip"
+    with zipfile.ZipFile(empty_zip, "w") as z:
+        z.writestr("readme.txt", "no UDHR here")
+    assert main(["calibrate", "--udhr", str(empty_zip), "--english", str(wiki), "-o", str(out)]) == 2
+    assert "no UDHR text in it" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --- what every calibration file keeps to ------------------------------------------------------
+
+
+def _ngram_bounds(table, param):
+    for lang, params in table.get("gopher_repetition", {}).get("per_language", {}).items():
+        if param in params:
+            yield lang, [v for _, v in sorted(params[param])]
+
+
+def _assert_well_formed(table):
+    """The rules calibration_rules.guard_table holds every written table to."""
+    for param in ("top_n_grams", "dup_n_grams"):
+        for lang, bounds in _ngram_bounds(table, param):
+            assert bounds == sorted(bounds, reverse=True), (lang, param, bounds)  # falling with n
+            if param == "top_n_grams":
+                assert max(bounds) <= 0.5, (lang, bounds)
+    for lang, params in table.get("gopher_quality", {}).get("per_language", {}).items():
+        if "max_non_alpha_words_ratio" in params:
+            assert params["max_non_alpha_words_ratio"] >= 0.5, lang
+
+
+def test_calibrated_top_n_gram_bounds_fall_with_n_and_stay_at_most_half(udhr_zip, tmp_path, capsys):
+    """UDHR gave German a 3-gram bound above its 2-gram one and Georgian a 2-gram bound of 0.68
+    (half of a page in one repeated phrase passes); both are brought into line and named."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "de,ka,fa", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    table = yaml.safe_load(out.read_text())
+    _assert_well_formed(table)
+    top = {lang: dict(map(tuple, p["top_n_grams"])) for lang, p in table["gopher_repetition"]["per_language"].items()}
+    assert top["de"][3] == top["de"][2] < 0.18  # lowered to the 2-gram bound
+    assert top["ka"][2] == 0.5
+    assert "gopher_repetition.top_n_grams[3] changed, above the bound of a shorter n-gram (1): de 0.1987->0.1728" in err
+    assert "gopher_repetition.top_n_grams[2] changed, above 0.5, the loosest bound (1): ka 0.6786->0.5" in err
+    assert "# Changed or left out to keep to calibration_rules.guard_table's rules:" in out.read_text()
+
+
+def test_calibrated_letter_share_bound_is_at_least_half(udhr_zip, tmp_path, capsys):
+    """Maithili's UDHR gave 0.25: a page of three numbers or symbols to each word would pass."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "mai,de", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    table = yaml.safe_load(out.read_text())
+    assert table["gopher_quality"]["per_language"]["mai"]["max_non_alpha_words_ratio"] == 0.5
+    assert "gopher_quality.max_non_alpha_words_ratio changed, below 0.5, the loosest bound (1): mai 0.25->0.5" in err
+    _assert_well_formed(table)
+
+
+def test_guard_table_rules():
+    from gristmill.pipeline.calibration_rules import guard_table, prune_defaults
+
+    table = {
+        "gopher_quality": {
+            "per_language": {
+                "de": {"min_avg_word_length": 0, "max_avg_word_length": 15, "max_non_alpha_words_ratio": 0.3},
+                "zh": {"min_avg_word_length": 1, "stop_words": ["的", "了"]},
+            }
+        },
+        "gopher_repetition": {
+            "per_language": {
+                "ast": {"top_n_grams": [[3, 1.59], [2, 1.597], [4, 0.3]], "dup_line_frac": 1.2},
+                "wa": {"dup_n_grams": [[5, 0.485], [6, 0.489], [7, 0.539], [8, 0.2], [9, 0.1], [10, 0.05]]},
+            }
+        },
+    }
+    guarded, changes = guard_table(table)
+    de, zh = guarded["gopher_quality"]["per_language"]["de"], guarded["gopher_quality"]["per_language"]["zh"]
+    assert de == {"max_avg_word_length": 15, "max_non_alpha_words_ratio": 0.5}  # 0 switches the rule off
+    assert zh == {"stop_words": ["的", "了"]}  # no word is shorter than 1 character: the rule never fires
+    ast = guarded["gopher_repetition"]["per_language"]["ast"]
+    assert ast == {"top_n_grams": [[2, 0.5], [3, 0.5], [4, 0.3]]}  # capped, sorted by n; dup_line_frac 1.2 is off
+    assert guarded["gopher_repetition"]["per_language"]["wa"]["dup_n_grams"][:3] == [[5, 0.485], [6, 0.485], [7, 0.485]]
+    assert {(c.language, c.param, c.new) for c in changes if c.new is None} == {
+        ("de", "min_avg_word_length", None),
+        ("zh", "min_avg_word_length", None),
+        ("ast", "dup_line_frac", None),
+    }
+    # asked for: the values that switch a rule off are kept, the others rules still hold
+    kept, _ = guard_table(table, allow_off=True)
+    assert kept["gopher_quality"]["per_language"]["de"]["min_avg_word_length"] == 0
+    assert kept["gopher_quality"]["per_language"]["de"]["max_non_alpha_words_ratio"] == 0.5
+    assert kept["gopher_repetition"]["per_language"]["ast"]["dup_line_frac"] == 1.2
+    assert kept["gopher_repetition"]["per_language"]["ast"]["top_n_grams"][0] == [2, 0.5]
+    # NaN or a negative value is never written, asked or not
+    bad, changes = guard_table({"gopher_quality": {"per_language": {"de": {"max_avg_word_length": -1}}}}, True)
+    assert bad["gopher_quality"]["per_language"]["de"] == {} and changes[0].why == "-1 is no threshold"
+    assert prune_defaults(bad) == {}
+    at_default = {"gopher_quality": {"per_language": {"de": {"min_stop_words": 2, "max_avg_word_length": 15}}}}
+    assert prune_defaults(at_default) == {"gopher_quality": {"per_language": {"de": {"max_avg_word_length": 15}}}}
+
+
+def test_every_calibrated_rule_has_its_bound_kind():
+    from gristmill.pipeline.calibrate import RULES
+    from gristmill.pipeline.calibration_rules import BOUNDS
+
+    for rule in RULES:
+        kind, share = BOUNDS[(rule.step, rule.param)]
+        assert kind == rule.kind, rule.name
+        assert share == (rule.step == "gopher_repetition" or rule.param.endswith("_ratio")), rule.name
+
+
+def test_a_value_that_switches_a_rule_off_is_written_only_when_asked(udhr_zip, tmp_path, capsys):
+    """Croatian's UDHR 3-gram bound of 1.1 is refused by default; with --allow-off it passes the
+    refusal, yet a top-n-gram bound still ends at most 0.5 and at most its 2-gram one."""
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--udhr", str(udhr_zip), "--languages", "hr", "--allow-off", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "refused:" not in err
+    top = dict(map(tuple, yaml.safe_load(out.read_text())["gopher_repetition"]["per_language"]["hr"]["top_n_grams"]))
+    assert top[3] <= top[2] <= 0.5 and top[3] != 0.18
+    assert "--allow-off: values that switch a rule off are kept." in out.read_text()
+
+
+def test_refusal_lets_off_switches_through_only_when_asked():
+    from gristmill.pipeline.calibrate import RULES, Result, refusal
+
+    rule = {r.name: r for r in RULES}
+    alpha, dup = rule["gopher_quality.max_non_alpha_words_ratio"], rule["gopher_repetition.dup_line_frac"]
+    assert refusal(Result(alpha, "de", 0.8, 0.0, 0.0, 0.0, 30), allow_off=True) is None
+    assert refusal(Result(dup, "de", 0.3, 1.0, 0.0, 0.0, 30), allow_off=True) is None
+    assert refusal(Result(dup, "de", 0.3, math.nan, 0.0, 0.0, 30), allow_off=True) == "nan is no threshold"
+
+
+# --- FineWeb-2's thresholds (`--from-fineweb2`) ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fineweb2_configs(shared_data) -> Path:
+    path = shared_data / "reference" / "fineweb-2" / "configs"
+    if not (path / "deu_Latn.yml").is_file():
+        from tests.conftest import _missing
+
+        _missing(f"{path} (FineWeb-2's configs)")
+    return path
+
+
+def test_every_lid176_label_has_its_fineweb2_codes_and_the_rule_picks_the_largest(fineweb2_configs):
+    from gristmill.core.configlib import LID176_LABELS
+    from gristmill.pipeline.fineweb2_calibration import LID176_ISO639_3, read_fineweb2
+
+    assert set(LID176_ISO639_3) == set(LID176_LABELS)
+    fw = read_fineweb2(fineweb2_configs)
+    m = fw.mapping
+    assert "en" not in m and fw.unmapped_labels == ["eml"] and len(m) == 174
+    # scripts and members by the text FineWeb-2 holds of each
+    assert (m["sr"], m["zh"], m["no"], m["nn"], m["ms"], m["fa"], m["et"], m["ar"]) == (
+        "srp_Cyrl",
+        "cmn_Hani",
+        "nob_Latn",
+        "nno_Latn",
+        "zsm_Latn",
+        "fas_Arab",
+        "ekk_Latn",
+        "arb_Arab",
+    )
+    assert m["sq"] == "als_Latn" and m["als"] == "gsw_Latn"  # ISO's als is Tosk Albanian; lid.176's Alemannic
+
+
+def test_fineweb2_thresholds_are_written_under_gristmills_steps(fineweb2_configs, tmp_path, capsys):
+    out = tmp_path / "fw2.yaml"
+    args = ["calibrate", "--from-fineweb2", str(fineweb2_configs), "--languages", "de,ja,th,ast", "-o", str(out)]
+    assert main(args) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    text = out.read_text()
+    table = yaml.safe_load(text)
+    deu = yaml.safe_load((fineweb2_configs / "deu_Latn.yml").read_text())
+    de = table["gopher_quality"]["per_language"]["de"]
+    assert de["max_non_alpha_words_ratio"] == deu["max_non_alpha_words_ratio"] == 0.774
+    assert de["max_avg_word_length"] == deu["max_avg_word_length"]
+    assert de["stop_words"] == deu["stopwords"]
+    assert "min_stop_words" not in de  # FineWeb-2's 2 is the default
+    rep = table["gopher_repetition"]["per_language"]["de"]
+    assert rep["top_n_grams"] == deu["top_n_grams"] and rep["dup_n_grams"] == deu["dup_n_grams"]
+    assert rep["dup_line_frac"] == deu["dup_line_frac"]
+    # German's min_avg_word_length of 0 switches the rule off: left out and named, unless asked
+    assert "min_avg_word_length" not in de
+    assert "gopher_quality.min_avg_word_length left out (the default applies), 0 switches the rule off (1): de 0" in err
+    # Asturian's top 2-gram bound of 1.597 never fires: capped
+    assert table["gopher_repetition"]["per_language"]["ast"]["top_n_grams"][0] == [2, 0.5]
+    _assert_well_formed(table)
+    # the header says where the numbers come from, under which licence, and what is not mapped
+    assert "github huggingface/fineweb-2, Apache-2.0" in text and "language_score: a GlotLID confidence" in text
+    assert "ast=ast_Latn de=deu_Latn ja=jpn_Jpan th=tha_Thai" in " ".join(text.replace("#", " ").split())
+    # fineweb_quality: datatrove's names; a section only where the step exists (`calibration:` refuses unknown steps)
+    from gristmill.core.step import registered_steps
+
+    if "fineweb_quality" in registered_steps():
+        assert table["fineweb_quality"]["per_language"]["de"]["new_line_ratio"] == deu["new_line_ratio"]
+    else:
+        assert "fineweb_quality" not in table
+        assert f"#     de: {{char_duplicates_ratio: 0.1, new_line_ratio: {deu['new_line_ratio']}}}" in text
+    steps = ["gopher_quality", "gopher_repetition"]
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(out), "steps": steps})
+    assert GopherQuality(cfg.specs[0].params).config_for("de").stop_words == deu["stopwords"]
+
+    assert main([*args[:-2], "--allow-off", "-o", str(out)]) == 0
+    table = yaml.safe_load(out.read_text())
+    assert table["gopher_quality"]["per_language"]["de"]["min_avg_word_length"] == 0
+    assert table["gopher_quality"]["per_language"]["ja"]["min_avg_word_length"] == 1
+
+
+def test_fineweb2_stop_words_decide_the_stop_word_rule(fineweb2_configs, tmp_path):
+    """German pages need two of FineWeb-2's 15 German stop words, not of stopwords-iso's 600."""
+    out = tmp_path / "fw2.yaml"
+    assert main(["calibrate", "--from-fineweb2", str(fineweb2_configs), "--languages", "de", "-o", str(out)]) == 0
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(out), "steps": ["gopher_quality"]})
+    params = {**_OFF["gopher_quality"], "min_stop_words": 2, "per_language": cfg.specs[0].params.per_language}
+    flt = GopherQuality(**params)
+    iso_only = Document(text="ich bin aber auch noch hier", id="1", metadata={"language": "de"})  # stopwords-iso's
+    fineweb2 = Document(text="der Hund und die Katze", id="2", metadata={"language": "de"})
+    assert flt.filter_batch([iso_only, fineweb2]) == [(False, "gopher_enough_stop_words"), True]
+
+
+def test_fineweb2_merged_onto_a_base_replaces_its_keys_and_keeps_the_rest(fineweb2_configs, tmp_path):
+    base = REPO / "configs" / "calibration" / "udhr.yaml"
+    out = tmp_path / "merged.yaml"
+    args = ["calibrate", "--from-fineweb2", str(fineweb2_configs), "--base", str(base), "-o", str(out)]
+    assert main(args) == 0
+    merged, udhr = yaml.safe_load(out.read_text()), yaml.safe_load(base.read_text())
+    assert merged["c4_lines"] == udhr["c4_lines"]  # FineWeb-2 runs no C4 rule
+    assert merged["gopher_quality"]["per_language"]["eml"] == udhr["gopher_quality"]["per_language"]["eml"]
+    zh, zh_udhr = merged["gopher_quality"]["per_language"]["zh"], udhr["gopher_quality"]["per_language"]["zh"]
+    assert zh["max_non_alpha_words_ratio"] == 0.735 != zh_udhr["max_non_alpha_words_ratio"]
+    assert zh_udhr["min_stop_words"] == 1 and "min_stop_words" not in zh  # FineWeb-2's 2, the default
+    assert zh["min_doc_words"] == zh_udhr["min_doc_words"]  # not set by FineWeb-2: the base's
+    # FineWeb-2's 1 for Chinese switches the word-length rule off: left out, so UDHR's value stays
+    assert zh["min_avg_word_length"] == zh_udhr["min_avg_word_length"]
+    _assert_well_formed(merged)
+
+
+def test_fineweb2_input_faults_are_one_line(fineweb2_configs, tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--from-fineweb2", str(tmp_path / "none"), "-o", str(out)]) == 2
+    assert "none: not a directory (FineWeb-2's configs/" in capsys.readouterr().err
+    configs = tmp_path / "fw" / "configs"
+    configs.mkdir(parents=True)
+    (configs / "deu_Latn.yml").write_text("dup_line_frac: 0.2\n")
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
+    assert "fineweb2-language-distribution.csv not found" in capsys.readouterr().err
+    (configs.parent / "fineweb2-language-distribution.csv").write_text("subset,split,utf8_bytes\ndeu_Latn,train,100\n")
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --from-fineweb2: {configs / 'deu_Latn.yml'}: no dup_n_grams, line_punct_thr, ")
+    full = yaml.safe_load((fineweb2_configs / "deu_Latn.yml").read_text())
+    (configs / "deu_Latn.yml").write_text(yaml.safe_dump({**full, "max_non_alpha_words_ratio": "high"}))
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("deu_Latn.yml: max_non_alpha_words_ratio: expected a finite number, got 'high'")
+    assert main(["calibrate", "--from-fineweb2", str(configs), "--udhr", "x.zip", "-o", str(out)]) == 2
+    assert "give it without --udhr" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["udhr.yaml", "fineweb2.yaml", "fineweb2-udhr.yaml"])
+def test_shipped_calibrations_are_well_formed(name):
+    table = yaml.safe_load((REPO / "configs" / "calibration" / name).read_text())
+    _assert_well_formed(table)
+    assert all("en" not in step["per_language"] for step in table.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [("fineweb2.yaml", []), ("fineweb2-udhr.yaml", ["--base", str(REPO / "configs" / "calibration" / "udhr.yaml")])],
+)
+def test_shipped_fineweb2_calibrations_are_what_the_command_writes(fineweb2_configs, tmp_path, name, extra):
+    out = tmp_path / name
+    assert main(["calibrate", "--from-fineweb2", str(fineweb2_configs), *extra, "--allow-off", "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text()) == yaml.safe_load((REPO / "configs" / "calibration" / name).read_text())
+
+
+def test_multilingual_calibration_agrees_with_fineweb2_on_the_letter_share(fineweb2_configs):
+    """The letter-share bound is where most web text is removed: the shipped table follows
+    FineWeb-2's (set with model ablations) across the languages both have (Pearson r >= 0.6)."""
+    import statistics
+
+    from gristmill.pipeline.fineweb2_calibration import read_fineweb2
+
+    named = yaml.safe_load((REPO / "configs" / "multilingual.yaml").read_text())["calibration"]
+    table = yaml.safe_load((REPO / named).read_text())["gopher_quality"]["per_language"]
+    fw = read_fineweb2(fineweb2_configs).values["gopher_quality"]
+    langs = sorted(set(table) & set(fw))
+    ours = [table[x].get("max_non_alpha_words_ratio", 0.8) for x in langs]
+    theirs = [fw[x]["max_non_alpha_words_ratio"] for x in langs]
+    assert len(langs) >= 170
+    assert statistics.correlation(ours, theirs) >= 0.6

@@ -9,12 +9,16 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 import tracemalloc
 import zlib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gristmill.pipeline.commoncrawl import DownloadError, Fetcher, gzip_problem, list_wet_paths
 
@@ -516,3 +520,52 @@ def test_gzip_problem_memory_is_bounded(tmp_path, wet_files):
         finally:
             tracemalloc.stop()
         assert peak < 16 << 20, (path.name, peak)
+
+
+# --- offline -----------------------------------------------------------------------------------
+
+#: `.invalid` is reserved (RFC 6761): its names never resolve, and the lookup fails without a network
+UNRESOLVABLE = "http://data.commoncrawl.invalid"
+
+
+def test_a_name_that_does_not_resolve_fails_at_once(tmp_path, log_lines):
+    f = Fetcher(tmp_path / "c", retries=8, backoff=0.001, max_backoff=0.01, timeout=5)
+    url = f"{UNRESOLVABLE}/crawl-data/{C14}/wet.paths.gz"
+    with pytest.raises(DownloadError) as exc:
+        list_wet_paths(UNRESOLVABLE, C14, files=1, fetcher=f)
+    assert str(exc.value).startswith(f"{url}: name resolution failed (offline?)")
+    assert "\n" not in str(exc.value)
+    assert not [line for line in log_lines if "retrying" in line]  # not one retry
+    assert not (f.cache_dir / f"crawl-data/{C14}/wet.paths.gz").exists()
+
+
+def test_a_refused_connection_is_still_retried(tmp_path, log_lines):
+    """A port with no server behind it: the network is there, the server is not (yet)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens on it
+    f = Fetcher(tmp_path / "c", retries=2, backoff=0.001, max_backoff=0.01, timeout=5)
+    url = f"http://127.0.0.1:{port}/crawl-data/{C14}/wet.paths.gz"
+    with pytest.raises(DownloadError, match=re.escape(f"giving up on {url} after 3 attempts")):
+        f.local_path(url)
+    assert len([line for line in log_lines if "retrying" in line]) == 2
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_plan_and_run_offline_say_so_in_one_line(tmp_path, command):
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "input": {
+            "commoncrawl": {"crawl": C14, "files": 2, "base_url": UNRESOLVABLE, "cache_dir": str(tmp_path / "cache")}
+        },
+        "steps": ["gopher_quality"],
+    }
+    path = tmp_path / "cc.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", command, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2, res.stderr
+    (line,) = res.stderr.splitlines()  # the resolver's own words follow, e.g. "Name or service not known"
+    assert line.startswith(f"error: {UNRESOLVABLE}/crawl-data/{C14}/wet.paths.gz: name resolution failed (offline?)")
+    assert not (tmp_path / "run").exists()

@@ -5,6 +5,7 @@ they used; `pipeline plan` projects a run before it starts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,9 @@ def _cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        # a clean environment, but the data the configs name (${GRISTMILL_DATA:-../shared/data})
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
+        | {k: v for k, v in os.environ.items() if k == "GRISTMILL_DATA"},
     )
 
 
@@ -131,3 +134,26 @@ def test_pipeline_plan_flags_what_does_not_fit(tmp_path):
     r = _cli("plan", str(path), "--files", "90000")
     assert r.returncode == 1
     assert "✗ 09_near_dedup_cluster" in r.stdout or "near_dedup_cluster: needs" in r.stdout, r.stdout
+
+
+def test_a_tasks_peak_memory_is_its_own_not_its_parents():
+    """A task's recorded peak RSS is its own process's: `ru_maxrss` inherits the high-water mark
+    of the process that started it (the kernel keeps it across exec), so a task started by a
+    parent holding 600 MB would report at least 600 MB while holding ~30."""
+    held = bytearray(600 << 20)
+    held[:: 1 << 12] = b"\1" * len(held[:: 1 << 12])  # touch every page: resident
+    probe = (
+        "import json, resource; from gristmill.pipeline.usage import _rss_mb; "
+        "ru = resource.getrusage(resource.RUSAGE_SELF); print(json.dumps([ru.ru_maxrss / 1024, _rss_mb(ru)]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    inherited, own = json.loads(res.stdout)
+    assert inherited > 600  # what getrusage alone reports on Linux
+    assert own < 200  # the task's own: an interpreter with gristmill.pipeline.usage imported
+    del held

@@ -177,3 +177,79 @@ def test_tokenize_is_placed_by_the_loop_like_any_global_step(tmp_path, wet_files
     assert stages[3].pipeline[0].folder == stages[5].pipeline[0].folder == stages[2].output
     section = _cfg(tmp_path, wet_files, lid_model, steps).resolved() | {"tokenize": tokenize}
     assert [s.label for s in planner_mod.plan(from_dict(section))] == [s.label for s in stages]
+
+
+# --- how many tasks ----------------------------------------------------------------------------
+
+
+def test_tasks_above_the_bound_are_refused_with_the_reason(tmp_path, wet_files):
+    cfg = tmp_path / "crawl.yaml"
+    cfg.write_text(
+        f"run_dir: {tmp_path / 'run'}\nexecutor: {{tasks: 100000}}\n"
+        f"input: {{paths: {[str(p) for p in wet_files]}}}\nsteps: [gopher_quality]\n"
+    )
+    for command in ("validate", "run"):
+        res = subprocess.run(
+            [sys.executable, "-m", "gristmill.cli", command, str(cfg)], capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.splitlines() == [
+            f"error: {cfg}: 1 error(s)",
+            "  executor.tasks: at most 10,000, got 100,000: stages that shuffle (near_dedup, tokenize) write "
+            "tasks x tasks files (10,000,000,000); a whole Common Crawl snapshot runs on 4,000",
+        ]
+    assert not (tmp_path / "run").exists()
+    assert from_dict({"input": {"paths": ["x"]}, "executor": {"tasks": 10_000}}).executor.tasks == 10_000
+
+
+def test_curate_runs_one_task_per_input_file_at_most_and_says_so(tmp_path, wet_files, lid_model):
+    from loguru import logger
+
+    steps = ["gopher_quality", {"exact_dedup": {"capacity": 100_000}}]
+    data = {
+        "run_dir": str(tmp_path / "run"),
+        "executor": {"tasks": 50},
+        "input": {"paths": [str(p) for p in wet_files]},
+        "steps": steps,
+    }
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    try:
+        stages = planner_mod.plan(from_dict(data))
+        default = planner_mod.plan(from_dict({**data, "executor": {}}))  # 4 tasks, not asked for: no word
+    finally:
+        logger.remove(sink)
+    assert [(s.name, s.tasks) for s in stages][:2] == [("curate", 2), ("exact_dedup_hash", 50)]
+    assert stages[0].work.documents_per_task == stages[1].work.documents_per_task * 25  # estimated per real task
+    warned = [line for line in lines if "executor.tasks" in line]
+    assert len(warned) == 1 and warned[0].rstrip().endswith(
+        "executor.tasks: 50 tasks for 2 input files; the curate stage runs 2 (a task reads whole files), "
+        "the stages after it 50"
+    )
+    assert default[0].tasks == 2 and default[1].tasks == 4
+    # without files to count (`pipeline plan --gb`), the setting stands
+    assert planner_mod.plan(from_dict(data), input_size=1e9, sources=[], check_memory=False)[0].tasks == 50
+
+
+def test_a_run_with_more_tasks_than_files_starts_a_process_per_file(tmp_path, wet_files):
+    """A real run: 8 tasks asked for, 2 WET files; two task processes, the same documents as 2 tasks."""
+    outputs = {}
+    for tasks in (8, 2):
+        run_dir = tmp_path / f"t{tasks}"
+        cfg = tmp_path / f"t{tasks}.yaml"
+        cfg.write_text(
+            f"run_dir: {run_dir}\nexecutor: {{tasks: {tasks}, workers: 2}}\n"
+            f"input: {{paths: {[str(p) for p in wet_files]}}}\nsteps: [gopher_quality]\n"
+        )
+        res = subprocess.run(
+            [sys.executable, "-m", "gristmill.cli", "run", str(cfg)], capture_output=True, text=True, timeout=600
+        )
+        assert res.returncode == 0, res.stderr
+        warned = [line for line in res.stderr.splitlines() if "executor.tasks" in line]
+        assert len(warned) == (1 if tasks == 8 else 0), res.stderr
+        assert sorted(p.name for p in (run_dir / "01_curate" / "logs").glob("task_*.log")) == [
+            "task_00000.log",
+            "task_00001.log",
+        ]
+        outputs[tasks] = pq.read_table(run_dir / "01_curate" / "output").to_pylist()
+    assert outputs[8] == outputs[2] and len(outputs[2]) > 100

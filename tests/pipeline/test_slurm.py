@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,14 @@ import pytest
 
 from gristmill.config import from_dict
 from gristmill.core.parquet_io import FAIL_TASK_ENV
+from gristmill.pipeline.executors import cluster_array_limit
 from gristmill.pipeline.runner import StageFailed, run
 from gristmill.pipeline.status import stage_statuses
 
 from . import test_planner  # noqa: F401  (defines and registers the `keep_longest` step)
 
-pytestmark = pytest.mark.slurm
+# one cluster: under xdist (`--dist loadgroup`) every Slurm test runs on one worker, one at a time
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,9 +33,29 @@ def slurm_cluster(shared_data):
         )
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster runs as root")
-    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600)
+    # every Slurm test runs on a cluster of small job arrays, so that a stage of a dozen tasks is
+    # several arrays, as a 4,000-task stage is on a cluster of MaxArraySize=1001
+    env = {**os.environ, "SLURM_LOCAL_MAX_ARRAY_SIZE": str(MAX_ARRAY_SIZE)}
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, f"could not start Slurm: {res.stderr[-2000:]}"
+    if cluster_array_limit() != MAX_ARRAY_SIZE:  # running since before, with another MaxArraySize
+        _restart_when_idle(script, env)
     return "debug"
+
+
+MAX_ARRAY_SIZE = 5
+
+
+def _restart_when_idle(script: Path, env: dict) -> None:
+    """slurmctld reads MaxArraySize when it starts (`scontrol reconfigure` reports the new value
+    but still takes arrays of the old size); stopping cancels every job, so wait for an empty
+    queue first: the cluster is shared by whoever runs Slurm tests on this machine."""
+    assert _wait_for(lambda: not subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip(), 600)
+    stop = script.with_name("stop-local-slurm.sh")
+    subprocess.run(["bash", str(stop)], capture_output=True, text=True, timeout=300, check=True)
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, f"could not restart Slurm: {res.stderr[-2000:]}"
+    assert cluster_array_limit() == MAX_ARRAY_SIZE
 
 
 def _cfg(run_dir, wet_files, lid_model, executor, steps=None):
@@ -113,6 +136,15 @@ def _wait_for(predicate, timeout=300, poll=1.0):
     return False
 
 
+def _release_requeue_hold(job: str) -> None:
+    """A requeued job may start again only after Slurm's credential lifetime (slurm.conf
+    `AuthInfo=cred_expire`, 120 s by default): let it start now. The test is about the job
+    requeueing itself and resuming, not about the cluster's hold."""
+    state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.split()
+    if state == ["PENDING", "BeginTime"]:
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+
+
 def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_files, lid_model, slurm_cluster):
     """curate → tokenize → 2 CPU processes under `srun torchrun`: killed and resubmitted, then
     preempted (SIGUSR1: checkpoint, requeue); each time it resumes from its last checkpoint."""
@@ -160,7 +192,7 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     assert _wait_for(lambda: log.is_file() and "resumed from" in log.read_text(), timeout=300)
     assert _wait_for(lambda: max(saved_steps()) > killed_at + 5)
     subprocess.run(["scancel", "--signal=USR1", "--batch", second], check=True)
-    wait_until_gone([second], poll_s=3)
+    wait_until_gone([second], poll_s=1, on_poll=lambda: _release_requeue_hold(second))
     text = log.read_text()
     assert "SIGUSR1: checkpoint and requeue" in text and "preempted: checkpoint of step" in text
     assert "(restart 1)" in text and text.count("resumed from") == 2
@@ -168,3 +200,152 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["steps"] == 80
     assert [s.state for s in stage_statuses(run_dir)][-1] == "complete"
+
+
+# --- stages wider than one job array -------------------------------------------------------------
+
+
+def _wide_cfg(run_dir, wet_files, lid_model, executor):
+    """curate (2 tasks: one per WET file) → exact dedup's hash, find and filter stages, each of
+    `executor.tasks`: three wide stages in a chain, each depending on the one before."""
+    steps = [{"langid": {"model": str(lid_model), "languages": None}}, {"exact_dedup": {"capacity": 100_000}}]
+    return _cfg(run_dir, wet_files, lid_model, executor, steps)
+
+
+def _job(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out.splitlines()[0]))
+
+
+@pytest.fixture
+def cancel_jobs_of(tmp_path):
+    """Runs whose jobs are cancelled when the test ends, passed or failed: the cluster is shared."""
+    runs: list[Path] = []
+    yield runs.append
+    ids = []
+    for r in runs:
+        if (r / "slurm_jobs.json").is_file():
+            ids += [j for v in json.loads((r / "slurm_jobs.json").read_text()).values() for j in v.split(":")]
+    ids = [j for j in ids if j != "-1"]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+
+
+def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
+    tmp_path, wet_files, lid_model, slurm_cluster, cancel_jobs_of
+):
+    """12 tasks a stage on a cluster of MaxArraySize 5 (the config says 1001: the cluster's limit
+    wins): arrays of 5, 5 and 2 tasks, submitted side by side; the next stage waits afterok on
+    all three. One task of the first array cancelled: everything after it is cancelled (afterok
+    on the last array alone would have let it run), and a re-run submits that one task and the
+    stages after it; the result equals a local run."""
+    tasks = 2 * MAX_ARRAY_SIZE + 2
+    executor = {**SLURM, "tasks": tasks, "slurm": {**SLURM["slurm"], "max_array_size": 1001}}
+    cfg = _wide_cfg(tmp_path / "run", wet_files, lid_model, executor)
+    cancel_jobs_of(tmp_path / "run")
+    run(cfg)  # submits every stage and returns
+    jobs = json.loads((tmp_path / "run" / "slurm_jobs.json").read_text())
+    assert list(jobs) == ["01_curate", "02_exact_dedup_hash", "03_exact_dedup_find", "04_exact_dedup_filter"]
+    arrays = {label: ids.split(":") for label, ids in jobs.items()}
+    assert [len(a) for a in arrays.values()] == [1, 3, 3, 3]
+    queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T"], capture_output=True, text=True).stdout.split("\n")
+    print("\n".join(line for line in queued if line.split("_")[0] in {j for a in arrays.values() for j in a}))
+    hash_arrays = arrays["02_exact_dedup_hash"]
+    info = {j: _job(j) for a in list(arrays.values())[1:] for j in a}
+    for label, before in zip(list(arrays)[1:], list(arrays)[:-1]):
+        for j in arrays[label]:
+            print(label, j, info[j]["ArrayTaskId"], info[j]["Dependency"])
+            # every array of the stage before, afterok: "afterok:101_*(unfulfilled),afterok:102_*(...)"
+            assert sorted(re.findall(r"afterok:(\d+)_\*", info[j]["Dependency"])) == sorted(arrays[before]), info[j]
+    assert [info[j]["ArrayTaskId"] for j in hash_arrays] == ["0-4", "0-4", "0-1"]
+    assert all(info[j]["JobState"] == "PENDING" for j in hash_arrays)  # curate has not finished
+
+    # cancel rank 1 of the hash stage (task 1 of its first array) while it waits for curate
+    subprocess.run(["scancel", f"{hash_arrays[0]}_1"], check=True)
+    from gristmill.pipeline.slurm_state import wait_until_gone
+
+    wait_until_gone([j for a in arrays.values() for j in a])
+    run_dir = tmp_path / "run"
+    statuses = {s.label: s for s in stage_statuses(run_dir)}
+    assert statuses["01_curate"].state == "complete"
+    assert statuses["02_exact_dedup_hash"].completed == tasks - 1
+    assert statuses["02_exact_dedup_hash"].state == "incomplete"
+    assert not (run_dir / "02_exact_dedup_hash" / "completions" / "00001").exists()
+    for later in ("03_exact_dedup_find", "04_exact_dedup_filter"):
+        assert statuses[later].completed == 0 and statuses[later].state.startswith("cancelled"), statuses[later]
+    done = {p.name: p.stat().st_mtime_ns for p in (run_dir / "02_exact_dedup_hash" / "completions").iterdir()}
+
+    merged = run(cfg, wait=True)  # resubmits what is missing
+    assert json.loads((run_dir / "02_exact_dedup_hash" / "ranks_to_run.json").read_text()) == [1]
+    rerun = json.loads((run_dir / "slurm_jobs.json").read_text())
+    assert rerun["01_curate"] == "-1" and len(rerun["02_exact_dedup_hash"].split(":")) == 1
+    assert [len(rerun[k].split(":")) for k in ("03_exact_dedup_find", "04_exact_dedup_filter")] == [3, 3]
+    completions = run_dir / "02_exact_dedup_hash" / "completions"
+    assert {n: (completions / n).stat().st_mtime_ns for n in done} == done  # the others did not run again
+    assert [s.state for s in stage_statuses(run_dir)] == ["complete"] * 4
+
+    local = run(_wide_cfg(tmp_path / "local", wet_files, lid_model, {"type": "local", "tasks": tasks, "workers": 2}))
+    for stage in ("01_curate", "04_exact_dedup_filter"):
+        assert _outputs(run_dir / stage) == _outputs(tmp_path / "local" / stage), stage
+    assert _outputs(run_dir / "04_exact_dedup_filter")
+    assert [s["tasks_completed"] for s in merged["stages"]] == [s["tasks_completed"] for s in local["stages"]]
+
+
+def test_an_array_larger_than_the_cluster_takes_is_refused_in_one_line(tmp_path, wet_files, lid_model, slurm_cluster):
+    """An executor built past the cluster's limit (as a config of 1001 would be without the
+    cluster's limit applied): sbatch's refusal, in one line naming the stage and array."""
+    from gristmill.pipeline.executors import SlurmSubmitFailed, make_slurm_executor
+    from gristmill.pipeline.planner import plan
+
+    cfg = _cfg(tmp_path / "run", wet_files, lid_model, {**SLURM, "tasks": 2})
+    stage = plan(cfg)[0]
+    stage.folder.mkdir(parents=True)
+    ex = make_slurm_executor(stage, cfg.executor.slurm, None)
+    assert ex.max_array_size == MAX_ARRAY_SIZE  # the config's 1001, limited to the cluster's
+    ex.max_array_size = MAX_ARRAY_SIZE + 1
+    ex.tasks = MAX_ARRAY_SIZE + 3
+    with pytest.raises(SlurmSubmitFailed) as e:
+        ex.launch_job()
+    assert re.fullmatch(
+        rf"stage gristmill-curate: sbatch refused array 1 of 2 \(--array=0-{MAX_ARRAY_SIZE}\): .*"
+        r"Invalid job array specification",
+        str(e.value),
+    ), str(e.value)
+
+
+def test_max_array_size_follows_the_cluster(slurm_cluster):
+    from gristmill.config import ConfigError
+    from gristmill.pipeline.executors import array_size
+
+    assert cluster_array_limit() == MAX_ARRAY_SIZE  # read from `scontrol show config`
+    assert array_size(1001, MAX_ARRAY_SIZE) == MAX_ARRAY_SIZE  # the config's 1001: the cluster's 5
+    assert array_size(3, MAX_ARRAY_SIZE) == 3  # a smaller setting stands
+    assert array_size(1001, None) == 1001  # no scontrol: sbatch will say
+    with pytest.raises(ConfigError, match=r"^executor\.type: slurm: this cluster takes no job arrays"):
+        array_size(1001, 0)
+
+
+@pytest.mark.parametrize("max_array", [5, 1001])
+def test_sbatch_lines_of_a_crawl_wide_stage(max_array):
+    """4,000 tasks a stage (configs/slurm-crawl.yaml): every rank in exactly one array task under
+    datatrove's mapping (array k, task i → entry k·max_array + i of ranks_to_run.json), and the
+    dependency on 800 arrays of the stage before well inside the kernel's limit of one argument."""
+    from gristmill.pipeline.executors import array_submissions
+
+    tasks = 4000
+    before = [str(10_000_000 + 7 * k) for k in range(-(-tasks // max_array))]  # 8-digit job ids
+    dependency = "afterok:" + ":".join(before)
+    arrays = array_submissions(tasks, max_array, dependency)
+    assert len(arrays) == -(-tasks // max_array) == (800 if max_array == 5 else 4)
+    ranks = []
+    for k, args in enumerate(arrays):
+        spec, export, dep = args
+        first, last = map(int, re.fullmatch(r"--array=(\d+)-(\d+)", spec).groups())
+        assert first == 0 and last < max_array  # indices below MaxArraySize
+        assert export == f"--export=ALL,RUN_OFFSET={k}" and dep == f"--dependency={dependency}"
+        ranks += [k * max_array + i for i in range(first, last + 1)]
+    assert ranks == list(range(tasks))
+    longest = max(len(a.encode()) for args in arrays for a in args)
+    assert longest < 131072  # MAX_ARG_STRLEN: one argument of execve
+    assert sum(len(a) + 1 for a in ["sbatch", "--parsable", *arrays[0]]) < os.sysconf("SC_ARG_MAX")
+    print(f"{len(arrays)} arrays; --dependency on {len(before)} arrays: {len(arrays[0][2])} bytes")

@@ -58,10 +58,10 @@ def test_plan_has_the_parallel_stages(tmp_path, wet_files, tokenizer_files):
         "06_shards",
         "07_manifest",
     ]
-    assert [s.tasks for s in stages] == [4, 2, 1, 2, 1, 5, 1]
+    assert [s.tasks for s in stages] == [2, 2, 1, 2, 1, 5, 1]  # curate: one task per WET file at most
     assert stages[3].pipeline[1].buckets == 5  # encode tasks write one bucket per shard task
     del cfg["tokenize"]["shard_tasks"]
-    assert [s.tasks for s in plan(from_dict(cfg))] == [4, 2, 1, 2, 1, 2, 1]  # default: the encode tasks
+    assert [s.tasks for s in plan(from_dict(cfg))] == [2, 2, 1, 2, 1, 2, 1]  # default: the encode tasks
 
 
 def test_buckets_are_ordered_key_ranges():

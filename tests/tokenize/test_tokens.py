@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from datatrove.data import Document
 
 from gristmill.config import ConfigError, from_dict
 from gristmill.pipeline.planner import plan
@@ -94,7 +95,7 @@ def test_plan_puts_token_stages_last(tmp_path, gpt2_cfg):
         "06_shards",
         "07_manifest",
     ]
-    assert [s.tasks for s in stages] == [4, 4, 1, 4, 1, 4, 1]
+    assert [s.tasks for s in stages] == [2, 4, 1, 4, 1, 4, 1]  # curate: one task per WET file at most
     assert stages[1].pipeline[0].folder == stages[3].pipeline[0].folder == stages[0].output
 
 
@@ -142,6 +143,7 @@ def test_manifest_counts_equal_what_shards_hold(which, request):
     assert sorted(p.name for p in root.iterdir()) == sorted(
         ["manifest.json", "tokenizer.json", *(e["path"] for e in m["shards"])]
     )
+    open_tokens(root).check()  # the check of inspect, export and training: tokenizer, shards, ids
 
 
 @pytest.mark.parametrize("which", RUNS)
@@ -247,25 +249,37 @@ def test_tampered_or_truncated_shard_is_named(tmp_path, gpt2_run):
         open_tokens(root, verify=False).shard("train-00001.arrow")
 
 
+def _edit_manifest(root: Path, edit) -> None:
+    manifest = json.loads((root / "manifest.json").read_text())
+    edit(manifest)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _put_id_beyond_the_vocabulary(root: Path) -> str:
+    """Token 1234 of train-00001.arrow set to 60000 (fits uint16, beyond GPT-2's 50257), and the
+    manifest's sha256 made to match; returns the pattern of the error that names it."""
+    victim = root / "train-00001.arrow"
+    table = pa.ipc.open_file(pa.BufferReader(victim.read_bytes())).read_all()  # not mapped: rewritten below
+    col = table.column("tokens").chunk(0)
+    values = col.values.to_numpy().copy()
+    values[1234] = 60000
+    tokens = pa.LargeListArray.from_arrays(col.offsets, pa.array(values, type=pa.uint16()))
+    with pa.OSFile(str(victim), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_batch(pa.record_batch([tokens, table.column("id").chunk(0)], schema=table.schema))
+    _edit_manifest(
+        root, lambda m: next(e for e in m["shards"] if e["path"] == victim.name).update(sha256=sha256_file(victim))
+    )
+    doc = int(np.searchsorted(col.offsets.to_numpy(), 1234, side="right")) - 1
+    return rf"train-00001\.arrow: token id 60000 \(document {doc}, .*\) is not below the vocabulary size 50257"
+
+
 def test_ids_beyond_the_vocabulary_fail_inspect(tmp_path, gpt2_run):
     """A shard with an id the tokenizer does not have, and a manifest written for it (so its
     sha256 verifies): `tokens inspect` names the shard, the id and the vocabulary size."""
     root = tmp_path / "tokens"
     shutil.copytree(gpt2_run / "tokens", root)
-    victim = root / "train-00001.arrow"
-    table = pa.ipc.open_file(pa.BufferReader(victim.read_bytes())).read_all()  # not mapped: rewritten below
-    col = table.column("tokens").chunk(0)
-    values = col.values.to_numpy().copy()
-    values[1234] = 60000  # fits uint16, beyond GPT-2's 50257
-    tokens = pa.LargeListArray.from_arrays(col.offsets, pa.array(values, type=pa.uint16()))
-    with pa.OSFile(str(victim), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-        w.write_batch(pa.record_batch([tokens, table.column("id").chunk(0)], schema=table.schema))
-    manifest = json.loads((root / "manifest.json").read_text())
-    next(e for e in manifest["shards"] if e["path"] == victim.name)["sha256"] = sha256_file(victim)
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    want = _put_id_beyond_the_vocabulary(root)
     open_tokens(root)  # the sha256 checks pass: only the id check can object
-    doc = int(np.searchsorted(col.offsets.to_numpy(), 1234, side="right")) - 1
-    want = rf"train-00001\.arrow: token id 60000 \(document {doc}, .*\) is not below the vocabulary size 50257"
     with pytest.raises(TokenShardError, match=want):
         open_tokens(root).check()
     open_tokens(root).check("val")  # the other split is sound
@@ -347,6 +361,105 @@ def test_export_bin_is_the_train_stream(tmp_path, gpt2_run):
     assert f"{toks.manifest['totals']['tokens']:,}" in shown.stdout and "document lengths" in shown.stdout
 
 
+def _ids_beyond_the_vocabulary(root: Path, tmp: Path) -> str:
+    return _put_id_beyond_the_vocabulary(root)
+
+
+def _manifest_vocab_below_the_tokenizers(root: Path, tmp: Path) -> str:
+    _edit_manifest(root, lambda m: m["tokenizer"].update(vocab_size=50000))
+    return (
+        r"tokens/manifest\.json: tokenizer\.vocab_size is 50000, but \S+/tokenizer\.json holds ids up to 50256"
+        r" \(vocabulary size 50257\)"
+    )
+
+
+def _manifest_vocab_below_the_ids(root: Path, tmp: Path) -> str:
+    """A smaller tokenizer put in, and the manifest's sha256 and vocab_size made to match it: every
+    file agrees with the manifest, only the ids can tell."""
+    small = tokenizer.train(["the shards were written with another tokenizer"] * 20, 300)
+    (root / "tokenizer.json").write_text(small.to_str())
+    size = max(small.get_vocab(with_added_tokens=True).values()) + 1
+    _edit_manifest(root, lambda m: m["tokenizer"].update(vocab_size=size, sha256=sha256_file(root / "tokenizer.json")))
+    return rf"train-00000\.arrow: token id \d+ \(document \d+, token \d+; .*\) is not below the vocabulary size {size}"
+
+
+def _tokenizer_swapped(root: Path, tmp: Path) -> str:
+    data = Path(os.environ.get("GRISTMILL_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+    shutil.copyfile(data / "tokenizers/gpt-neox/tokenizer.json", root / "tokenizer.json")
+    return r"tokens/tokenizer\.json: sha256 [0-9a-f]{64} does not match manifest\.json"
+
+
+def _shard_path_leaves_the_directory(root: Path, tmp: Path) -> str:
+    (root / "train-00001.arrow").rename(tmp / "elsewhere.arrow")
+    _edit_manifest(root, lambda m: m["shards"][1].update(path="../elsewhere.arrow"))
+    return r"tokens/manifest\.json: shards\[1\]\.path '\.\./elsewhere\.arrow' leads outside the token directory"
+
+
+LIES = [
+    _ids_beyond_the_vocabulary,
+    _manifest_vocab_below_the_tokenizers,
+    _manifest_vocab_below_the_ids,
+    _tokenizer_swapped,
+    _shard_path_leaves_the_directory,
+]
+
+
+@pytest.mark.parametrize("lie", LIES, ids=lambda f: f.__name__.strip("_"))
+def test_export_refuses_what_inspect_refuses_and_writes_nothing(tmp_path, gpt2_run, lie):
+    """Every lie of a token directory: `tokens export` stops with the line `tokens inspect` prints
+    (one check, `TokenDir.check`), exit 2, and an earlier export at the output path is untouched."""
+    root = tmp_path / "tokens"
+    shutil.copytree(gpt2_run / "tokens", root)
+    want = lie(root, tmp_path)
+    out = tmp_path / "train.bin"
+    out.write_bytes(b"an earlier export")
+    lines = {}
+    for cmd in (["export", str(root), "-o", str(out)], ["inspect", str(root)]):
+        res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", *cmd], capture_output=True, text=True)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and re.search(want, res.stderr), res.stderr
+        lines[cmd[0]] = res.stderr
+    assert lines["export"] == lines["inspect"]
+    assert out.read_bytes() == b"an earlier export"
+    left = {p.name for p in tmp_path.iterdir() if p.is_file()} - {"elsewhere.arrow"}  # the moved shard
+    assert left == {"train.bin"}  # no train.bin.tmp
+
+
+def test_export_cut_short_leaves_no_partial_file(tmp_path, gpt2_run):
+    """A disk that fills mid-export (here a file size limit): the error names the output, no
+    half-written file is left behind, and the earlier export is untouched."""
+    import resource
+
+    out = tmp_path / "train.bin"
+    out.write_bytes(b"an earlier export")
+    limit = 64 * 1024  # well below the split's size (checked below), far above anything else written
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "tokens", "export", str(gpt2_run), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )
+    assert open_tokens(gpt2_run).manifest["splits"]["train"]["tokens"] * 2 > 10 * limit
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: File too large: {out}"], res.stderr
+    assert out.read_bytes() == b"an earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.bin"]
+
+
+def test_export_names_a_split_the_manifest_lacks(tmp_path, gpt2_run):
+    out = tmp_path / "x.bin"
+    res = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "tokens", "export", str(gpt2_run), "--split", "test", "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and not out.exists(), res.stderr
+    assert re.fullmatch(
+        r"error: --split test: \S+/manifest\.json has no shards of this split \(it has: train, val\)\n", res.stderr
+    ), res.stderr
+
+
 def test_tokenize_config_errors_name_the_key(tmp_path, wet_files):
     cfg = config(tmp_path / "e", wet_files, {"path": "x", "train": {"vocab_size": 512}})
     with pytest.raises(ConfigError, match=r"tokenize.tokenizer: give exactly one of `path`"):
@@ -404,3 +517,23 @@ def test_tokenizer_reads_the_samples_merged_and_stops_at_the_budget(wet_files, t
             assert read_bytes < budget + max(len(d.text.encode()) for d in docs)
         else:
             assert len(read) == len(docs)
+
+
+def test_a_failed_encode_task_leaves_no_bucket_file(tmp_path, gpt2_run):
+    """A failure while a task encodes (the encoder, or a step before it) removes the bucket files
+    it had started: a half-written `.arrow.tmp` would otherwise sit in the stage folder."""
+    from gristmill.tokenize.stages import EncodeStep
+
+    tokenizer_folder = next(gpt2_run.glob("*_tokenizer")) / "output"
+    step = EncodeStep(tokenizer_folder, seed=0, val_fraction=0.1, threads=1, batch_docs=2, buckets=3)
+    step.stage_folder = tmp_path
+
+    def documents():
+        for i, text in enumerate(list(curated(gpt2_run).values())[:5]):
+            yield Document(text=text, id=f"doc-{i}")
+        raise RuntimeError("the step before encode failed")
+
+    with pytest.raises(RuntimeError, match="the step before encode failed"):
+        list(step.run(documents(), 0, 1))
+    assert step.stats["documents"].total == 4  # two batches were written before the failure
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []

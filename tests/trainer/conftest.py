@@ -11,11 +11,22 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.conftest import made_once
+
 EOS = 1
 
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tokenizer_json(vocab: int, prefix: str = "t") -> str:
+    """A word-level tokenizer of ids 0..vocab-1: the reader checks the manifest's vocab_size
+    against its tokenizer. Another `prefix` gives another tokenizer of the same size."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    return Tokenizer(WordLevel({f"<{prefix}{i}>": i for i in range(vocab)}, unk_token=f"<{prefix}0>")).to_str()
 
 
 def write_token_dir(
@@ -32,7 +43,7 @@ def write_token_dir(
 
         docs = {"train": [doc() for _ in range(160)], "val": [doc() for _ in range(30)]}
     root.mkdir(parents=True, exist_ok=True)
-    (root / "tokenizer.json").write_text("{}")
+    (root / "tokenizer.json").write_text(tokenizer_json(vocab))
     shards = []
     schema = pa.schema(
         [
@@ -90,7 +101,7 @@ def write_token_dir(
 
 @pytest.fixture(scope="session")
 def token_dir(tmp_path_factory) -> Path:
-    return write_token_dir(tmp_path_factory.mktemp("tokens") / "tokens")
+    return made_once(tmp_path_factory, "trainer-tokens", lambda out: write_token_dir(out / "tokens")) / "tokens"
 
 
 STEPS = 6
@@ -127,7 +138,8 @@ def baseline(token_dir, tmp_path_factory) -> Path:
     """STEPS steps of the tiny model in one go, checkpoints at steps 3 and 6 (read-only: copy it)."""
     from gristmill.trainer.train import train
 
-    out = tmp_path_factory.mktemp("train") / "full"
-    summary = train(tiny_cfg(token_dir, STEPS), out)
-    assert summary["steps"] == STEPS
-    return out
+    def make(folder: Path) -> None:
+        summary = train(tiny_cfg(token_dir, STEPS), folder / "full")
+        assert summary["steps"] == STEPS
+
+    return made_once(tmp_path_factory, "trainer-baseline", make) / "full"

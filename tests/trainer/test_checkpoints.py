@@ -4,6 +4,7 @@ ranks, which must take the same checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -177,3 +178,174 @@ def test_two_ranks_take_the_same_checkpoint(token_dir, tmp_path, capfd):
     again = _appended(out, before)
     assert sorted(again) == [4, 5, 6]
     assert [again[s] for s in (4, 5, 6)] == pytest.approx([first[s] for s in (4, 5, 6)], rel=1e-6)
+
+
+# --- checkpoints whose checksums match but whose contents do not fit the run ---------------------
+
+
+def _reseal(path: Path) -> None:
+    """checksums.json recomputed as `save` writes it, so that only the content checks can object."""
+    sums = json.loads((path / ckpt.CHECKSUMS).read_text())
+    for name in sums["files"]:
+        data = (path / name).read_bytes()
+        sums["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (path / ckpt.CHECKSUMS).write_text(json.dumps(sums))
+    assert ckpt.problem(path) is None
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+def _meta_says_step_10_to_the_12(out: Path, token_dir: Path) -> str:
+    path = out / "checkpoints" / "step-00000006"
+    meta = json.loads((path / "meta.json").read_text())
+    meta["step"] = 10**12
+    (path / "meta.json").write_text(json.dumps(meta))
+    _reseal(path)
+    return (
+        r"step-00000006: meta\.json says step 1000000000000, but the directory is step-00000006 and"
+        r" checksums\.json says step 6: meta\.json was edited"
+    )
+
+
+def _beyond_steps(out: Path, token_dir: Path) -> str:
+    """A genuine checkpoint of step 6, and a config whose steps were lowered to 3."""
+    return r"step-00000006: step 6 is beyond steps: 3 \(a checkpoint of a longer run\?"
+
+
+def _meta_renamed_with_its_directory(out: Path, token_dir: Path) -> str:
+    """step-00000003 presented as step 5: directory, meta.json and checksums.json all agree."""
+    old, path = out / "checkpoints" / "step-00000003", out / "checkpoints" / "step-00000005"
+    shutil.rmtree(out / "checkpoints" / "step-00000006")
+    old.rename(path)
+    meta = json.loads((path / "meta.json").read_text())
+    meta["step"] = 5
+    (path / "meta.json").write_text(json.dumps(meta))
+    sums = json.loads((path / ckpt.CHECKSUMS).read_text())
+    (path / ckpt.CHECKSUMS).write_text(json.dumps({**sums, "step": 5}))
+    _reseal(path)
+    return r"step-00000005: meta\.json says step 5, its scheduler state step 3: meta\.json was edited"
+
+
+def _another_model_size(out: Path, token_dir: Path) -> str:
+    shutil.rmtree(out)
+    train(tiny_cfg(token_dir, 3, "model.dim=96"), out)
+    return (
+        r"step-00000003: parameter tok_embeddings\.weight has shape \[300, 96\] in the checkpoint, \[300, 64\] in"
+        r" the model \(and 14 more differences\): a checkpoint of another model\?"
+    )
+
+
+def _more_layers(out: Path, token_dir: Path) -> str:
+    """DCP loads the keys the model asks for: a deeper model's checkpoint loaded its first layers."""
+    shutil.rmtree(out)
+    train(tiny_cfg(token_dir, 3, "model.n_layers=3"), out)
+    return (
+        r"step-00000003: the checkpoint holds parameter layers\.2\.attention\.wo\.weight, the model has none of"
+        r" that name \(and 5 more differences\): a checkpoint of another model\?"
+    )
+
+
+def _missing_key(out: Path, token_dir: Path) -> str:
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    path = out / "checkpoints" / "step-00000006"
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    del metadata.state_dict_metadata["app.model.layers.1.ffn_norm.weight"]
+    (path / ".metadata").write_bytes(pickle.dumps(metadata))
+    _reseal(path)
+    return r"step-00000006: parameter layers\.1\.ffn_norm\.weight is missing from the checkpoint"
+
+
+def _nan_weight(out: Path, token_dir: Path) -> str:
+    """A NaN in the embedding row of a token the batches may never show (the loss stays finite),
+    saved by the trainer itself: a checkpoint whose files are exactly those written."""
+    import torch
+
+    from gristmill.trainer.data import TokenStream
+    from gristmill.trainer.parallel import init_distributed
+    from gristmill.trainer.train import Trainer
+
+    cfg = tiny_cfg(token_dir, STEPS)
+    trainer = Trainer(cfg, d=init_distributed(), stream=TokenStream(token_dir, cfg.data.split), out_dir=out)
+    with torch.no_grad():
+        trainer.model.tok_embeddings.weight[299, 5] = float("nan")
+    trainer.save()
+    trainer.metrics.close()
+    return (
+        r"step-00000006: model\.tok_embeddings\.weight holds NaN or infinite values: training from it cannot"
+        r" recover; resume from an earlier checkpoint"
+    )
+
+
+def _other_seq_len(out: Path, token_dir: Path) -> str:
+    """Resumed with data.seq_len 16: the data loader's own check, raised inside DCP's load."""
+    return r"step-00000006: checkpoint was trained with seq_len 32, config says 16"
+
+
+CONTENT_FAULTS = [
+    _meta_says_step_10_to_the_12,
+    _beyond_steps,
+    _meta_renamed_with_its_directory,
+    _another_model_size,
+    _more_layers,
+    _missing_key,
+    _nan_weight,
+    _other_seq_len,
+]
+
+
+@pytest.mark.parametrize("fault", CONTENT_FAULTS, ids=lambda f: f.__name__.strip("_"))
+def test_checkpoint_that_does_not_fit_the_run_is_one_line(baseline, token_dir, tmp_path, fault):
+    """Checksums consistent, contents wrong: `pipeline train` stops with one line naming the
+    checkpoint and what is wrong, exit code 2, before any step, and deletes nothing."""
+    out = tmp_path / "run"
+    shutil.copytree(baseline, out)
+    want = fault(out, token_dir)
+    steps = 3 if fault is _beyond_steps else STEPS
+    seq_len = 16 if fault is _other_seq_len else 32
+    before = _files(out / "checkpoints")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gristmill.cli",
+            "train",
+            "tiny",
+            "--out",
+            str(out),
+            *("--set", f"data.tokens={token_dir}", "--set", f"steps={steps}", "--set", f"data.seq_len={seq_len}"),
+            *("--set", "checkpoint.every=3", "--set", "log.progress=false", "--set", "log.tensorboard=false"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {out}/checkpoints/"), res.stderr
+    assert re.search(want, lines[0]), lines[0]
+    assert "Traceback" not in res.stdout + res.stderr and "trained" not in res.stdout
+    assert _files(out / "checkpoints") == before
+
+
+def test_export_refuses_a_checkpoint_whose_meta_names_another_model(baseline, tmp_path):
+    from gristmill.trainer.export import load_model
+
+    out = tmp_path / "run"
+    shutil.copytree(baseline, out)
+    path = out / "checkpoints" / "step-00000006"
+    meta = json.loads((path / "meta.json").read_text())
+    meta["model_args"]["n_layers"] = 1
+    (path / "meta.json").write_text(json.dumps(meta))
+    _reseal(path)
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match=r"step-00000006: the checkpoint holds parameter layers\.1\.attention\.wo\.weight, the model has"
+        r" none of that name \(and 5 more differences\): a checkpoint of another model\?",
+    ):
+        load_model(path)

@@ -19,7 +19,7 @@ import pytest
 from gristmill.trainer.launch import write_resolved
 from gristmill.trainer.train import InputError, train
 
-from .conftest import tiny_cfg, write_token_dir
+from .conftest import tiny_cfg, tokenizer_json, write_token_dir
 
 VOCAB, BAD_ID = 300, 4000
 
@@ -88,6 +88,43 @@ def manifest_without_vocab(tmp: Path) -> Path:
     return root
 
 
+def tokenizer_swapped(tmp: Path) -> Path:
+    """Another tokenizer of the same size in place of the one the shards were written with."""
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    (root / "tokenizer.json").write_text(tokenizer_json(VOCAB, prefix="other"))
+    return root
+
+
+def manifest_vocab_below_the_tokenizers(tmp: Path) -> Path:
+    """vocab_size edited down while every id stays below it: only the tokenizer can tell."""
+    docs = {"train": [[5, 6, 7, 8] * 20] * 100, "val": [[5, 6, 7] * 10] * 10}
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=docs)
+    _manifest(root, lambda m: m["tokenizer"].update(vocab_size=100))
+    return root
+
+
+def shard_path_leaves_the_directory(tmp: Path) -> Path:
+    """A shard moved out of the token directory and named `../…` (its sha256 still matches)."""
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    (root / "train-00001.arrow").rename(tmp / "elsewhere.arrow")
+    _manifest(root, lambda m: m["shards"][1].update(path="../elsewhere.arrow"))
+    return root
+
+
+def shard_path_absolute(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    (root / "train-00001.arrow").rename(tmp / "elsewhere.arrow")
+    _manifest(root, lambda m: m["shards"][1].update(path=str(tmp / "elsewhere.arrow")))
+    return root
+
+
+def shard_symlink_leaves_the_directory(tmp: Path) -> Path:
+    root = write_token_dir(tmp / "tokens", vocab=VOCAB, docs=_docs())
+    (root / "train-00001.arrow").rename(tmp / "elsewhere.arrow")
+    (root / "train-00001.arrow").symlink_to(tmp / "elsewhere.arrow")
+    return root
+
+
 FAULTS = {
     ids_beyond_vocab: r"train-00001\.arrow: token id 4000 \(document 17, token 3; largest id 4000\) is not below the"
     r" vocabulary size 300 of manifest\.json",
@@ -99,6 +136,14 @@ FAULTS = {
     not_arrow: r"train-00001\.arrow: not a readable Arrow IPC file",
     manifest_not_json: r"manifest\.json: not valid JSON",
     manifest_without_vocab: r"manifest\.json: tokenizer\.vocab_size: expected a non-negative integer",
+    tokenizer_swapped: r"tokens/tokenizer\.json: sha256 [0-9a-f]{64} does not match manifest\.json \([0-9a-f]{64}\)",
+    manifest_vocab_below_the_tokenizers: r"tokens/manifest\.json: tokenizer\.vocab_size is 100, but \S+/tokenizer\.json"
+    r" holds ids up to 299 \(vocabulary size 300\)",
+    shard_path_leaves_the_directory: r"tokens/manifest\.json: shards\[1\]\.path '\.\./elsewhere\.arrow' leads"
+    r" outside the token directory \(to \S+/elsewhere\.arrow\)",
+    shard_path_absolute: r"tokens/manifest\.json: shards\[1\]\.path '\S+/elsewhere\.arrow' is an absolute path",
+    shard_symlink_leaves_the_directory: r"tokens/manifest\.json: shards\[1\]\.path 'train-00001\.arrow' leads outside"
+    r" the token directory \(to \S+/elsewhere\.arrow\)",
 }
 
 

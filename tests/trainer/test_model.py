@@ -95,7 +95,14 @@ def test_shapes_init_and_flops():
     m.init_weights()
     counted = sum(p.numel() for n, p in m.named_parameters() if not n.startswith(("tok_embeddings", "output")))
     assert counted == a.non_embedding_params()
-    assert a.flops_per_token(2048) == 6 * counted + 12 * 12 * 768 * 2048
+    # MFU's N: every matmul's weights, the output head included (tied or not), counted from the
+    # modules themselves
+    linears = sum(mod.weight.numel() for mod in m.modules() if isinstance(mod, torch.nn.Linear))
+    assert linears == a.matmul_params() == counted - (2 * 12 + 1) * 768 + 32000 * 768
+    assert a.flops_per_token(2048) == 6 * linears + 12 * 12 * 768 * 2048
+    tied = ModelArgs(vocab_size=32000, dim=768, n_layers=12, n_heads=12, tie_embeddings=True)
+    assert tied.matmul_params() == a.matmul_params()  # the tied head is still a matmul
+    assert tied.embedding_params() == a.embedding_params() // 2 == 32000 * 768
     std_wo = m.layers[0].attention.wo.weight.std().item()
     assert 0.02 / (24**0.5) * 0.9 < std_wo < 0.02 / (24**0.5) * 1.1  # scaled init of residual projections
 

@@ -72,9 +72,15 @@ def _numeric_types(annotation: Any) -> set[type]:
 
 
 class Strict(BaseModel):
-    """A config section: unknown keys are errors, and `true` is no number."""
+    """A config section: unknown keys are errors, `true` is no number, and a float is finite.
 
-    model_config = ConfigDict(extra="forbid")
+    NaN compares false with everything, so a `.nan` threshold (a computed calibration file's
+    likeliest fault) would switch its rule off without a word; `.inf` is no threshold either.
+    Every float of every section, nested ones (`[[2, 0.2]]`) included, refuses both; a field
+    for which infinity means something says so with `Field(..., allow_inf_nan=False)`.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -333,6 +339,8 @@ def messages(err: ValidationError, prefix: str, model: type[BaseModel] | None = 
             msgs.extend(_under(_loc(prefix, loc), line) for line in e["ctx"]["lines"])
         elif e["type"] == "value_error":
             msgs.append(f"{where}: {str(e['ctx']['error'])}")
+        elif e["type"] == "finite_number":
+            msgs.append(f"{where}: expected a finite number, got {e['input']!r}")
         else:
             msgs.append(f"{where}: {e['msg'].lower()}, got {e['input']!r}")
     return msgs

@@ -147,9 +147,12 @@ class Filter(Step):
                             self.dropped.offer(doc, reason)
             if self.scores_folder is not None:  # the task's input is exhausted: it finished
                 scores.write(Path(self.scores_folder), rank)
-        finally:
+        except BaseException:  # a later step failed (GeneratorExit) or this one did: no partial sample
             if self.dropped:
-                self.dropped.close()
+                self.dropped.abort()
+            raise
+        if self.dropped:
+            self.dropped.close()
 
 
 class ModelFilter(Filter):

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 
 from gristmill.core.documents import documents_to_table, schema_for, table_to_documents
+from gristmill.core.files import on_failure, remove_quietly
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
 
 ROW_GROUP_DOCS = 2000
@@ -60,6 +61,7 @@ class ParquetFile:
         self.buffer_bytes = 0
         self.rows = 0
         self._writer: pq.ParquetWriter | None = None
+        self.aborted = False
 
     def add(self, doc: Document, size: int | None = None) -> None:
         """Buffer `doc` (`size`: its text's UTF-8 bytes, if known) for the current row group."""
@@ -74,24 +76,40 @@ class ParquetFile:
     def flush(self) -> None:
         if not self.buffer:
             return
-        if self._writer is None:
-            self.tmp.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
-        self._writer.write_table(documents_to_table(self.buffer, self.schema))
+        with on_failure(self.abort, self.path):
+            if self._writer is None:
+                self.tmp.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
+            self._writer.write_table(documents_to_table(self.buffer, self.schema))
         self.rows += len(self.buffer)
         self.buffer = []
         release_arrow_memory(self.buffer_bytes)
         self.buffer_bytes = 0
 
     def close(self) -> None:
+        if self.aborted:  # its failure was raised already
+            return
         self.flush()
-        if self._writer is None:
-            # A task with no kept documents still writes an empty file: "this task ran and
-            # kept nothing" must be distinguishable from "this task never ran".
-            self.tmp.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
-        self._writer.close()
-        os.replace(self.tmp, self.path)
+        with on_failure(self.abort, self.path):
+            if self._writer is None:
+                # A task with no kept documents still writes an empty file: "this task ran and
+                # kept nothing" must be distinguishable from "this task never ran".
+                self.tmp.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
+            self._writer.close()
+            os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the file being written (its task failed): no `.tmp` is left behind. A failed write
+        calls it, then raises naming the file: pyarrow's OSError (a full disk) names none."""
+        self.aborted, self.buffer, self.buffer_bytes = True, [], 0
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 (the same full disk): the task's error is the one to report
+                pass
+            self._writer = None
+        remove_quietly(self.tmp)
 
 
 class ParquetReader(Step):
@@ -195,6 +213,14 @@ class ParquetWriter(Step):
         if self.folder is None or self.schema is None:
             raise RuntimeError("ParquetWriter was never bound to a stage (StageContext.stage binds it)")
         files: dict[str, ParquetFile] = {}
+        try:
+            yield from self._write(data, rank, files)
+        except BaseException:  # a failed task (or one stopped) leaves no `.tmp` file
+            for out in files.values():
+                out.abort()
+            raise
+
+    def _write(self, data: DocumentsPipeline, rank: int, files: dict[str, ParquetFile]) -> DocumentsPipeline:
         fault_after = int(os.environ.get(FAULT_ENV, "0"))
         if os.environ.get(FAIL_TASK_ENV) == str(rank):
             raise RuntimeError(f"injected failure of task {rank} ({FAIL_TASK_ENV})")

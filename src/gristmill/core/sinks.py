@@ -53,6 +53,14 @@ class DroppedSampler:
         self._file.add(doc)
 
     def close(self) -> None:
+        """The task finished: the sample is renamed into place."""
         if self._file is not None:
             self._file.close()
+            self._file = None
+
+    def abort(self) -> None:
+        """The task failed: the partial sample is removed, not renamed into place as if whole
+        (the re-run writes it again)."""
+        if self._file is not None:
+            self._file.abort()
             self._file = None

@@ -35,14 +35,18 @@ if TYPE_CHECKING:
 #: The modules that define gristmill's own YAML steps, imported on first use of the registry.
 #: Other packages add steps through the `gristmill.steps` entry point group (value: a module).
 STEP_MODULES = (
+    "gristmill.filters.url_filter",
     "gristmill.filters.langid",
     "gristmill.filters.gopher_quality",
     "gristmill.filters.gopher_repetition",
     "gristmill.filters.c4_lines",
+    "gristmill.filters.fineweb_quality",
+    "gristmill.filters.pii",
     "gristmill.filters.kenlm",
     "gristmill.filters.quality",
     "gristmill.dedup.exact",
     "gristmill.dedup.near",
+    "gristmill.dedup.decontaminate",
     "gristmill.tokenize.stages",
 )
 _REGISTRY: dict[str, type[Step]] = {}

@@ -47,6 +47,7 @@ from datatrove.data import Document, DocumentsPipeline
 from isal import isal_zlib
 from loguru import logger
 
+from gristmill.core.messages import printable
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
 
 CHUNK = 1 << 20  # bytes read from the file at a time
@@ -59,6 +60,8 @@ SEP = b"\r\n\r\n"
 NEXT_RECORD = b"\r\n\r\nWARC/"
 META = ("url", "date", "crawl", "cc_language", "source", "offset")  # Document.metadata keys
 MAX_HEADER = 1 << 20  # a header block bigger than this is garbage, not a header
+#: problems reported about a record that is still read as a document (not lost: not a drop)
+KEPT_REASONS = frozenset({"bad_content_length", "invalid_utf8"})
 
 
 @dataclass
@@ -361,7 +364,9 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
     elif first.startswith(b"WARC/"):  # an uncompressed WARC: one stream, one "member"
         members = _Members(_plain_stream(f, first))
     else:
-        yield _warn(BadRecord("not_gzip", source, 0, f"starts with {first[:8]!r}"))
+        # what it holds is nobody's business: a glob may have reached /etc/shadow
+        detail = "does not start with a gzip header (1f 8b 08) or WARC/: not a WET file"
+        yield _warn(BadRecord("not_gzip", source, 0, detail))
         return
     pos, crawl = 0, None  # pos: where the next member starts in the decompressed stream
     while not members.done:
@@ -421,7 +426,7 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
 
 def _warn(bad: BadRecord) -> BadRecord:
     where = "file byte" if bad.reason in ("gzip_error", "truncated_member", "garbage") else "byte"
-    logger.warning(f"{bad.source} @ {where} {bad.offset}: {bad.reason} {bad.detail}".rstrip())
+    logger.warning(printable(f"{bad.source} @ {where} {bad.offset}: {bad.reason} {bad.detail}".rstrip()))
     return bad
 
 
@@ -475,7 +480,7 @@ class WetReader(Step):
                             break
             except OSError as e:
                 # one missing or unreadable file must not kill a task over hundreds of files
-                logger.warning(f"{source}: unreadable ({e}); going on with the next file")
+                logger.warning(printable(f"{source}: unreadable ({e}); going on with the next file"))
                 self.stat_update("bad_unreadable_file")
 
     def _documents(self, events: Iterator[WetEvent]) -> DocumentsPipeline:

@@ -109,6 +109,33 @@ class BloomMeta:
     items_inserted: int = 0
 
 
+def read_meta(meta_path: Path) -> BloomMeta:
+    """A slice's `.bloom.json`, or a ValueError naming the file."""
+    try:
+        meta = BloomMeta(**json.loads(meta_path.read_text()))
+    except (ValueError, TypeError) as e:  # not JSON, or not the fields of a BloomMeta
+        raise ValueError(f"{meta_path}: not a Bloom filter's metadata ({e})") from None
+    if not 0 <= meta.block_lo < meta.block_hi <= meta.n_blocks:
+        raise ValueError(f"{meta_path}: block range {meta.block_lo}..{meta.block_hi} outside 0..{meta.n_blocks}")
+    return meta
+
+
+def check_size(path: Path, meta: BloomMeta) -> None:
+    """The bit file holds exactly the blocks its metadata says (a truncated copy would be mapped
+    short, and numpy's error names no file)."""
+    expected = (meta.block_hi - meta.block_lo) * WORDS * 8
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: missing (its metadata {path.name}.json says it holds blocks {meta.block_lo}..{meta.block_hi})"
+        )
+    size = path.stat().st_size
+    if size != expected:
+        raise ValueError(
+            f"{path}: {size} bytes, expected {expected} (blocks {meta.block_lo}..{meta.block_hi} of "
+            f"{BLOCK_BITS // 8} bytes each): truncated or not this filter's bits"
+        )
+
+
 class BloomFilter:
     """A (slice of a) blocked Bloom filter whose bits are the memory-mapped file `path`.
 
@@ -155,7 +182,8 @@ class BloomFilter:
         meta_path = path.with_name(path.name + ".json")
         if not meta_path.is_file():
             raise FileNotFoundError(f"{meta_path}: no Bloom filter metadata beside {path}")
-        meta = BloomMeta(**json.loads(meta_path.read_text()))
+        meta = read_meta(meta_path)
+        check_size(path, meta)
         return cls(path, meta, "r+" if writable else "r")
 
     def _write_meta(self) -> None:

@@ -44,7 +44,7 @@ from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Workload
 from gristmill.dedup import inputs
-from gristmill.dedup.bloom import BLOCK_BITS, BloomFilter, BloomMeta, hash128, size_for
+from gristmill.dedup.bloom import BLOCK_BITS, BloomFilter, BloomMeta, check_size, hash128, read_meta, size_for
 from gristmill.dedup.order import (
     OFFSET_BITS,
     DocKeys,
@@ -112,6 +112,69 @@ def _lines(text: str) -> Iterator[str]:
 
 def _slice_bounds(n_blocks: int, slices: int) -> np.ndarray:
     return np.array([s * n_blocks // slices for s in range(slices + 1)], dtype=np.int64)
+
+
+def filter_slices(folder: str | Path, step: str = "exact_dedup") -> tuple[BloomMeta, list[Path]]:
+    """The slices of an earlier run's `filter/` folder, checked whole: every block of the filter
+    in some slice, every slice's bit file of the size its `.bloom.json` says. Deduplicating
+    against part of a filter would keep, without a word, the documents of the missing blocks."""
+    folder = Path(folder)
+    where = f"{step}.filter_from: {folder}"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{where}: no such directory (an earlier run's <stage>/filter/ folder)")
+    metas = sorted(folder.glob("slice_*.bloom.json"))
+    if not metas:
+        raise FileNotFoundError(f"{where}: no Bloom filter (no slice_*.bloom.json) in it")
+    slices = [(m.with_name(m.name.removesuffix(".json")), read_meta(m)) for m in metas]
+    first = slices[0][1]
+    for path, m in slices:
+        if (m.n_blocks, m.k) != (first.n_blocks, first.k):
+            raise ValueError(
+                f"{where}: {path.name}.json is of a filter of {m.n_blocks} blocks and k={m.k}, "
+                f"{slices[0][0].name}.json of {first.n_blocks} blocks and k={first.k}: not one filter"
+            )
+    named = {path.name for path, _ in slices}
+    stray = sorted(p.name for p in folder.glob("slice_*.bloom") if p.name not in named)
+    if stray:
+        raise ValueError(f"{where}: {', '.join(stray)} without its .bloom.json: which blocks it holds is unknown")
+    gaps, end = [], 0
+    for lo, hi in sorted((m.block_lo, m.block_hi) for _, m in slices):
+        if lo > end:
+            gaps.append((end, lo))
+        end = max(end, hi)
+    if end < first.n_blocks:
+        gaps.append((end, first.n_blocks))
+    if gaps:
+        missing = sum(hi - lo for lo, hi in gaps)
+        names = _missing_slices(slices, first.n_blocks)
+        raise ValueError(
+            f"{where}: incomplete: blocks {', '.join(f'{lo}..{hi}' for lo, hi in gaps[:5])}"
+            f"{' ...' if len(gaps) > 5 else ''} ({missing} of {first.n_blocks}) are in no slice"
+            + (f" ({', '.join(names[:5])}{' ...' if len(names) > 5 else ''} missing)" if names else "")
+            + "; copy the earlier run's whole filter/ folder"
+        )
+    for path, m in slices:
+        check_size(path, m)
+    return first, [path for path, _ in slices]
+
+
+def _missing_slices(slices: list[tuple[Path, BloomMeta]], n_blocks: int) -> list[str]:
+    """Names of the slice files missing from a filter written by `slices` find tasks, when the
+    slices present say how many there were (their ranges are `_slice_bounds` of that count)."""
+    present = {}
+    for path, m in slices:
+        try:
+            present[int(path.name.split(".")[0].split("_")[1])] = (m.block_lo, m.block_hi)
+        except (IndexError, ValueError):
+            return []
+    lo, hi = next(iter(present.values()))
+    guess = round(n_blocks / (hi - lo))
+    for count in range(max(guess - 2, max(present) + 1), guess + 3):
+        bounds = _slice_bounds(n_blocks, count)
+        if all((int(bounds[r]), int(bounds[r + 1])) == rng for r, rng in present.items() if r < count):
+            if max(present) < count:
+                return [f"slice_{r:05d}.bloom" for r in range(count) if r not in present]
+    return []
 
 
 @dataclass
@@ -298,11 +361,9 @@ class ExactDedupFind(DedupPhase[ExactDedupPlan]):
                 p.n_blocks,
                 p.k,
             )
-            if p.config.filter_from:
-                earlier = sorted(Path(p.config.filter_from).glob("slice_*.bloom"))
-                if not earlier:
-                    raise FileNotFoundError(f"{p.step}.filter_from: no slice_*.bloom in {p.config.filter_from}")
-                bf.copy_from([BloomFilter.open(p) for p in earlier])
+            if p.config.filter_from:  # checked when planned; checked again: it may have changed since
+                _, earlier = filter_slices(p.config.filter_from, p.step)
+                bf.copy_from([BloomFilter.open(f) for f in earlier])
             dups: dict[int, list[np.ndarray]] = {t: [] for t in ranks}
             n_dup = 0
             # Key ranges of the order key, each holding ~FIND_CHUNK_BYTES of records: equal keys
@@ -493,11 +554,8 @@ class ExactDedup(GlobalStep):
 
     def sizing(self) -> tuple[int, int]:
         p = self.config
-        if p.filter_from:  # the earlier filter fixes the size
-            metas = sorted(Path(p.filter_from).glob("slice_*.bloom.json"))
-            if not metas:
-                raise FileNotFoundError(f"exact_dedup.filter_from: no Bloom filter in {p.filter_from}")
-            m = BloomMeta(**json.loads(metas[0].read_text()))
+        if p.filter_from:  # the earlier filter fixes the size; a partial one is refused here
+            m, _ = filter_slices(p.filter_from, self.yaml_name)
             return m.n_blocks, m.k
         return size_for(p.capacity, p.fp_rate)
 

@@ -92,9 +92,9 @@ class C4Lines(Filter):
             "languages than English other scripts' sentence-final marks too: 。！？ ؟ ۔ । ॥ ። ...)",
             json_schema_extra=OMIT_DEFAULT,
         )
-        min_num_sentences: int = Field(5, description="drop documents with fewer sentences")
-        min_words_per_line: int = Field(3, description="drop lines with fewer words")
-        max_word_length: int = Field(1000, description="drop lines with a longer word")
+        min_num_sentences: int = Field(5, ge=-1, description="drop documents with fewer sentences")
+        min_words_per_line: int = Field(3, ge=-1, description="drop lines with fewer words")
+        max_word_length: int = Field(1000, ge=-1, description="drop lines with a longer word")
         filter_lorem_ipsum: bool = Field(True, description="drop documents containing `lorem ipsum`")
         filter_javascript: bool = Field(True, description="drop lines mentioning javascript")
         filter_curly_bracket: bool = Field(True, description="drop documents with a curly bracket")

@@ -91,21 +91,25 @@ class GopherQuality(Filter):
         letter (datatrove's name, kept so configs carry over).
         """
 
-        min_doc_words: int | None = Field(50, description="fewest words (punctuation-only tokens not counted)")
-        max_doc_words: int | None = Field(100000, description="most words")
-        min_avg_word_length: float | None = Field(3, description="smallest mean word length, characters")
-        max_avg_word_length: float | None = Field(10, description="largest mean word length, characters")
-        max_symbol_word_ratio: float | None = Field(0.1, description="most `#` and most ellipses per word")
-        max_bullet_lines_ratio: float | None = Field(0.9, description="most share of lines starting with a bullet")
-        max_ellipsis_lines_ratio: float | None = Field(0.3, description="most share of lines ending with an ellipsis")
-        max_non_alpha_words_ratio: float | None = Field(0.8, description="least share of words holding a letter")
+        min_doc_words: int | None = Field(50, ge=0, description="fewest words (punctuation-only tokens not counted)")
+        max_doc_words: int | None = Field(100000, ge=0, description="most words")
+        min_avg_word_length: float | None = Field(3, ge=0, description="smallest mean word length, characters")
+        max_avg_word_length: float | None = Field(10, ge=0, description="largest mean word length, characters")
+        max_symbol_word_ratio: float | None = Field(0.1, ge=0, description="most `#` and most ellipses per word")
+        max_bullet_lines_ratio: float | None = Field(
+            0.9, ge=0, description="most share of lines starting with a bullet"
+        )
+        max_ellipsis_lines_ratio: float | None = Field(
+            0.3, ge=0, description="most share of lines ending with an ellipsis"
+        )
+        max_non_alpha_words_ratio: float | None = Field(0.8, ge=0, description="least share of words holding a letter")
         alpha_words: Literal["tokens", "whitespace"] = Field(
             "tokens",
             description="words of the letter-share rule: `tokens` (datatrove: words and punctuation "
             "tokens), `whitespace` (the paper: whitespace-separated words)",
             json_schema_extra=OMIT_DEFAULT,
         )
-        min_stop_words: int | None = Field(2, description="fewest stop words present")
+        min_stop_words: int | None = Field(2, ge=0, description="fewest stop words present")
         stop_words: list[str] | None = Field(
             None,
             description="stop-word list for every language (default: the "

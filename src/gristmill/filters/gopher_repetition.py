@@ -403,10 +403,12 @@ class GopherRepetition(Filter):
         """Fractions, when null or 0, disable their rule (as in datatrove); the n-gram rules are
         [n, max fraction] pairs, applied in the order given."""
 
-        dup_line_frac: float | None = Field(0.3, description="most share of lines that repeat an earlier line")
-        dup_para_frac: float | None = Field(0.3, description="most share of paragraphs that repeat one")
-        dup_line_char_frac: float | None = Field(0.2, description="most share of characters in repeated lines")
-        dup_para_char_frac: float | None = Field(0.2, description="most share of characters in repeated paragraphs")
+        dup_line_frac: float | None = Field(0.3, ge=0, description="most share of lines that repeat an earlier line")
+        dup_para_frac: float | None = Field(0.3, ge=0, description="most share of paragraphs that repeat one")
+        dup_line_char_frac: float | None = Field(0.2, ge=0, description="most share of characters in repeated lines")
+        dup_para_char_frac: float | None = Field(
+            0.2, ge=0, description="most share of characters in repeated paragraphs"
+        )
         top_n_grams: tuple[tuple[int, float], ...] = Field(
             ((2, 0.2), (3, 0.18), (4, 0.16)), description="[n, most share of characters in the top n-gram]"
         )
@@ -420,6 +422,8 @@ class GopherRepetition(Filter):
         def _positive_n(cls, rules):
             if any(n < 1 for n, _ in rules):
                 raise ValueError("n-gram rules need n >= 1")
+            if any(frac < 0 for _, frac in rules):  # a negative share drops every document
+                raise ValueError("n-gram rules need a fraction >= 0")
             return rules
 
     #: the distinct paragraphs and lines, then a few numbers per word (`_NGrams`: ~60 bytes a

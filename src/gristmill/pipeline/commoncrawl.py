@@ -30,6 +30,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import ssl
 import time
 import urllib.error
@@ -45,6 +46,7 @@ USER_AGENT = "gristmill/0.1 (+https://commoncrawl.org/terms-of-use)"
 CHUNK = 1 << 20
 # Errors that say "the network or the server hiccupped", worth another try. Deliberately not
 # bare OSError: a full disk while writing the .part must fail at once, not be retried 8 times.
+# Nor a host name that does not resolve (`Fetcher._attempt`): offline, that took two minutes.
 _TRANSIENT = (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError)
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 GZIP_MAGIC = b"\x1f\x8b"
@@ -311,6 +313,12 @@ class Fetcher:
         except urllib.error.HTTPError as err:
             self._http_error(url, err, part, dest, offset)
             return
+        except urllib.error.URLError as err:
+            if isinstance(err.reason, socket.gaierror):
+                # the host's name did not resolve: offline, a typo in base_url, no DNS on a
+                # compute node. Minutes of retries would not change that; one line now does.
+                raise DownloadError(f"{url}: name resolution failed (offline?): {err.reason.strerror}") from None
+            raise _Retry(f"{type(err).__name__}: {err}") from None
         except _TRANSIENT as err:
             raise _Retry(f"{type(err).__name__}: {err}") from None
         with resp:

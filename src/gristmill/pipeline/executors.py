@@ -13,8 +13,9 @@ completed tasks, stats files and completions are datatrove's. Task logs: datatro
 every task's INFO log to the terminal, which buries the progress bar; we keep INFO and below
 in each task's log file (`<stage>/logs/task_NNNNN.log`) and show warnings and errors live.
 
-Slurm: `SlurmPipelineExecutor` per stage, each a job array depending (afterok) on the stage
-before, so a failed task cancels everything downstream. datatrove's extra merge-stats job per
+Slurm: `SlurmPipelineExecutor` per stage, each one or more job arrays (at most the cluster's
+`MaxArraySize` tasks each) depending (afterok) on every array of the stage before, so a failed
+task cancels everything downstream. datatrove's extra merge-stats job per
 stage is not submitted: `pipeline status`/`stats` merge the per-task files themselves.
 """
 
@@ -41,6 +42,7 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 
 from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
+from gristmill.core.messages import os_error_line
 from gristmill.pipeline.planner import Stage
 from gristmill.pipeline.usage import RecordsTaskUsage
 
@@ -133,8 +135,7 @@ def _kill_after(steps: list, rank: int) -> list:
 def _error_line(e: BaseException, stage_dir: str | None) -> str:
     if isinstance(e, OSError) and (e.errno is not None or e.filename):
         # pyarrow and others raise ENOSPC without the path: name the stage folder being written
-        where = e.filename or f"writing under {stage_dir}"
-        return f"{e.strerror or e}: {where}"
+        return os_error_line(e, f"writing under {stage_dir}")
     return f"{type(e).__name__}: {e}"
 
 
@@ -298,9 +299,130 @@ def make_executor(stage: Stage) -> LocalPipelineExecutor:
     )
 
 
+class SlurmSubmitFailed(ValueError):
+    """sbatch refused a stage's array; one line with Slurm's reason. The stage's arrays already
+    submitted are cancelled."""
+
+
 class SlurmExecutor(RecordsTaskUsage, QuietTaskLogs, SlurmPipelineExecutor):
+    """A stage as one or more job arrays of at most `max_array_size` tasks.
+
+    datatrove submits the arrays of a wide stage one after the other (each `afterany` on the
+    one before) and keeps only the last job id, so the next stage waited `afterok` on the last
+    array alone: a failed task in an earlier array did not stop the chain, and the arrays ran in
+    series. Here the arrays go in side by side, each exactly as large as its share of the ranks,
+    each depending on every array of the stage before; `job_id` is their ids joined by `:`, the
+    form Slurm's `--dependency=afterok:ID:ID...` takes, so the next stage (and the training job)
+    waits for all of them. The tasks run datatrove's own `run()`: array task i of array k
+    (`RUN_OFFSET=k`) runs entry k·max_array_size + i of `ranks_to_run.json`.
+    """
+
     def launch_merge_stats(self):
         pass  # merged from the per-task stats files by gristmill instead
+
+    def launch_job(self):
+        from copy import deepcopy
+
+        if self.depends:  # submit the stages before first, in order (as datatrove does)
+            if not self.depends.job_id:
+                self.depends.launch_job()
+            if self.depends.job_id != -1:
+                self.depends_job_id = self.depends.job_id
+            self.depends = None  # not pickled into this stage's executor
+        ranks = self.get_incomplete_ranks()
+        if not ranks:
+            self.job_id = -1
+            return
+        with self.logging_dir.open("executor.pik", "wb") as f:
+            dill.dump(deepcopy(self), f, fmode=dill.CONTENTS_FMODE)
+        self.save_executor_as_json()
+        with self.logging_dir.open("ranks_to_run.json", "w") as f:
+            json.dump(ranks, f)  # read by every task: written once, before any is submitted
+        jobs = -(-len(ranks) // self.tasks_per_job)  # array tasks, each running tasks_per_job ranks
+        pickled = self.logging_dir.resolve_paths("executor.pik")
+        srun = " ".join(f"--{k}={v}" for k, v in (self.srun_args or {}).items())
+        command = (
+            f"srun {srun} -l -n {self.nodes_per_task} launch_pickled_pipeline {pickled}"
+            if self.with_srun
+            else f"launch_pickled_pipeline {pickled}"
+        )
+        script = self.get_launch_file_contents(self.get_sbatch_args(min(jobs, self.max_array_size)), command)
+        with self.logging_dir.open("launch_script.slurm", "w") as f:
+            f.write(script)
+        throttle = f"%{self.workers}" if self.workers != -1 else ""
+        dependency = (
+            f"{'afterany' if self.run_on_dependency_fail else 'afterok'}:{self.depends_job_id}"
+            if self.depends_job_id
+            else None
+        )
+        submitted: list[str] = []
+        arrays = array_submissions(jobs, self.max_array_size, dependency, throttle)
+        for k, args in enumerate(arrays):
+            res = subprocess.run(["sbatch", "--parsable", *args], input=script, capture_output=True, text=True)
+            if res.returncode != 0:
+                if submitted:
+                    subprocess.run(["scancel", *submitted], capture_output=True)
+                reason = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
+                undone = f"; cancelled its {len(submitted)} array(s) already submitted" if submitted else ""
+                raise SlurmSubmitFailed(
+                    f"stage {self.job_name}: sbatch refused array {k + 1} of {len(arrays)} ({args[0]}):"
+                    f" {reason}{undone}"
+                )
+            submitted.append(res.stdout.strip().split(";")[0])
+        self.job_id = ":".join(submitted)
+
+
+def array_submissions(jobs: int, max_array_size: int, dependency: str | None, throttle: str = "") -> list[list[str]]:
+    """sbatch's arguments for each array of a stage of `jobs` array tasks: `--array` sized to
+    the array's share, the offset datatrove's `run()` maps task ids with, the dependency."""
+    out = []
+    for k, start in enumerate(range(0, jobs, max_array_size)):
+        size = min(max_array_size, jobs - start)
+        args = [f"--array=0-{size - 1}{throttle}", f"--export=ALL,RUN_OFFSET={k}"]
+        if dependency:
+            args.append(f"--dependency={dependency}")
+        out.append(args)
+    return out
+
+
+def cluster_array_limit() -> int | None:
+    """The largest job array the cluster takes, from `scontrol show config`: `MaxArraySize`
+    (indices 0..MaxArraySize-1), or `SchedulerParameters=max_array_tasks=N` if smaller; None
+    where scontrol cannot say (no Slurm client here: sbatch will say why)."""
+    import re
+
+    try:
+        res = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None
+    conf = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", res.stdout, re.M))
+    limits = []
+    if conf.get("MaxArraySize", "").isdigit():
+        limits.append(int(conf["MaxArraySize"]))
+    tasks = re.search(r"max_array_tasks=(\d+)", conf.get("SchedulerParameters", ""))
+    if tasks:
+        limits.append(int(tasks.group(1)))
+    return min(limits) if limits else None
+
+
+def array_size(configured: int, cluster: int | None) -> int:
+    """Tasks per array: `executor.slurm.max_array_size`, or the cluster's limit if that is
+    smaller (a config written for another cluster still runs; nobody has to look it up)."""
+    from loguru import logger
+
+    from gristmill.core.configlib import ConfigError
+
+    if cluster is None:
+        return configured
+    if cluster < 1:
+        raise ConfigError(
+            f"executor.type: slurm: this cluster takes no job arrays (scontrol show config: MaxArraySize={cluster})"
+        )
+    if cluster < configured:
+        logger.info(f"executor.slurm.max_array_size {configured}: the cluster takes arrays of {cluster} at most")
+    return min(configured, cluster)
 
 
 def default_venv_activate() -> str | None:
@@ -328,7 +450,7 @@ def make_slurm_executor(stage: Stage, slurm: SlurmConfig, depends: SlurmExecutor
         env_command=slurm.env_command,
         venv_path=None if slurm.env_command else (slurm.venv_path or default_venv_activate()),
         sbatch_args=sbatch,
-        max_array_size=slurm.max_array_size,
+        max_array_size=array_size(slurm.max_array_size, cluster_array_limit()),
         depends=depends,
         logging_dir=str(stage.folder),
         slurm_logs_folder=str(stage.folder / "slurm_logs"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from loguru import logger
 
 from gristmill.config import ConfigError, RunConfig
 from gristmill.core.filter import Filter
+from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
@@ -82,14 +84,37 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
                 f" give the files, e.g. {str(Path(folders[0]) / '*.warc.wet.gz')!r}"
             )
         for m in matches:
+            _check_regular_file(m, f"input.paths[{i}]")
             real = os.path.realpath(m)
             if real in seen:
                 # read twice, its documents would be duplicated (and dedup would count them as such)
-                logger.warning(f"input.paths[{i}]: {m} is also matched as {seen[real]}; it is read once")
+                logger.warning(printable(f"input.paths[{i}]: {m} is also matched as {seen[real]}; it is read once"))
                 continue
             seen[real] = m
             sources.append(m)
     return sources
+
+
+_NOT_FILES = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular_file(path: str, key: str) -> None:
+    """A glob can reach a FIFO (reading it would wait forever for a writer), /dev/zero (endless
+    zeros) or a socket: refused here, naming the path and what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:  # a broken symbolic link, a file gone since the glob
+        raise ConfigError(printable(f"{key}: {path}: {e.strerror}")) from None
+    for test, what in _NOT_FILES:
+        if test(mode):
+            raise ConfigError(printable(f"{key}: {path} is {what}, not a file"))
+    if not stat.S_ISREG(mode):
+        raise ConfigError(printable(f"{key}: {path} is not a regular file"))
 
 
 def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
@@ -294,7 +319,24 @@ def build_steps(cfg: RunConfig, ctx: PlanContext) -> list[Step]:
 
 def _stream_stage(ctx: PlanContext, steps: list[Step]) -> None:
     """Reader, the streaming steps fused in one pass, writer."""
-    ctx.stage("curate" if not ctx.stages else "filter", [ctx.read_documents(), *steps, ctx.writer()])
+    tasks = _curate_tasks(ctx) if ctx.documents is None else None
+    ctx.stage("curate" if not ctx.stages else "filter", [ctx.read_documents(), *steps, ctx.writer()], tasks=tasks)
+
+
+def _curate_tasks(ctx: PlanContext) -> int:
+    """Tasks of the stage that reads the WET files: at most one per file. A task reads whole
+    files (`WetReader`: every tasks-th source from its rank), so the others would start, read
+    nothing and end: a process each, locally, and an array task each on Slurm. Fewer tasks
+    read the same files in the same order, so the output is the same."""
+    tasks, files = ctx.tasks, len(ctx._sources())
+    if not files or tasks <= files:  # `pipeline plan --gb` plans for files not yet listed
+        return tasks
+    if "tasks" in ctx.cfg.executor.model_fields_set:  # the default says nothing the user meant
+        logger.warning(
+            f"executor.tasks: {tasks} tasks for {files} input files; the curate stage runs {files} "
+            f"(a task reads whole files), the stages after it {tasks}"
+        )
+    return files
 
 
 def plan(

@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from gristmill.config import RunConfig
+from gristmill.core.messages import format_bytes
 from gristmill.core.step import Stage
 from gristmill.pipeline.planner import (
     CC_WET_FILE_BYTES,
@@ -211,11 +212,7 @@ def _fmt_h(h: float) -> str:
 
 
 def _fmt_mb(mb: float | None) -> str:
-    if mb is None:
-        return "—"
-    if mb >= 1e6:
-        return f"{mb / 1e6:.1f} TB"
-    return f"{mb / 1e3:.1f} GB" if mb >= 1000 else f"{mb:.0f} MB"
+    return "—" if mb is None else format_bytes(mb * 1e6)
 
 
 def render(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from gristmill.core.files import replacing
 from gristmill.core.scores import bin_edges
 from gristmill.pipeline.stats import (
     funnel,
@@ -27,7 +28,7 @@ from gristmill.pipeline.stats import (
     language_summary,
     languages,
     load_scores,
-    merge_run,
+    read_run,
     top_domains,
 )
 
@@ -434,9 +435,9 @@ def journey_chart(steps: list) -> Figure:
 
 
 def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
-    """The report's HTML for a run directory (stats merged afresh)."""
+    """The report's HTML for a run directory (stats merged afresh, in memory: nothing in it is written)."""
     run_dir = Path(run_dir)
-    merged = merge_run(run_dir)
+    merged = read_run(run_dir)
     scores = load_scores(run_dir)
     thr = thresholds(run_dir)
     rows = funnel(merged)
@@ -620,7 +621,6 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
 def write(run_dir: str | Path, output: str | Path) -> Path:
     output = Path(output)
     html = build(run_dir)
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(output)
+    with replacing(output) as tmp:  # a full disk leaves no half page, nor a .tmp
+        tmp.write_text(html, encoding="utf-8")
     return output

@@ -35,6 +35,24 @@ MARKER = ".gristmill-run"
 _OWN_FILES = ("config.yaml", "plan.json", "command.json", "slurm_jobs.json", "stats.json", MARKER)
 _OWN_FOLDERS = ("tokens", "train")
 _STAGE_FOLDER = re.compile(r"^\d{2}_[a-z0-9_]+$")
+# What gristmill and datatrove's executors write directly in a stage folder. `--force` removes
+# these (a folder whole) and keeps anything else, naming it: a user's notes put beside a
+# stage's output are theirs. A stage that writes a new entry here must add it, or `--force`
+# would keep it and say so (tests/pipeline/test_run_dir_files.py runs every kind of stage).
+_STAGE_OWN_FOLDERS = frozenset(
+    (
+        # every stage: datatrove's executor, gristmill's executors, filters and writers
+        *("completions", "logs", "stats", "usage", "slurm_logs", "output", "dropped", "scores"),
+        # exact_dedup, near_dedup phases
+        *("hashes", "inputs", "sources", "dups", "filter", "bands", "edges", "shingles", "verified", "removed"),
+    )
+)
+_STAGE_OWN_FILES = frozenset(
+    (
+        *("executor.json", "executor.pik", "ranks_to_run.json", "launch_script.slurm", "stats.json", "scores.json"),
+        *("lsh.json", "clusters.npy", "cluster_sizes.json"),
+    )
+)
 
 
 def _flatten(node, prefix="") -> dict[str, object]:
@@ -125,15 +143,19 @@ def prepare(run_dir: Path, resolved: dict, force: bool) -> bool:
                 )
             resumed = True
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / MARKER).write_text("gristmill run directory: `pipeline run --force` clears what gristmill wrote here\n")
+    write_text_atomic(
+        run_dir / MARKER, "gristmill run directory: `pipeline run --force` clears what gristmill wrote here\n"
+    )
     write_text_atomic(config_path, yaml.safe_dump(resolved, sort_keys=False))
     return resumed
 
 
 def clear(run_dir: Path) -> list[str]:
-    """Remove what gristmill wrote (its files, stage folders, tokens/, train/); keep the rest.
+    """Remove what gristmill wrote (its files, stage folders, tokens/, train/); keep the rest,
+    in the run directory and in its stage folders.
 
-    Returns the names of entries left alone, so the caller can say so.
+    Returns the names of entries left alone (`NN_stage/name` inside a stage), so the caller can
+    say so.
     """
     kept = []
     for child in run_dir.iterdir():
@@ -147,6 +169,8 @@ def clear(run_dir: Path) -> list[str]:
         )
         if not ours:
             kept.append(name)
+        elif _STAGE_FOLDER.match(name) and child.is_dir() and not child.is_symlink():
+            kept += _clear_stage(child)
         elif child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:
@@ -154,9 +178,30 @@ def clear(run_dir: Path) -> list[str]:
     return sorted(kept)
 
 
+def _clear_stage(folder: Path) -> list[str]:
+    """Remove what gristmill writes in a stage folder (and the folder, once empty); the paths,
+    relative to the run directory, of the entries kept."""
+    kept = []
+    for child in folder.iterdir():
+        name = child.name
+        if child.is_symlink() or not (
+            name.endswith(".tmp")
+            or (child.is_dir() and name in _STAGE_OWN_FOLDERS)
+            or (child.is_file() and name in _STAGE_OWN_FILES)
+        ):
+            kept.append(f"{folder.name}/{name}")
+        elif child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    if not kept:
+        folder.rmdir()
+    return kept
+
+
 def write_plan(run_dir: Path, stages) -> None:
     plan = {"stages": [{"label": s.label, "name": s.name, "tasks": s.tasks, "steps": s.step_names} for s in stages]}
-    (run_dir / "plan.json").write_text(json.dumps(plan, indent=2))
+    write_text_atomic(run_dir / "plan.json", json.dumps(plan, indent=2))
 
 
 def completed_tasks(stage_folder: Path) -> int:
@@ -166,7 +211,7 @@ def completed_tasks(stage_folder: Path) -> int:
 
 def write_jobs(run_dir: Path, jobs: dict[str, str]) -> None:
     """Slurm job ids per stage label, for `pipeline status` (-1: nothing was left to run)."""
-    (run_dir / "slurm_jobs.json").write_text(json.dumps(jobs, indent=2))
+    write_text_atomic(run_dir / "slurm_jobs.json", json.dumps(jobs, indent=2))
 
 
 def read_jobs(run_dir: Path) -> dict[str, str]:
@@ -175,7 +220,7 @@ def read_jobs(run_dir: Path) -> dict[str, str]:
 
 
 def write_command(run_dir: Path, argv: list[str]) -> None:
-    (run_dir / "command.json").write_text(json.dumps(argv))
+    write_text_atomic(run_dir / "command.json", json.dumps(argv))
 
 
 def read_command(run_dir: Path) -> list[str] | None:

@@ -82,7 +82,10 @@ def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[
             jobs["train"] = submit_training(cfg, run_dir, None if last == "-1" else last)
     rd.write_jobs(Path(cfg.run_dir), jobs)
     for label, job in jobs.items():
-        console.print(f"{label}: " + ("already complete" if job == "-1" else f"submitted as Slurm job {job}"))
+        console.print(
+            f"{label}: "
+            + ("already complete" if job == "-1" else f"submitted as Slurm job{'s' if ':' in job else ''} {job}")
+        )
     return jobs
 
 

@@ -15,7 +15,10 @@ _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
 def job_states(job_id: str) -> Counter:
-    """Counts of array-task states of one job, e.g. {"RUNNING": 2, "PENDING": 6}; empty if gone."""
+    """Counts of array-task states of one job, e.g. {"RUNNING": 2, "PENDING": 6}; empty if gone.
+    A stage of several arrays is recorded as their ids joined by `:` ("101:102"): summed."""
+    if ":" in str(job_id):
+        return sum((job_states(j) for j in str(job_id).split(":")), Counter())
     try:
         out = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):

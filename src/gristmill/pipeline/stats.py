@@ -2,8 +2,14 @@
 
 Each task writes datatrove's per-step stats to `<stage>/stats/NNNNN.json`. We merge them from
 those files (not from datatrove's in-memory sum, which covers only the tasks of the latest
-invocation) into `<stage>/stats.json` and the run's `stats.json`, so a resumed run reports the
-same totals as an uninterrupted one.
+invocation), so a resumed run reports the same totals as an uninterrupted one.
+
+Reading (`read_run`, `stage_stats`, `load_scores`: `pipeline stats`, `pipeline report`,
+`gristmill.stats`) merges in memory and writes nothing: a finished run can be read from a
+read-only copy, and a running one is read without touching the files its run is writing.
+Only the run itself, which holds the run directory's lock, writes the merged files
+(`merge_run`, `merge_stage`: `<stage>/stats.json`, `<stage>/scores.json`, the run's
+`stats.json`) for readers of the directory that are not gristmill.
 """
 
 from __future__ import annotations
@@ -13,17 +19,27 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gristmill.core.files import write_text_atomic
+from gristmill.core.wet_reader import KEPT_REASONS
+
 
 def _total(value) -> float:
     return value["total"] if isinstance(value, dict) else value
 
 
-def merge_stage(folder: Path) -> list[dict]:
-    """Sum every task's per-step counters and times, keeping the pipeline's step order."""
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:  # a task's file cut short (its disk filled), or not ours
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def stage_stats(folder: Path) -> list[dict]:
+    """Every task's per-step counters and times summed, in the pipeline's step order (in memory)."""
     steps: list[dict] = []
     files = sorted((folder / "stats").glob("*.json"))
     for path in files:
-        for i, step in enumerate(json.loads(path.read_text())):
+        for i, step in enumerate(_read_json(path)):
             if i == len(steps):
                 steps.append({"name": step["name"], "counters": {}, "time_s": 0.0})
             merged = steps[i]
@@ -32,32 +48,56 @@ def merge_stage(folder: Path) -> list[dict]:
                 merged["counters"][key] = merged["counters"].get(key, 0) + _total(value)
     for step in steps:
         step["counters"] = dict(sorted(step["counters"].items()))
-    (folder / "stats.json").write_text(json.dumps(steps, indent=2))
     return steps
 
 
-def merge_scores(folder: Path) -> dict[str, dict]:
-    """Merge each filter's per-task score histograms and samples into `<stage>/scores.json`."""
+def merge_stage(folder: Path) -> list[dict]:
+    """`stage_stats`, written to `<stage>/stats.json` (by the run, which holds the directory)."""
+    steps = stage_stats(folder)
+    write_text_atomic(folder / "stats.json", json.dumps(steps, indent=2))
+    return steps
+
+
+def stage_scores(folder: Path) -> dict[str, dict]:
+    """Each filter's per-task score histograms and samples merged (in memory); a stage whose
+    per-task files are gone keeps what the run merged into `scores.json`."""
+    merged = _merge_score_parts(folder)
+    if not merged and (folder / "scores.json").is_file():
+        merged = _read_json(folder / "scores.json")
+    return merged
+
+
+def _merge_score_parts(folder: Path) -> dict[str, dict]:
     from gristmill.core.scores import merge
 
     merged = {}
     root = folder / "scores"
     for step_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        parts = [json.loads(p.read_text()) for p in sorted(step_dir.glob("*.json"))]
+        parts = [_read_json(p) for p in sorted(step_dir.glob("*.json"))]
         if parts:
             merged[step_dir.name] = merge(parts)
-    if merged:
-        (folder / "scores.json").write_text(json.dumps(merged))
     return merged
 
 
+def merge_scores(folder: Path) -> dict[str, dict]:
+    """Each filter's per-task scores merged into `<stage>/scores.json` (by the run)."""
+    merged = _merge_score_parts(folder)
+    if merged:
+        write_text_atomic(folder / "scores.json", json.dumps(merged))
+    return merged
+
+
+def _plan(run_dir: Path) -> dict:
+    return _read_json(run_dir / "plan.json")
+
+
 def load_scores(run_dir: Path) -> dict[str, dict]:
-    """Stage label → step → merged scores (histograms, samples), as `merge_run` wrote them."""
+    """Stage label → step → merged scores (histograms, samples), merged in memory."""
     out = {}
-    for stage in json.loads((run_dir / "plan.json").read_text())["stages"]:
-        path = run_dir / stage["label"] / "scores.json"
-        if path.is_file():
-            out[stage["label"]] = json.loads(path.read_text())
+    for stage in _plan(run_dir)["stages"]:
+        scores = stage_scores(run_dir / stage["label"])
+        if scores:
+            out[stage["label"]] = scores
     return out
 
 
@@ -88,17 +128,27 @@ def top_domains(scores: dict[str, dict], n: int = 15) -> dict[str, list[tuple[st
     return {"kept": kept.most_common(n), "dropped": dropped.most_common(n)}
 
 
-def merge_run(run_dir: Path) -> dict:
-    plan = json.loads((run_dir / "plan.json").read_text())
+def read_run(run_dir: Path) -> dict:
+    """The run's stats, every stage's tasks merged in memory; nothing is written."""
     stages = []
-    for stage in plan["stages"]:
+    for stage in _plan(run_dir)["stages"]:
         folder = run_dir / stage["label"]
         done = len(list((folder / "completions").glob("*"))) if (folder / "completions").is_dir() else 0
-        steps = merge_stage(folder) if (folder / "stats").is_dir() else []
-        merge_scores(folder)
+        steps = stage_stats(folder) if (folder / "stats").is_dir() else []
         stages.append({**stage, "tasks_completed": done, "steps": steps})
-    merged = {"run_dir": str(run_dir), "stages": stages}
-    (run_dir / "stats.json").write_text(json.dumps(merged, indent=2))
+    return {"run_dir": str(run_dir), "stages": stages}
+
+
+def merge_run(run_dir: Path) -> dict:
+    """`read_run`, written as every stage's `stats.json` and `scores.json` and the run's
+    `stats.json`: by the run, which holds the run directory's lock."""
+    merged = read_run(run_dir)
+    for stage in merged["stages"]:
+        folder = run_dir / stage["label"]
+        if (folder / "stats").is_dir():
+            write_text_atomic(folder / "stats.json", json.dumps(stage["steps"], indent=2))
+        merge_scores(folder)
+    write_text_atomic(run_dir / "stats.json", json.dumps(merged, indent=2))
     return merged
 
 
@@ -123,7 +173,9 @@ def _row(stage: str, step: dict) -> FunnelRow:
     kind, _, name = step["name"].partition(": ")
     c = {k: int(v) for k, v in step["counters"].items()}
     if "READER" in kind:
-        bad = {k.removeprefix("bad_"): v for k, v in c.items() if k.startswith("bad_")}
+        # records lost count in, beside the documents; a record kept with a problem (a wrong
+        # Content-Length, bytes that are not UTF-8) is one of the documents already
+        bad = {k[4:]: v for k, v in c.items() if k.startswith("bad_") and k[4:] not in KEPT_REASONS}
         skipped = {k: v for k, v in c.items() if k.startswith("skipped_")}
         docs = c.get("documents", 0)
         return FunnelRow(
@@ -291,7 +343,8 @@ def _journey_counters(steps: list[dict], phases: list[int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for i in phases:
         for k, v in steps[i]["counters"].items():
-            if k in _BOOKKEEPING or k.startswith(("dropped_", "bad_", "lang_")):
+            lost = k.startswith("bad_") and k[4:] not in KEPT_REASONS  # a kept record's flaw is a note
+            if k in _BOOKKEEPING or k.startswith(("dropped_", "lang_")) or lost:
                 continue
             out[k] = int(v)
     return dict(sorted(out.items()))
@@ -336,6 +389,14 @@ def journey_notes(row: JourneyRow) -> str:
     skipped = sum(v for k, v in c.items() if k.startswith("skipped_"))
     if skipped:
         notes.append(f"{skipped:,} records skipped (not documents)")
+    flawed = {k[4:]: v for k, v in c.items() if k.startswith("bad_") and k[4:] in KEPT_REASONS and v}
+    if flawed:
+        notes.append("kept despite " + ", ".join(f"{k} {v:,}" for k, v in sorted(flawed.items())))
+    if "emails_replaced" in c or "ips_replaced" in c:  # pii
+        notes.append(
+            f"{c.get('emails_replaced', 0):,} e-mail and {c.get('ips_replaced', 0):,} IP addresses replaced "
+            f"in {c.get('documents_touched', 0):,} documents"
+        )
     if "paragraphs_removed" in c:
         notes.append(f"{c['paragraphs_removed']:,} paragraphs removed")
     if "candidate_pairs" in c:

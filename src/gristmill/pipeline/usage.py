@@ -1,7 +1,8 @@
 """What each task cost: CPU seconds, peak memory, wall time; written per task, summed per stage.
 
 A task appends nothing to the documents' path: when it completes, its process writes
-`<stage>/usage/task_NNNNN.json` = {"cpu_s", "wall_s", "max_rss_mb", "start", "end"} from `getrusage` (its own
+`<stage>/usage/task_NNNNN.json` = {"cpu_s", "wall_s", "max_rss_mb", "start", "end"} from `getrusage` and
+/proc (its own
 process: the local executor runs each task in a fresh child, a Slurm array task is its own
 job). `max_rss_mb` is the process's peak resident set, imports and models included: the figure
 a memory limit (`executor.memory_gb_per_task`, Slurm's `--mem-per-cpu`) is compared with.
@@ -25,6 +26,17 @@ USAGE_FOLDER = "usage"
 
 
 def _rss_mb(ru) -> float:
+    """The process's peak resident set, MB. On Linux, `VmHWM` of /proc/self/status: `ru_maxrss`
+    carries over the high-water mark of the process that started this one (the kernel keeps the
+    larger of the old and new address space's at exec), so a task started from a large parent (a
+    test runner holding 800 MB) would report the parent's peak as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     # Linux reports ru_maxrss in KiB, macOS in bytes
     return ru.ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)
 

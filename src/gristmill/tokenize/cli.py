@@ -127,22 +127,67 @@ def cmd_tokens_inspect(args, console: Console) -> int:
 def cmd_tokens_export(args, console: Console) -> int:
     from gristmill.tokenize.reader import open_tokens
 
-    if args.format != "bin":
-        raise ConfigError(f"--format {args.format}: only `bin` is supported")
     toks = open_tokens(args.dir, verify="lazy")
+    # --format bin writes one split (train unless given); megatron one prefix per split
+    splits = [args.split] if args.split else (["train"] if args.format == "bin" else toks.splits)
+    for split in splits:
+        if split not in toks.splits:
+            raise ConfigError(
+                f"--split {split}: {toks.root / 'manifest.json'} has no shards of this split"
+                f" (it has: {', '.join(toks.splits) or 'none'})"
+            )
+    # the checks of `tokens inspect` and of training (tokenizer, shards, every id in the
+    # vocabulary), before the first byte is written: a refused export leaves nothing behind
+    for split in splits:
+        toks.check(split)
+    if args.format == "megatron":
+        return _export_megatron(toks, splits, Path(args.output), console)
+    args.split = splits[0]
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     n = 0
-    with open(tmp, "wb") as f:
-        for tokens in toks.stream(args.split):
-            f.write(tokens.tobytes())  # already little-endian uint16/uint32
-            n += len(tokens)
-    tmp.replace(out)
+    try:
+        with open(tmp, "wb") as f:
+            for tokens in toks.stream(args.split):
+                f.write(tokens.tobytes())  # already little-endian uint16/uint32
+                n += len(tokens)
+        tmp.replace(out)  # an earlier file at `out` stays whole until the new one is complete
+    except BaseException as e:  # a full disk, Ctrl-C: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(out)  # a failed write names no file
+        raise
     console.print(
         f"[bold green]done[/] {out}: {n:,} {toks.dtype} tokens of split {args.split}"
         f" ({out.stat().st_size / 1e6:.1f} MB); read with np.memmap({str(out)!r}, dtype=np.{toks.dtype},"
         " mode='r')"
+    )
+    return 0
+
+
+def _export_megatron(toks, splits: list[str], out: Path, console: Console) -> int:
+    from gristmill.tokenize.megatron import LocalFolder, write_megatron
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o {out}: is a file; --format megatron writes a folder of <split>.bin/.idx")
+    written = write_megatron(toks, LocalFolder(out), splits)
+    for w in written:
+        console.print(
+            f"[bold green]done[/] {w.prefix}.bin/.idx: {w.documents:,} documents, {w.tokens:,} {w.dtype} tokens"
+            f" ({(w.bin_bytes + w.idx_bytes) / 1e6:.1f} MB)",
+            soft_wrap=True,  # paths unbroken, to be copied
+        )
+    paths = {w.split: w.prefix for w in written}
+    hint = (
+        f"--train-data-path {paths['train']} --valid-data-path {paths['val']}"
+        if {"train", "val"} <= set(paths)
+        else f"--data-path {next(iter(paths.values()))}"
+    )
+    tk = toks.manifest["tokenizer"]
+    console.print(
+        f"Megatron-LM: {hint} (vocab {tk['vocab_size']:,}, eod id {tk['eos_id']}: every document ends in it)",
+        soft_wrap=True,
     )
     return 0
 
@@ -173,11 +218,18 @@ def add_parsers(sub) -> None:
     ins.add_argument("--chars", type=int, default=400, help="characters of the decoded sample to print")
     ins.add_argument("--no-verify", dest="verify", action="store_false", help="skip the sha256 check of the shards")
     ins.set_defaults(func=cmd_tokens_inspect)
-    ex = tk.add_parser("export", help="write a split as one flat token file (nanoGPT's .bin)")
+    ex = tk.add_parser(
+        "export", help="write a split as one flat token file (nanoGPT's .bin) or Megatron's indexed dataset"
+    )
     ex.add_argument("dir", help="a token directory or a run directory holding tokens/")
-    ex.add_argument("--format", default="bin", choices=["bin"])
-    ex.add_argument("--split", default="train")
-    ex.add_argument("-o", "--output", required=True)
+    ex.add_argument(
+        "--format",
+        default="bin",
+        choices=["bin", "megatron"],
+        help="bin: one file of tokens; megatron: OUT/<split>.bin + .idx per split (--data-path OUT/train)",
+    )
+    ex.add_argument("--split", help="the split to write (bin: default train; megatron: default every split)")
+    ex.add_argument("-o", "--output", required=True, help="bin: the file; megatron: the folder")
     ex.set_defaults(func=cmd_tokens_export)
 
 

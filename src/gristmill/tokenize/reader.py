@@ -8,10 +8,14 @@
 
 `verify="lazy"` checks a shard's sha256 the first time it is opened; `verify=False` trusts the
 files. Document and token counts are always checked against the manifest when a shard opens (a
-cheap check that catches truncation without hashing). `toks.check(split)` opens every shard and
-also checks that every token id is below the manifest's vocabulary size: a shard written with
-another tokenizer passes its sha256 (the manifest was written for it) but would index past the
-model's embedding.
+cheap check that catches truncation without hashing). `toks.check(split)` is the one check that
+`tokens inspect`, `tokens export` and training run: the tokenizer (`check_tokenizer`: its sha256
+and vocabulary as the manifest says), every shard opened, and every token id below the manifest's
+vocabulary size: a shard written with another tokenizer passes its sha256 (the manifest was
+written for it) but would index past the model's embedding.
+
+Every file a manifest names must lie inside its directory (no absolute path, no `..` or symlink
+leading out): a manifest is data, and must not make a reader open whatever file it names.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class TokenDir:
         self.verify_mode = verify
         self._verified: set[str] = set()
         self._open: dict[str, Shard] = {}
+        self._tokenizer = None
+        self._tokenizer_checked = False
 
     # --- manifest facts -------------------------------------------------------------------
     @property
@@ -101,6 +107,45 @@ class TokenDir:
                 " the shard is truncated, modified or from another run"
             )
         self._verified.add(entry["path"])
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.root / self.manifest["tokenizer"]["file"]
+
+    def verify_tokenizer(self) -> None:
+        """sha256 of the tokenizer file against the manifest: shards decode only with the tokenizer
+        that wrote them, and a swapped file would not say so."""
+        path, want = self.tokenizer_path, self.manifest["tokenizer"]["sha256"]
+        if not path.is_file():
+            raise TokenShardError(f"{path}: tokenizer listed in manifest.json is missing")
+        digest = sha256_file(path)
+        if digest != want:
+            raise TokenShardError(
+                f"{path}: sha256 {digest} does not match manifest.json ({want}): the tokenizer was"
+                " replaced by another, or the manifest was written for another one"
+            )
+
+    def check_tokenizer(self) -> None:
+        """The tokenizer as the manifest says: its sha256, and its vocabulary size (max id + 1, as
+        the tokenize step computes it) equal to `tokenizer.vocab_size`. A manifest edited to a
+        smaller vocabulary would build a model whose embedding cannot hold the tokenizer's ids.
+        Loads the tokenizer once (well under a second for a 100k vocabulary)."""
+        if self._tokenizer_checked:
+            return
+        self.verify_tokenizer()
+        path = self.tokenizer_path
+        try:
+            ids = self.tokenizer().get_vocab(with_added_tokens=True).values()
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
+            raise TokenShardError(f"{path}: not a tokenizers tokenizer.json: {str(e).splitlines()[0]}") from None
+        size = max(ids) + 1 if ids else 0
+        if size != self.vocab_size:
+            raise TokenShardError(
+                f"{self.root / 'manifest.json'}: tokenizer.vocab_size is {self.vocab_size}, but {path}"
+                f" holds ids up to {size - 1} (vocabulary size {size}): the manifest was edited or"
+                " written for another tokenizer"
+            )
+        self._tokenizer_checked = True
 
     # --- access ---------------------------------------------------------------------------
     def shard(self, entry: dict | str) -> Shard:
@@ -154,9 +199,11 @@ class TokenDir:
         return shard
 
     def check(self, split: str | None = None) -> None:
-        """Opens every shard (of `split`) with the checks of `shard()` and checks that every token id
-        is below `vocab_size`; raises TokenShardError naming the first bad shard. One pass over the
-        mapped values buffers (numpy max), nothing copied unless an id is out of range."""
+        """The tokenizer (`check_tokenizer`), then every shard (of `split`) opened with the checks of
+        `shard()` and every token id below `vocab_size`; raises TokenShardError naming the first bad
+        file. One pass over the mapped values buffers (numpy max), nothing copied unless an id is
+        out of range. The check of `tokens inspect`, `tokens export` and training alike."""
+        self.check_tokenizer()
         for entry in self.entries(split):
             shard = self.shard(entry)
             if shard.num_tokens and int(shard.tokens.max()) >= self.vocab_size:
@@ -189,7 +236,9 @@ class TokenDir:
     def tokenizer(self):
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_file(str(self.root / self.manifest["tokenizer"]["file"]))
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
+        return self._tokenizer
 
     def decode(self, ids) -> str:
         return self.tokenizer().decode(list(map(int, ids)), skip_special_tokens=False)
@@ -203,8 +252,25 @@ def resolve_dir(path: str | Path) -> Path:
     return path
 
 
+def _inside(mf: Path, key: str, name: str) -> None:
+    """`name` (a file the manifest names) is a relative path that stays inside the manifest's
+    directory once resolved: no absolute path, and no `..` or symlink leading out of it."""
+    root = mf.parent
+    if Path(name).is_absolute():
+        raise TokenShardError(
+            f"{mf}: {key} {name!r} is an absolute path; a manifest names files inside its own directory"
+        )
+    top, target = root.resolve(), (root / name).resolve()
+    if target == top or not target.is_relative_to(top):
+        raise TokenShardError(
+            f"{mf}: {key} {name!r} leads outside the token directory (to {target}); a manifest names"
+            " files inside its own directory"
+        )
+
+
 def _check_manifest(mf: Path, m: dict) -> None:
-    """The keys readers index, so that a damaged manifest is one message instead of a KeyError."""
+    """The keys readers index, so that a damaged manifest is one message instead of a KeyError,
+    and the files it names inside its directory."""
 
     def bad(key: str, expected: str):
         raise TokenShardError(f"{mf}: {key}: expected {expected}")
@@ -219,6 +285,9 @@ def _check_manifest(mf: Path, m: dict) -> None:
         bad("dtype", "uint16 or uint32")
     if not isinstance(tok.get("file"), str):
         bad("tokenizer.file", "a file name")
+    if not isinstance(tok.get("sha256"), str):
+        bad("tokenizer.sha256", "a hex string")
+    _inside(mf, "tokenizer.file", tok["file"])
     splits = m.get("splits")
     if not isinstance(splits, dict) or not all(
         isinstance(v, dict) and isinstance(v.get("shards"), int) for v in splits.values()
@@ -235,6 +304,7 @@ def _check_manifest(mf: Path, m: dict) -> None:
                 bad(f"shards[{i}].{key}", "an integer")
         if not isinstance(e.get("sha256"), str):
             bad(f"shards[{i}].sha256", "a hex string")
+        _inside(mf, f"shards[{i}].path", e["path"])
 
 
 def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> TokenDir:
@@ -256,9 +326,7 @@ def open_tokens(path: str | Path, verify: bool | Literal["lazy"] = True) -> Toke
         )
     _check_manifest(mf, manifest)
     tokdir = TokenDir(root, manifest, verify)
-    tok_file = root / manifest["tokenizer"]["file"]
     if verify is True:
-        if not tok_file.is_file() or sha256_file(tok_file) != manifest["tokenizer"]["sha256"]:
-            raise TokenShardError(f"{tok_file}: missing or its sha256 does not match manifest.json")
+        tokdir.verify_tokenizer()
         tokdir.verify()
     return tokdir

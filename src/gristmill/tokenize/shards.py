@@ -24,6 +24,7 @@ The files are those the single sorted pass wrote before, byte for byte.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -34,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import xxhash
+
+from gristmill.core.files import on_failure, remove_quietly, replacing
 
 FORMAT = "gristmill-tokens"
 VERSION = 1
@@ -99,8 +102,10 @@ class IntermediateWriter:
         self.tmp = path.with_name(path.name + ".tmp")
         self.tmp.parent.mkdir(parents=True, exist_ok=True)
         self.schema = intermediate_schema(dtype)
-        self._sink = pa.OSFile(str(self.tmp), "wb")
-        self._writer = pa.ipc.new_file(self._sink, self.schema)
+        self._sink = self._writer = None
+        with on_failure(self.abort, self.path):
+            self._sink = pa.OSFile(str(self.tmp), "wb")
+            self._writer = pa.ipc.new_file(self._sink, self.schema)
         self.documents = self.tokens = 0
 
     def write(self, ids: list[str], texts: list[str], token_lists: list[list[int]]) -> None:
@@ -117,14 +122,26 @@ class IntermediateWriter:
             ],
             schema=self.schema,
         )
-        self._writer.write_batch(batch)
+        with on_failure(self.abort, self.path):  # a full disk: no `.tmp` left, the file named
+            self._writer.write_batch(batch)
         self.documents += len(ids)
         self.tokens += len(tokens.values)
 
     def close(self) -> None:
-        self._writer.close()
-        self._sink.close()
-        os.replace(self.tmp, self.path)
+        with on_failure(self.abort, self.path):
+            self._writer.close()
+            self._sink.close()
+            os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the file being written (its task failed)."""
+        for part in (self._writer, self._sink):
+            try:
+                if part is not None:
+                    part.close()
+            except Exception:  # noqa: BLE001 (the same full disk): the write's error is the one to report
+                pass
+        remove_quietly(self.tmp)
 
 
 def sha256_file(path: Path) -> str:
@@ -179,6 +196,11 @@ class BucketedWriter:
         parts: dict[int, list[int]] = {}
         for i, doc_id in enumerate(ids):
             parts.setdefault(bucket_of(shuffle_key(doc_id, self.seed), self.buckets), []).append(i)
+        with on_failure(self.abort, self.root):  # one bucket's file failed: drop every bucket's
+            self._write(parts, ids, texts, token_lists)
+        self.documents += len(ids)
+
+    def _write(self, parts: dict[int, list[int]], ids: list[str], texts: list[str], token_lists: list[list[int]]):
         for b in sorted(parts):
             w = self.writers.get(b)
             if w is None:
@@ -193,11 +215,15 @@ class BucketedWriter:
             before = w.tokens
             w.write([ids[i] for i in rows], [texts[i] for i in rows], [token_lists[i] for i in rows])
             self.tokens += w.tokens - before
-        self.documents += len(ids)
 
     def close(self) -> None:
-        for b in sorted(self.writers):
-            self.writers[b].close()
+        with on_failure(self.abort, self.root):
+            for b in sorted(self.writers):
+                self.writers[b].close()
+
+    def abort(self) -> None:
+        for w in self.writers.values():
+            w.abort()
 
 
 class SortedBucket:
@@ -325,9 +351,8 @@ def write_planned_shards(
         values = np.concatenate(chunk_vals).astype(np_dtype, copy=False)
         if len(chunk_ids) != shard["documents"] or len(values) != shard["tokens"]:
             raise ValueError(f"{root}: shard {shard['path']} does not match its plan (encode outputs changed?)")
-        tmp = out_dir / (shard["path"] + ".tmp")
-        write_shard(tmp, values, np.asarray(chunk_lens, dtype=np.int64), chunk_ids, dtype, shard["split"])
-        os.replace(tmp, out_dir / shard["path"])
+        with replacing(out_dir / shard["path"]) as tmp:
+            write_shard(tmp, values, np.asarray(chunk_lens, dtype=np.int64), chunk_ids, dtype, shard["split"])
         entries.append(
             {
                 "path": shard["path"],
@@ -342,6 +367,19 @@ def write_planned_shards(
     return entries
 
 
+def _removes_tmp_dir_on_failure(finish):
+    """`finish_tokens` that fails (a full disk) leaves no `<out_dir>.tmp` and names `out_dir`."""
+
+    @functools.wraps(finish)
+    def wrapper(shard_files: Path, entries: list[dict], out_dir: Path, **kwargs) -> dict:
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        with on_failure(lambda: shutil.rmtree(tmp, ignore_errors=True), out_dir):
+            return finish(shard_files, entries, out_dir, **kwargs)
+
+    return wrapper
+
+
+@_removes_tmp_dir_on_failure
 def finish_tokens(
     shard_files: Path,
     entries: list[dict],

@@ -389,14 +389,18 @@ class EncodeStep(Step):
             batch.clear()
 
         chars = 0
-        for doc in data or []:
-            batch.append(doc)
-            chars += len(doc.text)
-            if len(batch) >= self.batch_docs or chars >= ENCODE_BATCH_CHARS:
+        try:
+            for doc in data or []:
+                batch.append(doc)
+                chars += len(doc.text)
+                if len(batch) >= self.batch_docs or chars >= ENCODE_BATCH_CHARS:
+                    flush()
+                    chars = 0
+            if batch:
                 flush()
-                chars = 0
-        if batch:
-            flush()
+        except BaseException:  # the encoder or a step before failed: no half-written bucket file is left
+            writer.abort()
+            raise
         writer.close()
         return
         yield

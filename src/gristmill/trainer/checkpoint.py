@@ -17,6 +17,14 @@ checksums.json a checkpoint is incomplete. With several ranks, rank 0 lists the 
 reads their checksums.json, every rank hashes a share of the files, and all see all results, so
 every rank takes the same checkpoint.
 
+Contents: checksums prove the files are the ones written, not that they fit this run. `load`
+checks first that meta.json's step is the one in the directory's name and in checksums.json and
+not beyond the config's `steps`, and that every model parameter is in the checkpoint with the
+model's shape (from DCP's `.metadata`, before anything is read: a checkpoint of another model
+size otherwise fails deep inside DCP, or loads part of a larger model without a word); after the
+load, that the scheduler is at that step and that no weight or optimizer moment is NaN or
+infinite. Each is a CheckpointError naming the checkpoint; nothing on disk is changed.
+
 RNG: the trainer draws no random numbers after init (no dropout), and rank 0's CPU/CUDA
 generator states are saved as one replicated entry, so a resume on a different world size loads
 the same entry on every rank.
@@ -37,7 +45,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 _STEP = re.compile(r"^step-(\d{8})$")
@@ -281,14 +291,119 @@ def save(
     return final
 
 
-def load(path: Path, *, model, optimizer, scheduler, loader) -> int:
-    """Restores everything in place; returns the checkpoint's step."""
-    dcp.load(_states(model, optimizer, scheduler, loader), checkpoint_id=str(path))
-    return json.loads((path / "meta.json").read_text())["step"]
+# --- contents ---------------------------------------------------------------------------------
+def read_step(path: Path) -> int:
+    """meta.json's step, which must be the step of the directory's name and of checksums.json."""
+    try:
+        step = json.loads((path / "meta.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path}: meta.json unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"checkpoint {path}: meta.json step {step!r} is not a step number")
+    named = int(m.group(1)) if (m := _STEP.match(path.name)) else step
+    try:
+        summed = json.loads((path / CHECKSUMS).read_text()).get("step", step)
+    except (OSError, ValueError, AttributeError):
+        summed = step  # problem() has judged checksums.json already
+    if named != step or summed != step:
+        raise CheckpointError(
+            f"checkpoint {path}: meta.json says step {step}, but the directory is {path.name} and"
+            f" {CHECKSUMS} says step {summed}: meta.json was edited or copied from another checkpoint"
+        )
+    return step
+
+
+def _shape(size) -> str:
+    return "[" + ", ".join(map(str, size)) + "]"
+
+
+def check_fits(path: Path, model_state: dict) -> None:
+    """Every tensor of `model_state` (a model state dict: global shapes, also for FSDP's DTensors)
+    is in the checkpoint's `.metadata` with its shape, and the checkpoint holds no model tensor
+    beyond them. Reads `.metadata` only; raises CheckpointError naming the first difference."""
+    try:
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as e:  # noqa: BLE001 - an unpickling failure can be of any type
+        raise CheckpointError(f"checkpoint {path}: .metadata unreadable ({type(e).__name__}: {e})") from None
+    prefix = "app.model."
+    found = []
+    for name, tensor in model_state.items():
+        meta = saved.get(prefix + name)
+        if meta is None:
+            found.append(f"parameter {name} is missing from the checkpoint")
+        elif not isinstance(meta, TensorStorageMetadata) or tuple(meta.size) != tuple(tensor.shape):
+            got = _shape(meta.size) if isinstance(meta, TensorStorageMetadata) else "no tensor"
+            found.append(f"parameter {name} has shape {got} in the checkpoint, {_shape(tensor.shape)} in the model")
+    extra = sorted(k[len(prefix) :] for k in saved if k.startswith(prefix) and k[len(prefix) :] not in model_state)
+    found += [f"the checkpoint holds parameter {name}, the model has none of that name" for name in extra]
+    if found:
+        more = f" (and {len(found) - 1} more differences)" if len(found) > 1 else ""
+        raise CheckpointError(f"checkpoint {path}: {found[0]}{more}: a checkpoint of another model?")
+
+
+def _sums(state: dict, where: str = "") -> list[tuple[str, torch.Tensor]]:
+    """(name, float32 sum of this rank's shard) of every floating tensor in a nested state dict."""
+    out = []
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out += _sums(value, f"{where}{key}.")
+        elif isinstance(value, torch.Tensor) and value.is_floating_point():
+            local = value.to_local() if hasattr(value, "to_local") else value
+            out.append((f"{where}{key}", local.sum(dtype=torch.float32)))
+    return out
+
+
+def _nonfinite(state: dict) -> list[str]:
+    """Names of the tensors of a (nested) state dict holding NaN or inf, from this rank's shards.
+    A sum is non-finite iff an element is (weights and moments are far from float32's range), and
+    needs no temporary the size of the tensor; one device sync per device."""
+    by_device: dict[torch.device, list] = {}
+    for name, total in _sums(state):
+        by_device.setdefault(total.device, []).append((name, total))
+    bad = []
+    for group in by_device.values():
+        finite = torch.isfinite(torch.stack([t for _, t in group])).tolist()
+        bad += [name for (name, _), ok in zip(group, finite) if not ok]
+    return bad
+
+
+def load(path: Path, *, model, optimizer, scheduler, loader, max_step: int | None = None) -> int:
+    """Restores everything in place; returns the checkpoint's step. Raises CheckpointError, the
+    same on every rank, when the checkpoint does not fit this run (module docstring, "Contents");
+    `max_step`: the config's `steps`."""
+    step = read_step(path)
+    if max_step is not None and step > max_step:
+        raise CheckpointError(
+            f"checkpoint {path}: step {step} is beyond steps: {max_step} (a checkpoint of a longer run?"
+            " train into another directory, or raise steps)"
+        )
+    check_fits(path, get_model_state_dict(model))
+    states = _states(model, optimizer, scheduler, loader)
+    try:
+        dcp.load(states, checkpoint_id=str(path))
+    except CheckpointException as e:  # every rank's failure, gathered by DCP: report the first
+        first = next(iter(e.failures.values()))[0]
+        raise CheckpointError(f"checkpoint {path}: cannot be loaded ({type(first).__name__}: {first})") from None
+    except ValueError as e:  # a Stateful's own check: the data loader's seq_len and token directory
+        raise CheckpointError(f"checkpoint {path}: {e}") from None
+    if scheduler.last_epoch != step:
+        raise CheckpointError(
+            f"checkpoint {path}: meta.json says step {step}, its scheduler state step {scheduler.last_epoch}:"
+            " meta.json was edited or copied from another checkpoint"
+        )
+    bad = sorted({n for part in _everyone(_nonfinite(states["app"].state_dict())) for n in part})
+    if bad:
+        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint {path}: {bad[0]}{more} holds NaN or infinite values: training from it cannot"
+            " recover; resume from an earlier checkpoint (move this one aside)"
+        )
+    return step
 
 
 def load_model_state(path: Path, model) -> None:
     """Only the model weights, without a process group (export, evaluation)."""
     state = {"app": {"model": model.state_dict()}}
+    check_fits(path, state["app"]["model"])
     dcp.load(state, checkpoint_id=str(path), no_dist=True)
     model.load_state_dict(state["app"]["model"])

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from gristmill.core.configlib import ConfigError
+from gristmill.core.messages import os_error_line
 from gristmill.dirlock import hold
 from gristmill.trainer.config import TrainConfig, from_dict
 from gristmill.trainer.config import load as load_config
@@ -54,8 +55,10 @@ def check_tokens(cfg: TrainConfig):
     """The token directory as training reads it, checked once: manifest, every shard of the
     training split (and of the validation split if evaluation uses it) present, its sha256 as
     the manifest says (unless `data.verify: false`), a readable Arrow file of the manifest's
-    dtype and counts, every id below the vocabulary size. Raises TokenShardError naming the file,
-    or ConfigError naming the key. Returns the opened TokenDir."""
+    dtype and counts, every id below the vocabulary size, the tokenizer's sha256 and vocabulary
+    as the manifest says (`TokenDir.check`, also run by `tokens inspect` and `tokens export`).
+    Raises TokenShardError naming the file, or ConfigError naming the key. Returns the opened
+    TokenDir."""
     from gristmill.tokenize.reader import TokenShardError, open_tokens
 
     try:
@@ -75,7 +78,7 @@ def check_tokens(cfg: TrainConfig):
         if cfg.eval.batches and cfg.data.val_split in tokdir.splits:
             tokdir.check(cfg.data.val_split)
     except OSError as e:  # unreadable (permissions, I/O error): still one line naming the file
-        raise TokenShardError(f"{e.filename or cfg.data.tokens}: {e.strerror or e}") from None
+        raise TokenShardError(os_error_line(e, cfg.data.tokens)) from None
     return tokdir
 
 

@@ -2,8 +2,10 @@
 TensorBoard (if the `tensorboard` package is installed — the `train` extra pins it), and a rich
 progress bar on rank 0.
 
-MFU = tokens/s × (6·N + 12·L·d·T) / peak, N without embeddings (ModelArgs.flops_per_token),
-peak = dense bf16 FLOP/s of the GPU (or nothing on CPU).
+MFU = tokens/s × (6·N + 12·L·d·T) / peak, N = the weights of every matmul, the output head
+included, tied or not (ModelArgs.flops_per_token), peak = dense bf16 FLOP/s of the GPU (or
+nothing on CPU). FP8 runs are counted against the same bf16 peak: MFU stays comparable across
+precisions.
 """
 
 from __future__ import annotations

@@ -52,15 +52,29 @@ class ModelArgs(ModelShape):
         return self.model_dump()
 
     def non_embedding_params(self) -> int:
-        """N of the MFU formula: parameters of the blocks and the final norm (not embedding/output)."""
+        """Parameters of the blocks and the final norm (not the embedding or the output head)."""
         d, kv = self.dim, self.n_kv_heads * self.head_dim
         attn = d * d * 2 + d * kv * 2
         mlp = 3 * d * self.ffn_dim
         return self.n_layers * (attn + mlp + 2 * d) + d
 
+    def embedding_params(self) -> int:
+        """The token embedding, and the output head unless it is the same matrix (tied)."""
+        return self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
+
+    def matmul_params(self) -> int:
+        """Weights that multiply every token: the blocks' linear layers and the output head
+        (tied or not: the logits are a matmul either way). Not the embedding (a lookup) or the
+        norms (elementwise)."""
+        d, kv = self.dim, self.n_kv_heads * self.head_dim
+        per_block = d * d * 2 + d * kv * 2 + 3 * d * self.ffn_dim
+        return self.n_layers * per_block + self.vocab_size * d
+
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6·N + 12·L·d·T (N without embeddings; the guide's formula)."""
-        return 6 * self.non_embedding_params() + 12 * self.n_layers * self.dim * seq_len
+        """Training FLOPs per token: 6·N + 12·L·d·T, N = every matmul's weights, the output head
+        included (`matmul_params`), 12·L·d·T attention's two matmuls (PaLM's count). The one
+        formula behind every MFU figure, ours and the reference's."""
+        return 6 * self.matmul_params() + 12 * self.n_layers * self.dim * seq_len
 
 
 class RMSNorm(nn.Module):
@@ -161,6 +175,10 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(args.max_seq_len, args.head_dim, args.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # called with a unit's index before the forward uses its parameters (0: the embedding,
+        # 1..L: the blocks, L + 1: final norm and head; `units()`): an optimizer that updates
+        # beside the forward makes the forward wait there for that unit alone
+        self.before_unit = None
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
@@ -201,12 +219,23 @@ class Transformer(nn.Module):
         T = tokens.shape[1]
         if T > self.args.max_seq_len:
             raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {self.args.max_seq_len}")
+        wait = self.before_unit or (lambda i: None)
+        wait(0)
         x = self.tok_embeddings(tokens)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         mask = document_mask(doc_ids) if doc_ids is not None else None
-        for block in self.layers:
+        for i, block in enumerate(self.layers):
+            wait(i + 1)
             x = block(x, cos, sin, mask)
+        wait(len(self.layers) + 1)
         return self.norm(x)
+
+    def units(self) -> list[list[nn.Parameter]]:
+        """The parameters in the order the forward uses them, by `before_unit`'s index: the
+        embedding, each block, then the final norm and the output head (the embedding's matrix
+        when tied, which unit 0 already holds)."""
+        tail = [*self.norm.parameters(), *(self.output.parameters() if self.output is not None else [])]
+        return [list(self.tok_embeddings.parameters()), *(list(b.parameters()) for b in self.layers), tail]
 
     def forward(self, tokens, targets=None, doc_ids=None):
         """Logits (B, T, V) without `targets`; the mean loss with them (logits never materialised

@@ -18,6 +18,11 @@ non-finite norm as `found_inf`, on which the kernel leaves parameters and moment
 `MasterAdamW` is the same optimizer for a model that computes in bf16 without FSDP: it turns the
 model's parameters into bf16 and keeps their fp32 masters (kernel: `kernels/adamw.py`), so no
 autocast cast runs per step. Checkpoints still hold fp32 weights and torch's optimizer state.
+
+On one GPU, `optim.overlap_update` moves the update beside compute: `MasterAdamW.overlap_update`
+runs the same kernels on the same tensors (so the numbers do not change, bit for bit) on a
+second CUDA stream, unit by unit (embedding, each block, final norm + head), and the next
+step's forward waits only for the unit it is about to run (`Transformer.before_unit`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ class AdamW(torch.optim.AdamW):
     def accumulate_grads(self) -> None:
         """After each micro-batch's backward when accumulating (nothing to do: the fp32
         gradients accumulate in place)."""
+
+    def wait_for_updates(self) -> None:
+        """Makes the current stream wait for every parameter update queued so far (nothing to
+        wait for: this optimizer updates on the current stream)."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -121,6 +130,8 @@ class MasterAdamW(AdamW):
         super().__init__(params, triton=triton, **kwargs)
         self.masters: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._acc: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._side: torch.cuda.Stream | None = None  # overlap_update
+        self._units: list[list[torch.nn.Parameter]] | None = None
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dtype != torch.float32 or is_dtensor(p):
@@ -137,6 +148,33 @@ class MasterAdamW(AdamW):
                     "exp_avg": torch.zeros_like(master),
                     "exp_avg_sq": torch.zeros_like(master),
                 }
+
+    # --- overlap: update on a side stream, unit by unit; gradient norms beside backward -------
+
+    def overlap_update(self, units: list[list[torch.nn.Parameter]]) -> None:
+        """From now on `step()` updates on a second CUDA stream, one unit of parameters after
+        another in `units` order (the order the forward uses them), recording an event after
+        each; `wait_for_unit(i)` makes the current stream wait for unit i only. The forward of
+        the next step then starts as soon as the embedding is updated and runs beside the rest
+        of the update (memory-bound AdamW beside compute-bound matmuls)."""
+        listed = [p for unit in units for p in unit]
+        if sorted(map(id, listed)) != sorted(map(id, self.masters)):
+            raise ValueError("overlap_update: the units must hold every parameter exactly once")
+        self._units = units
+        self._ready = [None] * len(units)
+        self._side = torch.cuda.Stream(device=listed[0].device)
+
+    def wait_for_unit(self, index: int) -> None:
+        """Makes the current stream wait until unit `index`'s parameters are updated."""
+        ready = self._ready[index] if self._units else None
+        if ready is not None:
+            torch.cuda.current_stream().wait_event(ready)
+            self._ready[index] = None
+
+    def wait_for_updates(self) -> None:
+        if self._side is not None:
+            torch.cuda.current_stream().wait_stream(self._side)
+            self._ready = [None] * len(self._units or [])
 
     def _pending(self, params) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(parameter, gradient to apply): the fp32 sum when accumulating, else the bf16 grad."""
@@ -166,39 +204,65 @@ class MasterAdamW(AdamW):
             raise ValueError("MasterAdamW.step: closures are not supported")
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
-        update = adamw_master_triton if self.triton else adamw_master_reference
+        if self._units:
+            self._step_beside(grad_scale, found_inf)
+            return None
         for group in self.param_groups:
             todo = self._pending(group["params"])
             if not todo:
                 continue
             steps = [self.state[p]["step"] for p, _ in todo]
             foreach_add_(steps, 1)
-            beta1, beta2 = group["betas"]
             for p, g in todo:
-                st = self.state[p]
-                update(
-                    self.masters[p],
-                    g,
-                    st["exp_avg"],
-                    st["exp_avg_sq"],
-                    p.data,
-                    st["step"],
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
-                    grad_scale=grad_scale,
-                    found_inf=found_inf,
-                )
+                self._update(p, g, group, grad_scale, found_inf)
             if found_inf is not None:  # a skipped step does not count
                 foreach_sub_(steps, [found_inf] * len(steps))
         return None
+
+    def _update(self, p, g, group, grad_scale, found_inf) -> None:
+        st = self.state[p]
+        beta1, beta2 = group["betas"]
+        (adamw_master_triton if self.triton else adamw_master_reference)(
+            self.masters[p],
+            g,
+            st["exp_avg"],
+            st["exp_avg_sq"],
+            p.data,
+            st["step"],
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
+
+    def _step_beside(self, grad_scale, found_inf) -> None:
+        """`step()` on the side stream, unit by unit, an event after each (`overlap_update`)."""
+        side, main = self._side, torch.cuda.current_stream()
+        side.wait_stream(main)  # the gradients, the clip coefficient and the inf flag are written
+        group_of = {p: g for g in self.param_groups for p in g["params"]}
+        todo = [[(p, g) for p, g in self._pending(unit)] for unit in self._units]
+        # what the main stream allocated and frees while the side stream still reads it
+        for t in [g for unit in todo for _, g in unit] + [x for x in (grad_scale, found_inf) if x is not None]:
+            t.record_stream(side)
+        steps = [self.state[p]["step"] for unit in todo for p, _ in unit]
+        with torch.cuda.stream(side):
+            if steps:
+                foreach_add_(steps, 1)
+            for i, unit in enumerate(todo):
+                for p, g in unit:
+                    self._update(p, g, group_of[p], grad_scale, found_inf)
+                self._ready[i] = side.record_event()
+            if found_inf is not None and steps:  # a skipped step does not count
+                foreach_sub_(steps, [found_inf] * len(steps))
 
     @contextmanager
     def fp32_params(self):
         """Inside, each parameter holds its fp32 master (state dicts read and load fp32); on
         exit the bf16 weights are re-made from the masters (which a load may have changed)."""
+        self.wait_for_updates()
         weights = {}
         for p, master in self.masters.items():
             weights[p], p.data = p.data, master

@@ -1,6 +1,7 @@
 """Process group, and parallelism applied to the plain model from outside (torchtitan's order):
-activation checkpointing, then torch.compile per block, then FSDP2 `fully_shard` per block (or
-group of blocks), on the embedding and the head when there is more than one group, and at the root.
+activation checkpointing, then torch.compile per block (the reverse for `ac: full`), then FSDP2
+`fully_shard` per block (or group of blocks), on the embedding and the head when there is more
+than one group, and at the root.
 
 On GPU: NCCL, `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` — fp32 master weights
 and optimizer state, sharded; bf16 compute. On CPU: gloo and fp32. FSDP2 on a CPU gloo mesh
@@ -62,7 +63,13 @@ def init_distributed() -> Dist:
 
 def apply_ac(model: nn.Module, mode: str) -> None:
     """none | full (recompute each block) | selective (per op: keep matmul and attention outputs,
-    recompute norms, RoPE, SwiGLU and other cheap elementwise ops)."""
+    recompute norms, RoPE, SwiGLU and other cheap elementwise ops).
+
+    With compile, `full` wraps the already compiled blocks (`train.build` compiles first): a
+    checkpoint inside the compiled graph leaves the recompute to the compiler, which kept the
+    outputs of our Triton kernels anyway (on an H100 at 1B: 1.52 GiB per sequence against
+    2.44 without checkpointing and 0.2 expected; `benchmarks/train_memory.py`). `selective`
+    must be compiled around (its policy sees each op, which a compiled block hides)."""
     if mode == "none":
         return
     from gristmill.compat.torch import attention_ops, checkpoint_wrapper
@@ -71,7 +78,9 @@ def apply_ac(model: nn.Module, mode: str) -> None:
     if mode == "selective":
         from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-        save = {torch.ops.aten.mm.default, *attention_ops()}
+        from gristmill.trainer.fp8 import scaled_mm_ops
+
+        save = {torch.ops.aten.mm.default, *scaled_mm_ops(), *attention_ops()}  # FP8 matmuls too
 
         def policy(ctx, op, *args, **kw):
             return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE

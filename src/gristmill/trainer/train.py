@@ -4,8 +4,9 @@
 
 `train()` checks the token shards (rank 0, unless the launcher did) and builds a `Trainer` once,
 which owns the model, optimizer, scheduler, loader, checkpoints and metrics. Building: the model
-on the meta device → activation checkpointing → compile per block → FSDP2 → `to_empty` +
-`init_weights` → fused AdamW → resume from the newest intact checkpoint.
+on the meta device → (FP8 linears) → activation checkpointing → compile per block (with `ac:
+full`, compile and then checkpoint) → FSDP2 → `to_empty` + `init_weights` → fused AdamW →
+resume from the newest intact checkpoint.
 
 `Trainer.train()` runs the loop; each iteration, in this order:
 
@@ -43,6 +44,7 @@ from gristmill.trainer import checkpoint as ckpt
 from gristmill.trainer.config import TrainConfig
 from gristmill.trainer.config import load as load_config
 from gristmill.trainer.data import Batch, TokenStream, TrainLoader, val_batches
+from gristmill.trainer.fp8 import apply_fp8, fp8_unavailable
 from gristmill.trainer.kernels import HAVE_TRITON, Kernels
 from gristmill.trainer.launch import EXIT_INPUT, EXIT_NONFINITE, PREEMPT_ENV, check_tokens
 from gristmill.trainer.metrics import Metrics
@@ -163,17 +165,27 @@ class Built:
 
 def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
     args = model_args(cfg, vocab_size)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and d.device.type == "cuda")
+    fp8 = cfg.precision == "fp8"
+    bf16 = cfg.precision in ("bf16", "fp8") or (cfg.precision == "auto" and d.device.type == "cuda")
     use_fsdp = cfg.fsdp is True or (cfg.fsdp == "auto" and d.world > 1)
     if not use_fsdp and d.world > 1:
         raise ValueError("fsdp: false needs world size 1 (there is no other data-parallel wrapper)")
+    if fp8 and (why := fp8_unavailable(d.device)):
+        raise ConfigError(why)
     torch.manual_seed(cfg.seed)
     kernels = resolve_kernels(cfg, d.device)
     with torch.device("meta"):
         model = Transformer(args, kernels)
-    apply_ac(model, cfg.ac)
-    if cfg.compile:
+    if fp8:
+        apply_fp8(model, cfg.fp8_recipe)
+    if cfg.compile and cfg.ac == "full":
+        # checkpoint around each compiled block, not a compiled checkpoint (parallel.apply_ac)
         apply_compile(model)
+        apply_ac(model, cfg.ac)
+    else:
+        apply_ac(model, cfg.ac)
+        if cfg.compile:
+            apply_compile(model)
     if use_fsdp:
         apply_fsdp(
             model,
@@ -192,6 +204,9 @@ def build(cfg: TrainConfig, d: Dist, vocab_size: int) -> Built:
     # fp32 weights under autocast; FSDP's mixed precision does the former by itself
     master = bf16 and not use_fsdp and cfg.master_weights is not False
     optimizer = (MasterAdamW if master else AdamW)(groups, triton=kernels.triton and d.device.type == "cuda", **hyper)
+    if master and d.device.type == "cuda" and cfg.optim.overlap_update:
+        optimizer.overlap_update(model.units())
+        model.before_unit = optimizer.wait_for_unit
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not use_fsdp and not master else nullcontext()
     return Built(model=model, args=args, optimizer=optimizer, scheduler=scheduler, autocast=autocast, fsdp=use_fsdp)
@@ -325,9 +340,17 @@ class Trainer:
         except ckpt.CheckpointError as e:
             raise InputError(str(e)) from None
         if last is not None:
-            self.step = ckpt.load(
-                last, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, loader=self.loader
-            )
+            try:  # the same verdict on every rank: rank 0 reports it
+                self.step = ckpt.load(
+                    last,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    scheduler=self.scheduler,
+                    loader=self.loader,
+                    max_step=self.cfg.steps,
+                )
+            except ckpt.CheckpointError as e:
+                raise InputError(str(e)) from None
             self.resume_point = (last, "this run started from it; its files matched their checksums")
             if self.d.is_main:
                 print(f"resumed from {last} (step {self.step}, {self.loader.consumed} samples consumed)", flush=True)

@@ -1,0 +1,43 @@
+"""How gristmill words what it tells a person: crawl text made inert, sizes, and OS errors.
+
+One place for each, so a log line, a `pipeline stats` table and an error read the same way
+wherever they come from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["format_bytes", "os_error_line", "printable"]
+
+# control characters (NUL, ESC, ...), C1 controls, zero-width and bidi overrides: what a
+# terminal would act on or a reader would not see
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Crawl text for a log line or a table (record ids, URLs, hostnames, file names): control
+    and bidi characters escaped (a NUL shows as `\\x00`, ESC as `\\x1b`), so the crawl never
+    writes to a terminal or hides part of a line."""
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
+def format_bytes(n: float) -> str:
+    """`3.3 MB`, `258.0 KB`, `12 B`: decimal units, one decimal above bytes."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def os_error_line(e: OSError, where: str | os.PathLike | None = None) -> str:
+    """`No space left on device: /run/01_curate/output/00000.parquet` — what happened, then the
+    file (both files of a rename or copy, `a -> b`). `where` stands in for the file when the
+    error names none (pyarrow raises ENOSPC without a path)."""
+    what = e.strerror or str(e)
+    paths = [p for p in (e.filename, e.filename2) if p is not None]
+    if not paths and where is not None:
+        paths = [where]
+    return f"{what}: {' -> '.join(map(os.fspath, paths))}" if paths else what

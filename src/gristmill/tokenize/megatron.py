@@ -1,0 +1,261 @@
+"""Megatron's indexed dataset (`<prefix>.bin` + `<prefix>.idx`), written from token shards.
+
+Megatron-LM and NeMo read pretraining tokens through megatron-core's `IndexedDataset`; its users
+pass the prefix (`--data-path OUT/train`). This module writes that format itself, from its
+layout as megatron-core 0.16.1 reads it (`megatron/core/datasets/indexed_dataset.py`,
+`_IndexReader`, `_MMapBinReader`): nothing of megatron is imported to write.
+
+`<prefix>.bin`: every token of every document back to back, little-endian, in the dtype the
+index names; no header.
+
+`<prefix>.idx`, little-endian, in this order:
+
+    9 bytes   magic b"MMIDIDX\\x00\\x00"
+    u64       version, 1
+    u8        dtype code of the .bin (megatron's `DType`: 8 = uint16, 4 = int32)
+    u64       sequence count S
+    u64       document count D + 1 (the length of the document-index array below)
+    int32[S]  sequence lengths, in tokens
+    int64[S]  sequence pointers: byte offset of each sequence in the .bin
+    int64[D+1] document indices: document d is sequences [idx[d], idx[d+1]); idx[0] = 0, idx[D] = S
+
+One gristmill document is one Megatron sequence and one Megatron document (S = D, document
+indices 0..S), each ending in the EOS id as the shards hold it: Megatron's GPT dataset
+concatenates documents into samples, like `preprocess_data.py --append-eod` writes them.
+
+dtype: `uint16` shards stay `uint16` (code 8). `uint32` shards are written as `int32` (code 4):
+the index has no unsigned 32-bit code; the bits are the same for ids below 2^31, and an id at
+or above 2^31 is refused (`MegatronExportError`, naming the shard, document and token).
+
+Streaming and memory: the .bin is written from the shards' memory-mapped token buffers in
+slices of `chunk_tokens` (no copy: uint32 → int32 is a view of the same bytes); the .idx is
+written front to back in three passes over the shards' document offsets (lengths, pointers,
+then the document indices, which are 0..D), `chunk_docs` documents at a time. The counts in
+the header come from the manifest, which every shard is checked against when it opens, and the
+written counts are checked against them at the end. Memory other than mapped file pages is
+therefore a few arrays of `chunk_docs` entries (~20 bytes each, ~20 MB at the default), whatever
+the size of a shard or of the corpus.
+
+Whole or not at all: every file is written under a temporary name in the output folder, and
+all are renamed into place only once every split is complete; on any error (a full disk, an id
+refused, Ctrl-C) the temporary files are removed and earlier files at those names are
+untouched. Files are opened through `LocalFolder`, the one place that knows the destination is
+a local folder (an object-store destination is another class with `open`, `commit`, `discard`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from gristmill.core.files import naming, remove_quietly
+from gristmill.tokenize.reader import Shard, TokenDir
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+#: megatron-core's `DType` codes for the dtypes written here
+DTYPE_CODES = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4}
+INT32_LIMIT = 2**31
+CHUNK_TOKENS = 1 << 24  # tokens per write of the .bin (a view of the mapped shard, never copied)
+CHUNK_DOCS = 1 << 20  # documents per slice of the .idx arrays (~20 MB of int32 + int64 arrays)
+
+
+class MegatronExportError(ValueError):
+    """Tokens that Megatron's format cannot hold; names the shard, document and token."""
+
+
+class LocalFolder:
+    """The export's destination: files written under temporary names, renamed into place by
+    `commit` once all are complete, removed by `discard`. Temporary names carry the process id,
+    so two exports into one folder never write the same file."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self._pending: list[tuple[Path, Path]] = []  # (temporary, final), in commit order
+        self._made = False  # the folder was made by this export: removed again if nothing is committed
+
+    def describe(self, name: str) -> str:
+        return str(self.root / name)
+
+    def open(self, name: str) -> BinaryIO:
+        """A new file that will become `name` on `commit`."""
+        if not self.root.is_dir():
+            self.root.mkdir(parents=True)
+            self._made = True
+        final = self.root / name
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        f = open(tmp, "wb")  # closed by the caller; removed by discard() unless committed
+        self._pending.append((tmp, final))
+        return f
+
+    def commit(self) -> None:
+        for tmp, final in self._pending:
+            os.replace(tmp, final)
+        self._pending.clear()
+
+    def discard(self) -> None:
+        for tmp, _ in self._pending:
+            remove_quietly(tmp)
+        self._pending.clear()
+        if self._made:
+            try:
+                self.root.rmdir()  # only if empty
+            except OSError:
+                pass
+
+
+@dataclass
+class SplitWritten:
+    split: str
+    prefix: str  # what Megatron is given: the path without .bin/.idx
+    documents: int
+    tokens: int
+    dtype: np.dtype
+    bin_bytes: int
+    idx_bytes: int
+
+
+def megatron_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype written for shards of `dtype`: uint16 as is, uint32 as int32."""
+    dtype = np.dtype(dtype)
+    if dtype == np.uint16:
+        return dtype
+    if dtype == np.uint32:
+        return np.dtype(np.int32)
+    raise MegatronExportError(f"token dtype {dtype}: Megatron export writes uint16 or uint32 shards")
+
+
+def index_header(dtype: np.dtype, sequences: int) -> bytes:
+    """The .idx header for `sequences` sequences, one document each."""
+    return MAGIC + struct.pack("<QBQQ", VERSION, DTYPE_CODES[np.dtype(dtype)], sequences, sequences + 1)
+
+
+def write_megatron(
+    toks: TokenDir,
+    dest: LocalFolder,
+    splits: list[str],
+    chunk_tokens: int = CHUNK_TOKENS,
+    chunk_docs: int = CHUNK_DOCS,
+) -> list[SplitWritten]:
+    """`<split>.bin` + `<split>.idx` in `dest` for each split, committed together or not at all.
+    The caller checks the token directory first (`TokenDir.check`): ids against the vocabulary;
+    this function refuses only what Megatron's format cannot hold."""
+    out_dtype = megatron_dtype(toks.dtype)
+    written = []
+    try:
+        for split in splits:
+            written.append(_write_split(toks, dest, split, out_dtype, chunk_tokens, chunk_docs))
+        dest.commit()
+    except BaseException:  # a full disk, an id refused, Ctrl-C: no file of this export is left
+        dest.discard()
+        raise
+    return written
+
+
+def _write_split(
+    toks: TokenDir, dest: LocalFolder, split: str, out_dtype: np.dtype, chunk_tokens: int, chunk_docs: int
+) -> SplitWritten:
+    entries = toks.entries(split)
+    documents = sum(e["documents"] for e in entries)  # each shard is checked against its entry on opening
+    itemsize = out_dtype.itemsize
+    bin_name, idx_name = f"{split}.bin", f"{split}.idx"
+
+    tokens = 0
+    with _named(dest, bin_name) as f:
+        for shard in _shards(toks, entries):
+            for start in range(0, shard.num_tokens, chunk_tokens):
+                part = shard.tokens[start : start + chunk_tokens]
+                if out_dtype != part.dtype:  # uint32 → int32: same bits below 2^31
+                    if len(part) and int(part.max()) >= INT32_LIMIT:
+                        _refuse_id(shard, start + int(np.argmax(part >= INT32_LIMIT)))
+                    part = part.view(out_dtype)
+                f.write(memoryview(np.ascontiguousarray(part)).cast("B"))
+            tokens += shard.num_tokens
+        bin_bytes = f.tell()
+
+    with _named(dest, idx_name) as f:
+        f.write(index_header(out_dtype, documents))
+        for lengths in _per_chunk(toks, entries, chunk_docs, _lengths):
+            f.write(lengths.tobytes())
+        for pointers in _per_chunk(toks, entries, chunk_docs, functools.partial(_pointers, itemsize=itemsize)):
+            f.write(pointers.tobytes())
+        for start in range(0, documents + 1, chunk_docs):
+            f.write(np.arange(start, min(start + chunk_docs, documents + 1), dtype=np.int64).tobytes())
+        idx_bytes = f.tell()
+
+    want_idx = len(MAGIC) + 8 + 1 + 8 + 8 + documents * (4 + 8) + (documents + 1) * 8
+    if bin_bytes != tokens * itemsize or idx_bytes != want_idx:  # shards changed under the export
+        raise MegatronExportError(
+            f"{dest.describe(split)}: wrote {bin_bytes} / {idx_bytes} bytes, expected"
+            f" {tokens * itemsize} / {want_idx}: the token directory changed during the export"
+        )
+    return SplitWritten(split, dest.describe(split), documents, tokens, out_dtype, bin_bytes, idx_bytes)
+
+
+@contextmanager
+def _named(dest: LocalFolder, name: str) -> Iterator[BinaryIO]:
+    """A new file of `dest`, closed on leaving; an OSError (a full disk, a file size limit) names
+    the file as it will be called, not its temporary name."""
+    path = dest.describe(name)
+    try:
+        f = dest.open(name)
+    except OSError as e:
+        raise _about(e, path) from None
+    try:
+        with f:
+            yield f
+    except OSError as e:
+        raise _about(e, path) from None
+
+
+def _about(e: OSError, path: str) -> OSError:
+    return OSError(e.errno, e.strerror, path) if e.errno else naming(e, path)
+
+
+def _shards(toks: TokenDir, entries: list[dict]) -> Iterator[Shard]:
+    for entry in entries:
+        yield toks.shard(entry)
+
+
+def _per_chunk(toks: TokenDir, entries: list[dict], chunk_docs: int, make) -> Iterator[np.ndarray]:
+    """`make(offsets, base, shard, first)` over slices of each shard's document offsets
+    (`chunk_docs` + 1 entries from document `first`, overlapping by one), `base` being the
+    shard's first token in the split's stream."""
+    base = 0
+    for shard in _shards(toks, entries):
+        for start in range(0, shard.documents, chunk_docs):
+            yield make(shard.offsets[start : start + chunk_docs + 1], base, shard, start)
+        base += shard.num_tokens
+
+
+def _lengths(offsets: np.ndarray, base: int, shard: Shard, first: int) -> np.ndarray:
+    """Sequence lengths, int32 in the index."""
+    lengths = np.diff(offsets)
+    if len(lengths) and int(lengths.max()) >= INT32_LIMIT:
+        doc = first + int(np.argmax(lengths >= INT32_LIMIT))
+        raise MegatronExportError(
+            f"{shard.path}: document {doc} holds {int(lengths[doc - first]):,} tokens; Megatron's index stores"
+            f" lengths as int32 (below {INT32_LIMIT:,})"
+        )
+    return lengths.astype(np.int32)
+
+
+def _pointers(offsets: np.ndarray, base: int, shard: Shard, first: int, itemsize: int) -> np.ndarray:
+    """Byte offset of each sequence in the .bin."""
+    return (offsets[:-1] + base).astype(np.int64) * itemsize
+
+
+def _refuse_id(shard: Shard, pos: int) -> None:
+    doc = int(np.searchsorted(shard.offsets, pos, side="right")) - 1
+    raise MegatronExportError(
+        f"{shard.path}: token id {int(shard.tokens[pos])} (document {doc}, token {pos - int(shard.offsets[doc])})"
+        f" is not below 2^31: Megatron's index has no unsigned 32-bit dtype and int32 cannot hold it"
+    )
