@@ -45,6 +45,25 @@ def test_training_on_pieces_of_long_texts_gives_the_same_tokenizer(docs):
     assert "".join(stages.training_pieces(long[0], 5000)) == long[0]
 
 
+def test_training_pieces_are_cut_where_the_pre_tokenizer_splits(docs):
+    from tokenizers import pre_tokenizers
+
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    others = [
+        "中文字符。下一句话，还有123数字！日本語のテキスト、です。" * 40,
+        "it's a dog's life, isn't it?'s 2024-05-17 " * 40,
+    ]
+    cut = 0
+    for text in [d.text for d in docs] + others:
+        pieces = list(stages.training_pieces(text, 1000))
+        assert "".join(pieces) == text
+        cut += len(pieces) - 1
+        assert [w for p in pieces for w, _ in pre.pre_tokenize_str(p)] == [w for w, _ in pre.pre_tokenize_str(text)]
+    assert cut > 300
+    # a stretch with no such place (one 3,000-letter word) is cut where it reaches the size
+    assert [len(p) for p in stages.training_pieces("a" * 3000 + " b", 1000)] == [1000, 1000, 1000, 2]
+
+
 def test_sample_row_groups_are_bounded_by_bytes(docs, tmp_path, monkeypatch):
     monkeypatch.setattr(stages, "SAMPLE_ROW_GROUP_BYTES", 20_000)
     step = stages.TokenizerSampleStep(10**9)
@@ -65,11 +84,11 @@ def test_sample_row_groups_are_bounded_by_bytes(docs, tmp_path, monkeypatch):
     assert [(i, t.decode()) for i, t in encoded] == stages.hash_sample_entries(docs, 300_000)
 
 
-def test_engine_check_reads_the_first_characters_of_long_texts(tokenizer_files):
+def test_engine_check_reads_the_first_bytes_of_long_texts(tokenizer_files):
     hf = tokenizer.load(tokenizer_files / "gpt2")
     fast = encode.tiktoken_from_hf(hf)
     long = ("word " * 300_000).encode()
     heads = stages._Heads([long, b"short text"], 1000)
     assert len(heads) == 2 and heads[0] == ("word " * 200) and heads[1] == "short text"
-    assert encode.compare(hf, fast.encoding, heads, max_chars=500) == (2, None)
-    assert stages._Heads(["é".encode() * 3000], 1000)[0] == "é" * 1000
+    assert encode.compare(hf, fast.encoding, heads, max_bytes=500) == (2, None)
+    assert stages._Heads(["é".encode() * 3000], 1001)[0] == "é" * 500  # the character cut is left out

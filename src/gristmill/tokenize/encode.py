@@ -98,27 +98,29 @@ def hf_encode_batch(tok, texts: Sequence[str]) -> list[list[int]]:
 
 
 #: bytes HF's encodings (ids, tokens, offsets, masks) and their ids as Python lists hold per byte
-#: of text: measured 44 on a batch of 256 web pages, 133 on one 5 MB page (4 bytes a character)
-HF_BYTES_PER_BYTE = 140
-#: characters of text `compare` encodes with both engines at a time
-COMPARE_BATCH_CHARS = 1_000_000
+#: of text: measured 44 on a batch of 256 web pages, 133 on one 5 MB page (4 bytes a character),
+#: 150 on the engine check's 1 MiB batches of 2 MB pages' heads
+HF_BYTES_PER_BYTE = 160
+#: bytes of text (UTF-8) `compare` encodes with both engines at a time
+COMPARE_BATCH_BYTES = 1 << 20
 
 
 def compare(
-    tok, encoding, texts: Sequence[str], batch: int = 256, max_chars: int = COMPARE_BATCH_CHARS
+    tok, encoding, texts: Sequence[str], batch: int = 256, max_bytes: int = COMPARE_BATCH_BYTES
 ) -> tuple[int, int | None]:
     """(documents compared, index of the first whose ids differ or None). Batches of `batch`
-    texts and at most `max_chars` characters, a longer text alone (`HF_BYTES_PER_BYTE` per
-    byte); each text is read from `texts` when its batch is made."""
+    texts and at most `max_bytes` of UTF-8, a longer text alone (HF holds `HF_BYTES_PER_BYTE`
+    per byte); each text is read from `texts` when its batch is made."""
     start, n = 0, len(texts)
     while start < n:
-        chunk, chars = [], 0
+        chunk, held = [], 0
         while start + len(chunk) < n and len(chunk) < batch:
             text = texts[start + len(chunk)]
-            if chunk and chars + len(text) > max_chars:
+            size = len(text.encode("utf-8"))
+            if chunk and held + size > max_bytes:
                 break  # read again for the next batch
             chunk.append(text)
-            chars += len(text)
+            held += size
         del text
         hf = hf_encode_batch(tok, chunk)
         tk = encoding.encode_ordinary_batch(chunk, num_threads=1)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -37,6 +36,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import regex
 import xxhash
 from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
@@ -89,9 +89,9 @@ SAMPLE_ROW_GROUP_BYTES = 4 << 20
 #: characters of text an encode batch holds: it closes once it reaches this (1,000 web pages are
 #: ~5M characters)
 ENCODE_BATCH_CHARS = 8_000_000
-#: texts compared between tiktoken and HF when choosing the engine: this many characters of
-#: each at most (HF's encoding of a whole 30 MB page holds ~70 bytes a token)
-COMPARE_CHARS = 1_000_000
+#: texts compared between tiktoken and HF when choosing the engine: this many bytes of each at
+#: most (HF's encodings of a whole 30 MB page hold ~140 bytes per byte: `encode.HF_BYTES_PER_BYTE`)
+COMPARE_BYTES = 1 << 20
 
 
 class TokenizerSampleStep(Step):
@@ -201,15 +201,18 @@ class TokenizerStep(Step):
 
     def memory_bytes(self, work: Workload) -> int:
         """The sample (`sample_bytes` of text, held as UTF-8 in a heap), training on it (the HF
-        trainer's word counts: ~4x the sample), the tokenizer, and one row group of every sample
-        task's file while they are merged (16 documents or `SAMPLE_ROW_GROUP_BYTES`)."""
-        from gristmill.tokenize.encode import COMPARE_BATCH_CHARS, HF_BYTES_PER_BYTE
+        trainer's word counts: ~4x the sample; its own pool and the pieces in work,
+        `TRAINER_BYTES`), the tokenizer, one row group of every sample task's file while they
+        are merged (16 documents or `SAMPLE_ROW_GROUP_BYTES`), and the engine check's batch."""
+        from gristmill.tokenize.encode import COMPARE_BATCH_BYTES, HF_BYTES_PER_BYTE
 
+        train = bool(self.params.get("train"))
         sample = min(self.params["sample_bytes"], work.text_bytes)
         group = min(SAMPLE_ROW_GROUP * work.text_bytes / max(work.documents, 1), SAMPLE_ROW_GROUP_BYTES)
-        # the engine check encodes a batch with HF (up to COMPARE_BATCH_CHARS characters)
-        check = HF_BYTES_PER_BYTE * COMPARE_BATCH_CHARS if self.params["engine"] != "hf" else 0
-        return int((5 if self.params.get("train") else 2) * sample + self.sample_tasks * group + check + (64 << 20))
+        # the engine check encodes a batch with HF (up to COMPARE_BATCH_BYTES of text)
+        check = HF_BYTES_PER_BYTE * COMPARE_BATCH_BYTES if self.params["engine"] != "hf" else 0
+        trainer = TRAINER_BYTES if train else 0
+        return int((5 if train else 2) * sample + self.sample_tasks * group + check + trainer + (64 << 20))
 
     #: the document that may take the sample past `sample_bytes` (its UTF-8 and a row group of
     #: it), then decoded (as Python holds it), fed to the trainer in pieces (`training_pieces`)
@@ -245,7 +248,7 @@ class TokenizerStep(Step):
                 fast = encode.tiktoken_from_hf(tok)
                 reason = fast.reason
                 if fast.encoding is not None:
-                    check = _Heads(sample[: p["check_docs"]], COMPARE_CHARS)
+                    check = _Heads(sample[: p["check_docs"]], COMPARE_BYTES)
                     checked, bad = encode.compare(tok, fast.encoding, check)
                     if bad is None:
                         engine = "tiktoken"
@@ -274,37 +277,43 @@ class TokenizerStep(Step):
 
 
 #: characters of a text the BPE trainer is given at a time (`training_pieces`)
-TRAINING_PIECE_CHARS = 1 << 20
-_SPACE = re.compile(" ")
+TRAINING_PIECE_CHARS = 1 << 16
+#: what the BPE trainer holds beyond its word counts: its thread pool, the pieces its threads
+#: work on (~150 bytes per byte of a piece each), the alphabet (measured: 88 MB over the sample
+#: on 12 MB of 2 MB pages in 64K pieces, 2 threads)
+TRAINER_BYTES = 96 << 20
+#: where GPT-2's pre-tokenizer splits whatever surrounds the place: after a letter and before a
+#: character that is not one, or after a digit and before one that is not (no pre-token runs
+#: on across such a place: ` ?\p{L}+` and ` ?\p{N}+` end there, contractions end in a letter),
+#: so a pre-token starts there, and none of the pattern looks behind
+_CUT = regex.compile(r"(?<=\p{L})(?=\P{L})|(?<=\p{N})(?=\P{N})")
 
 
 def training_pieces(text: str, size: int = TRAINING_PIECE_CHARS) -> Iterator[str]:
-    """`text` in pieces of about `size` characters for the BPE trainer, each cut before a space
-    between two letters: the trained tokenizer's pre-tokenizer (GPT-2's regex, `` ?\\p{L}+``)
-    splits there anyway, so the trainer counts the same words, in the same order. HF's trainer
-    holds ~85 bytes per byte of a text it is given (its normalised and pre-tokenised copies with
-    offsets): 2.6 GB for one 30 MB page, 124 MB for 30 MB of 5 KB pages (measured). A stretch
-    with no such space stays whole."""
-    start = 0
-    while len(text) - start > size:
-        pos = start + size
-        while (m := _SPACE.search(text, pos)) is not None:
-            i = m.start()
-            if text[i - 1].isalpha() and i + 1 < len(text) and text[i + 1].isalpha():
-                break
-            pos = i + 1
-        else:
-            break
-        yield text[start:i]
-        start = i
+    """`text` in pieces of about `size` characters for the BPE trainer, each cut where the
+    trained tokenizer's pre-tokenizer (GPT-2's regex) splits anyway (`_CUT`), so the trainer
+    counts the same words, in the same order. HF's trainer holds ~100-150 bytes per byte of the
+    text it works on, per thread (its normalised and pre-tokenised copies with offsets): 2.6 GB
+    for one 30 MB page; on 12 MB of 2 MB pages with 2 threads, 309 MB over its start in pieces
+    of 1M characters, 99 MB (mostly fixed) in pieces of 64K (measured). A stretch of `size`
+    characters with no such place (one word, number, or run of other characters that long) is
+    cut where it ends: the only case where the counts differ from the whole text's, and what
+    bounds the trainer's memory whatever the text."""
+    start, n = 0, len(text)
+    while n - start > size:
+        m = _CUT.search(text, start + size, min(start + 2 * size, n))
+        end = m.start() if m is not None else start + size
+        yield text[start:end]
+        start = end
     yield text[start:] if start else text
 
 
 class _Heads(Sequence):
-    """UTF-8 texts as str, each its first `max_chars` characters, decoded when read."""
+    """UTF-8 texts as str, each its first `max_bytes` bytes (less a character cut there),
+    decoded when read."""
 
-    def __init__(self, encoded: list[bytes], max_chars: int):
-        self.encoded, self.max_chars = encoded, max_chars
+    def __init__(self, encoded: list[bytes], max_bytes: int):
+        self.encoded, self.max_bytes = encoded, max_bytes
 
     def __len__(self) -> int:
         return len(self.encoded)
@@ -313,10 +322,10 @@ class _Heads(Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         t = self.encoded[i]
-        if len(t) <= self.max_chars:  # no more characters than bytes: the whole text
+        if len(t) <= self.max_bytes:
             return t.decode("utf-8")
-        # a character is at most 4 bytes: these bytes hold the first max_chars characters
-        return t[: 4 * self.max_chars].decode("utf-8", errors="ignore")[: self.max_chars]
+        # the texts are valid UTF-8 (encoded from str): only a character cut at the end is left out
+        return t[: self.max_bytes].decode("utf-8", errors="ignore")
 
 
 class EncodeStep(Step):
