@@ -126,8 +126,9 @@ class ParquetReader(Step):
     def memory_bytes(self, work: Workload) -> int:
         """One row group decoded (ROW_GROUP_DOCS documents or ROW_GROUP_BYTES of text) with its
         documents, ~8x its text; or a group of one document of up to `work.max_document_bytes`:
-        its Arrow column and the document as Python holds it (`DOCUMENT_BYTES_PER_BYTE`)."""
-        return row_group_bytes(work) + int((DOCUMENT_BYTES_PER_BYTE + 2) * work.max_document_bytes)
+        its Arrow column, its buffers while decoded and the document as Python holds it
+        (`DOCUMENT_BYTES_PER_BYTE`; measured: 39 and 222 MB over 8 and 30 MB documents)."""
+        return row_group_bytes(work) + int((DOCUMENT_BYTES_PER_BYTE + 3) * work.max_document_bytes)
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         for path in self.files()[rank::world_size]:
@@ -202,9 +203,10 @@ class ParquetWriter(Step):
 
     #: a document longer than a row group is written alone, as soon as it arrives: its UTF-8 for
     #: the `bytes` stat, its Arrow column (grown by doubling), the Parquet page and its
-    #: compression (measured: 9.2 bytes per byte of a 30 MB document, the UTF-8 CPython then
-    #: keeps in the string included; docs/scale.md "Large records")
-    document_factor = 8.0
+    #: compression (measured: 17, 68 and 249 MB over 2, 8 and 30 MB documents, the UTF-8 CPython
+    #: keeps in a string counted with the document; docs/scale.md "Large records")
+    document_factor = 8.5
+    document_fixed = 4 << 20
 
     def bind(self, folder: Path, extra_fields: dict[str, pa.DataType], compression: str | None) -> None:
         self.folder, self.schema, self.compression = Path(folder), schema_for(extra_fields), compression

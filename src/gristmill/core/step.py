@@ -143,16 +143,21 @@ class Step(PipelineStep):
         return 0
 
     #: peak bytes the step needs while it works on one document, per byte of that document
-    #: (UTF-8), beyond the document itself: measured on the largest documents
-    #: (`benchmarks/large_record_steps.py`, docs/scale.md "Large records")
+    #: (UTF-8), beyond the document itself, and a fixed part (what working on a long page's
+    #: pieces costs whatever the page's length, allocator pools included): fitted to the peaks
+    #: measured on documents of 2, 8 and 30 MB (`benchmarks/large_record_steps.py`,
+    #: docs/scale.md "Large records")
     document_factor: ClassVar[float] = 0.0
+    document_fixed: ClassVar[int] = 0
 
     def document_bytes(self, work: Workload) -> int:
         """Peak bytes the step needs while it works on one document, at the largest one a task
         may meet (`work.max_document_bytes`), beyond the document itself. Steps of a stage work
         on one document at a time, so the planner adds the largest of its steps' figures, not
         their sum, to what they hold (`pipeline.planner.estimate_memory`)."""
-        return int(self.document_factor * work.max_document_bytes)
+        if not work.max_document_bytes:
+            return 0
+        return int(self.document_fixed + self.document_factor * work.max_document_bytes)
 
     #: True for a step that reads at most a configured amount however large the input (the
     #: tokenizer: `sample_bytes`): `pipeline plan` caps its cost at the largest measured, not a

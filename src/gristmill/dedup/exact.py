@@ -215,9 +215,10 @@ class ExactDedupHash(DedupPhase[ExactDedupPlan]):
         return int(64 * min(items, self.spill_records) + batch_text + 8 * work.documents_per_task)
 
     #: a long page's items (paragraphs normalised, as UTF-8) up to `BATCH_BYTES` at a time, one
-    #: normalised copy of the page in document mode (measured: 4.3 bytes per byte of a 30 MB page
-    #: in paragraph mode, docs/scale.md "Large records")
+    #: normalised copy of the page in document mode (measured in paragraph mode: 18, 70 and 156
+    #: MB over 2, 8 and 30 MB pages, docs/scale.md "Large records")
     document_factor = 6.0
+    document_fixed = 32 << 20
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
@@ -464,8 +465,9 @@ class ExactDedupFilter(DedupFilterPhase[ExactDedupPlan]):
         ) + super().memory_bytes(work)
 
     #: a page with paragraphs removed: its lines, and the text made of the rest (a new string, up
-    #: to 4 bytes a character; measured: 9.5 bytes per byte of a 30 MB page)
+    #: to 4 bytes a character; measured: 21, 80 and 315 MB over 2, 8 and 30 MB pages)
     document_factor = 11.0
+    document_fixed = 8 << 20
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params

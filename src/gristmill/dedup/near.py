@@ -151,9 +151,10 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
         )
 
     #: a long page is shingled a `CHUNK_CHARS` piece at a time (its words, hashes, signature
-    #: temporaries: bounded by the piece); what grows with it is the casefolded piece only
-    #: (measured: 1.8 bytes per byte of a 30 MB page, docs/scale.md "Large records")
+    #: temporaries: bounded by the piece, the fixed part); what grows with it is the casefolded
+    #: page only (measured: 26, 64 and 90 MB over 2, 8 and 30 MB pages, docs/scale.md "Large records")
     document_factor = 2.0
+    document_fixed = 56 << 20
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
@@ -386,8 +387,9 @@ class NearDedupShingles(DedupPhase[NearDedupPlan]):
         self.spill_shingles = SPILL_SHINGLES
 
     #: a candidate's shingle set: a long page's pieces' sets, merged (8 bytes a shingle, a few
-    #: copies while sorted; measured: 7.3 bytes per byte of a 30 MB page)
-    document_factor = 9.0
+    #: copies while sorted; measured: 32, 76 and 223 MB over 2, 8 and 30 MB pages)
+    document_factor = 8.0
+    document_fixed = 24 << 20
 
     def memory_bytes(self, work: Workload) -> int:
         """(candidate, shard) pairs of its documents (16 bytes), one edge shard while reading

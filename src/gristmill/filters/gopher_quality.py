@@ -118,8 +118,9 @@ class GopherQuality(Filter):
         )
 
     #: a long page's distinct words and their counts, and a piece's words at a time (measured:
-    #: 1.5 bytes per byte of a 30 MB page, docs/scale.md "Large records")
-    document_factor = 3.0
+    #: 30, 44 and 53 MB over 2, 8 and 30 MB pages, docs/scale.md "Large records")
+    document_factor = 1.0
+    document_fixed = 40 << 20
 
     def __init__(self, config: Config | None = None, /, **kwargs):
         super().__init__(config, **kwargs)

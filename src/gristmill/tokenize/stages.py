@@ -355,16 +355,18 @@ class EncodeStep(Step):
 
     #: a document of `encode.LONG_CHARS` or more encoded alone: tiktoken's ids as a numpy array
     #: (its buffer and the array: 8 bytes a token), the tokens column with its EOS and the
-    #: Arrow batch (measured: 4.2 bytes per byte of a 30 MB page, docs/scale.md "Large
+    #: Arrow batch (measured: 54, 76 and 164 MB over 2, 8 and 30 MB pages, docs/scale.md "Large
     #: records"); with HF, its encodings and ids of the whole text (`encode.HF_BYTES_PER_BYTE`:
     #: HF's tokenizers may normalise or match added tokens across any cut, so no cut is safe)
-    document_factor = 8.0
+    document_factor = 5.0
+    document_fixed = 48 << 20
 
     def document_bytes(self, work: Workload) -> int:
         from gristmill.tokenize.encode import HF_BYTES_PER_BYTE
 
-        factor = HF_BYTES_PER_BYTE if self.engine_hint == "hf" else self.document_factor
-        return int(factor * work.max_document_bytes)
+        if self.engine_hint != "hf" or not work.max_document_bytes:
+            return super().document_bytes(work)
+        return int(self.document_fixed + HF_BYTES_PER_BYTE * work.max_document_bytes)
 
     @property
     def output(self) -> Path:
