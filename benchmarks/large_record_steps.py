@@ -46,6 +46,8 @@ STEPS = (
     "gopher_quality",
     "gopher_repetition",
     "c4_lines",
+    "fineweb_quality",
+    "pii",
     "kenlm",
     "quality",
     "write_parquet",
@@ -129,6 +131,16 @@ def _runner(step: str, tmp: Path, pages: list[str]):
         from gristmill.filters.c4_lines import C4Lines
 
         return filter_runner(C4Lines(filter_curly_bracket=False, filter_lorem_ipsum=False))
+    if step == "fineweb_quality":
+        from gristmill.filters.fineweb_quality import FineWebQuality
+
+        # every rule computed, none drops
+        opened = {"line_punct_thr": 0, "short_line_thr": 1, "char_duplicates_ratio": 1, "new_line_ratio": 1e9}
+        return filter_runner(FineWebQuality(**opened))
+    if step == "pii":
+        from gristmill.filters.pii import PII
+
+        return filter_runner(PII())
     if step == "kenlm":
         from gristmill.filters.kenlm import KenLM
 
