@@ -27,7 +27,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench,megatron]'
+	$(PY) -m pip install --quiet -e '.[test,bench,megatron,ray]'
 	touch $@
 
 models: $(LID) $(KENLM_EN) $(QUALITY_EN)

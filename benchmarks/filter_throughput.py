@@ -18,6 +18,13 @@ against its PIIFormatter, each step's `run` over the documents as a pipeline run
 microseconds per document and the ratio. Last, `pii` on adversarial documents of 1 MB
 (matching must stay linear), datatrove's PIIFormatter on 10 KB versions (quadratic on some).
 
+`--config CONFIG [CONFIG ...]`: instead, the curate stage of each run config as `pipeline run`
+fuses it (the streamable steps from the reader to the first step that ends a stage: url_filter,
+langid, the heuristics, kenlm, quality) on the same WET files, one after the other in this
+process, CPU time per config and each config's ratio to the first: how a change to a shipped
+config moves the cost of its curation pass (`--config before.yaml configs/crawl.yaml`). Model
+paths in a config are relative to the repository root, as `pipeline run` from there reads them.
+
 `--smoke`: the smaller sample file (43 records), one run each, adversarial documents of 100 KB
 and 2 KB (seconds; checks that the benchmark still runs, its figures mean nothing).
 """
@@ -66,6 +73,39 @@ def gristmill_pipeline(files: list[Path]):
         GopherRepetition(),
         C4Lines(),
     ], reader
+
+
+def config_pipeline(files: list[Path], config: Path):
+    """Our reader of `files`, then the curate stage of a run config: its steps up to the first that
+    is not streamable (dedup's phases, tokenize), built as `pipeline run` builds them."""
+    from gristmill.config import load
+    from gristmill.core.step import registered_steps
+    from gristmill.core.wet_reader import WetReader
+    from gristmill.pipeline.planner import PlanContext, make_fetcher
+
+    cfg = load(config)
+    ctx, registry, steps = PlanContext(cfg, make_fetcher(cfg)), registered_steps(), []
+    for spec in cfg.specs:
+        step_class = registry[spec.name]
+        if not step_class.streamable:
+            break
+        steps.append(step_class.build(spec.params, ctx, step_id=spec.step_id))
+    reader = WetReader([str(f) for f in files])
+    return [reader, *steps], reader
+
+
+def compare_configs(files: list[Path], configs: list[Path], repeat: int, mb: float) -> None:
+    os.chdir(REPO)  # the configs' model paths are the repository's, as `pipeline run` reads them
+    runs = [measure(str(c), partial(config_pipeline, config=c), files, repeat) for c in configs]
+    print(f"input: {len(files)} WET files, {mb:.2f} MB compressed; the curate stage of each config, one process,")
+    print("CPU time per config (best of runs) and its ratio to the first config's")
+    header = ("config", "docs read", "kept", "cpu s", "MB/s/core", "docs/s/core", "vs first")
+    print(f"{header[0]:<40} " + " ".join(f"{h:>11}" for h in header[1:]))
+    for r in runs:
+        docs_s = f"{r['read'] / r['cpu_s']:.0f}" if r["read"] else "-"
+        cells = (r["read"], r["kept"], f"{r['cpu_s']:.2f}", f"{mb / r['cpu_s']:.2f}", docs_s)
+        ratio = r["cpu_s"] / runs[0]["cpu_s"]
+        print(f"{r['name']:<40} " + " ".join(f"{c:>11}" for c in cells) + f" {ratio:>10.2f}x")
 
 
 def datatrove_pipeline(files: list[Path], paths_file: Path):
@@ -238,6 +278,7 @@ def main() -> int:
     ap.add_argument("--wet", nargs="*", type=Path, help="WET files (default: the shared samples)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="the smaller sample file, one run each: checks that it runs")
+    ap.add_argument("--config", nargs="+", type=Path, help="time the curate stage of these run configs instead")
     args = ap.parse_args()
     files = args.wet or sorted((DATA / "cc" / "wet").glob("*.warc.wet.gz"))
     if args.smoke:
@@ -252,6 +293,9 @@ def main() -> int:
     from loguru import logger
 
     logger.remove()  # datatrove's per-file INFO lines would interleave with the table
+    if args.config:
+        compare_configs([f.resolve() for f in files], [c.resolve() for c in args.config], args.repeat, mb)
+        return 0
     ours = measure("gristmill", gristmill_pipeline, files, args.repeat)
     try:
         with tempfile.TemporaryDirectory() as tmp:

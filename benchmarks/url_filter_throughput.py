@@ -43,15 +43,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GRISTMILL_DATA", REPO.parent / "shared" / "data"))
-#: datatrove's reasons, as ours name them (the decisions are compared by these)
-DATATROVE_REASONS = {
-    "domain": "blocklisted_domain",
-    "subdomain": "blocklisted_subdomain",
-    "url": "blocklisted_url",
-    "hard_blacklisted": "banned_word",
-    "soft_blacklisted": "soft_banned_words",
-    "blacklisted_subword": "banned_subword",
-}
 #: the shared WET sample's conversion records, whose URLs lead the input
 SAMPLE_URLS = 609
 SAMPLE_PASSES = 20
@@ -146,6 +137,8 @@ def run_side(side: str, urls_file: Path, repeat: int, cache_dir: str) -> dict:
         step = URLFilter()
         step.tldextractor = TLDExtract(suffix_list_urls=())
         step.download_data()  # what every task does: the lists read into Python sets
+
+        from gristmill.filters.url_filter import DATATROVE_REASONS
 
         def decide(d):
             r = step.filter(d)

@@ -132,13 +132,23 @@ def check_tokenize_throughput(request, tmp, data):
 
 
 def check_filter_throughput(request, tmp, data):
-    request.getfixturevalue("lid_model")
+    lid = request.getfixturevalue("lid_model")
     out = smoke("filter_throughput", tmp=tmp, data=data)
     assert figure(out, "gristmill ") == 43  # documents read from the smaller sample file
     peer_ratio(out, "ratio gristmill/datatrove (MB/s per core):")
     peer_ratio(out, "ratio fineweb_quality gristmill/datatrove (per core):")
     assert figure(out, "ratio pii gristmill/datatrove (per core):") > 0  # PIIFormatter needs no extra
     assert figure(out, "pii worst case on 100,000 characters:") > 0
+    # --config: the curate stage of run configs (the steps before dedup), the first one the base
+    one, two = tmp / "one.yaml", tmp / "two.yaml"
+    steps = f"steps: [{{langid: {{model: {lid}}}}}, c4_lines, exact_dedup, gopher_quality]\n"
+    one.write_text("input: {paths: [unused]}\n" + steps)
+    two.write_text("input: {paths: [unused]}\n" + steps.replace("c4_lines", "{c4_lines: {min_paragraph_words: 80}}"))
+    out = smoke("filter_throughput", "--config", one.name, two.name, tmp=tmp, data=data)
+    assert figure(out, str(one)) == figure(out, str(two)) == 43  # documents read
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(str(tmp))}
+    assert int(rows[str(one)][2]) >= int(rows[str(two)][2])  # kept: the paragraph rule only drops
+    assert float(rows[str(one)][-1].rstrip("x")) == 1.0 and float(rows[str(two)][-1].rstrip("x")) > 0
 
 
 def check_quality_throughput(request, tmp, data):
@@ -163,6 +173,23 @@ def check_url_filter_throughput(request, tmp, data):
     assert figure(out, "input:") == 2000  # URLs: the sample's 609 and generated ones
     assert "decisions differ" not in out  # the script exits 1 then too
     peer_ratio(out, "ratio gristmill/datatrove (URLs/s per core):")
+
+
+def check_recipe_compare(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("recipe_compare", "fineweb", tmp=tmp, data=data)
+    if not peers_installed():  # datatrove's side: spaCy, warcio, libmagic, tldextract
+        return
+    assert figure(out, "recipe fineweb:") == 43  # documents read: the smaller sample file
+    assert figure(out, "same outcome (kept, or dropped):") > 0
+    assert "unexplained" not in out  # every disagreement has a cause (tests/recipes pins them)
+
+
+def check_recipe_end_to_end(request, tmp, data):
+    request.getfixturevalue("lid_model")
+    out = smoke("recipe_end_to_end", tmp=tmp, data=data)
+    assert figure(out, "gristmill configs/fineweb.yaml:") > 0  # CPU seconds
+    peer_ratio(out, "ratio datatrove/gristmill (CPU-s per GB, end to end):")
 
 
 def check_make_dedup_corpus(request, tmp, data):
@@ -241,6 +268,19 @@ def check_near_removal_rules(request, tmp, data):
         assert figure(line, "recall") >= 0.9
 
 
+def check_ray_vs_local(request, tmp, data):
+    for model in ("lid_model", "kenlm_model", "quality_model"):  # the demo's steps
+        request.getfixturevalue(model)
+    out = smoke("ray_vs_local", tmp=tmp, data=data)
+    if importlib.util.find_spec("ray") is None:  # the ray extra: `make test` installs it
+        if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
+            pytest.fail("ray is not installed: pip install -e '.[ray]'")
+        assert "ray side skipped" in out, out[-4000:]
+        return
+    assert "outputs identical: yes" in out  # the same final documents both ways
+    assert figure(out, "ratio ray/local: wall") > 0
+
+
 def check_calibration_vs_fineweb2(request, tmp, data):
     out = smoke("calibration_vs_fineweb2", tmp=tmp, data=data)
     # the shipped table against FineWeb-2's: a correlation per key, the letter share's on its own line
@@ -257,6 +297,16 @@ def check_word_segmenters(request, tmp, data):
     assert "## Dispatch on" in out
 
 
+def check_warc_extract_throughput(request, tmp, data):
+    out = smoke("warc_extract_throughput", tmp=tmp, data=data)
+    assert figure(out, "generated") == 60 and figure(out, "sample:") == 16  # pages; HTML responses
+    for title in ("Common Crawl sample (16 pages)", "generated pages (60)"):
+        assert figure(out, f"{title}: ratio resiliparse/trafilatura (pages/s per core, reader):") > 0
+    # pages of markup: a row per extractor and shape, each with its memory per tag
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "| 200 |" in line]
+    assert len(rows) == 12 and all(float(r.split("|")[6].replace(",", "")) >= 0 for r in rows), rows
+
+
 def check_kernels(request, tmp, data):
     out = smoke("kernels", tmp=tmp, data=data)
     for op in ("rms_norm+residual", "swiglu", "rope(qkv)", "linear+cross_entropy"):
@@ -268,6 +318,16 @@ def check_profile_step(request, tmp, data):
     out = smoke("profile_step", tmp=tmp, data=data)
     assert "== ours:" in out and "== reference:" in out
     assert figure(out, "ratio ours/reference (tokens/s):") > 0
+
+
+def check_stream_vs_local(request, tmp, data):
+    request.getfixturevalue("lid_model")  # the corpus generator groups pages by language
+    pytest.importorskip("moto.server", reason="moto (the test extra) is not installed")
+    out = smoke("stream_vs_local", "--work", tmp / "stream", tmp=tmp, data=data)
+    # the streamed run (from moto's S3 server in its own process) read the local run's documents
+    assert figure(out, "reader: documents identical on both sides:") > 400
+    assert figure(out, "reader: ratio stream/local CPU per GB:") > 0
+    assert figure(out, "reader: peak RSS of a task: local") > 0
 
 
 def check_train_throughput(request, tmp, data):
@@ -296,7 +356,18 @@ SLOW = {
     "resume_world_size",
     "url_filter_throughput",
     "large_records_run",
+    "recipe_compare",
+    "recipe_end_to_end",
+    "ray_vs_local",
 }
+# xdist groups beside the module's own: ray_vs_local starts a Ray cluster, never while
+# tests/pipeline/test_ray.py has its own up (2 CPUs each, on a 2-core machine)
+GROUPS = {"ray_vs_local": "ray"}
+
+
+def _marks(script: str) -> list:
+    marks = [pytest.mark.slow] if script in SLOW else []
+    return marks + ([pytest.mark.xdist_group(GROUPS[script])] if script in GROUPS else [])
 
 
 def test_every_script_has_a_check():
@@ -304,8 +375,6 @@ def test_every_script_has_a_check():
     assert scripts == set(CHECKS), f"benchmarks without a smoke check: {sorted(scripts - set(CHECKS))}"
 
 
-@pytest.mark.parametrize(
-    "script", [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in sorted(CHECKS)]
-)
+@pytest.mark.parametrize("script", [pytest.param(s, marks=_marks(s)) for s in sorted(CHECKS)])
 def test_smoke(script, request, tmp_path, shared_data):
     CHECKS[script](request, tmp_path, shared_data)

@@ -5,6 +5,7 @@ named in the module's docstring before extending its WRITTEN_FOR."""
 from __future__ import annotations
 
 import importlib.metadata
+import io
 
 import pytest
 
@@ -84,3 +85,51 @@ def test_datatrove_internals():
     # the per-rank entry the local supervisor calls and both executors override
     params = list(inspect.signature(dt_base.PipelineExecutor._run_for_rank).parameters)
     assert params[:4] == ["self", "rank", "local_rank", "node_rank"], params
+
+
+def test_ray_internals():
+    import inspect
+    import socket
+
+    ray = pytest.importorskip("ray")
+    from ray._private import node, services
+    from ray._private.authentication import authentication_token_setup as setup
+
+    from gristmill.compat import ray as compat
+
+    assert _major_minor(ray.__version__) in compat.WRITTEN_FOR, (
+        f"ray {ray.__version__} installed; gristmill.compat.ray was written for {compat.WRITTEN_FOR}"
+    )
+    # the address lookup ray.init does, on its own: an explicit host:port stays one
+    host, _, port = services.canonicalize_bootstrap_address_or_die("127.0.0.1:6379").rpartition(":")
+    assert host and port == "6379"
+    # the connect window is read from this variable, a retry a second
+    assert compat.GCS_WAIT_ENV in inspect.getsource(node.Node._init_gcs_client)
+    assert setup.AUTH_MODE_ENV_VAR == "RAY_AUTH_MODE"
+    assert list(inspect.signature(setup.maybe_enable_token_auth_if_token_available).parameters) == ["warn_if_disabled"]
+    assert callable(setup._enable_token_auth)
+    # nothing listens on a port just freed: refused at once, in one line
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(compat.Unreachable, match=f"cannot reach 127.0.0.1:{free}"):
+        compat.check_reachable(f"127.0.0.1:{free}", 2.0)
+
+
+def test_botocore_internals():
+    botocore = pytest.importorskip("botocore")
+    from botocore.response import StreamingBody
+
+    from gristmill.compat import botocore as compat
+
+    assert _major_minor(botocore.__version__) in compat.WRITTEN_FOR, (
+        f"botocore {botocore.__version__} installed; gristmill.compat.botocore was written for {compat.WRITTEN_FOR}"
+    )
+    # a GetObject body wraps a urllib3 response whose read1 hands on what has arrived
+    from urllib3.response import HTTPResponse
+
+    raw = HTTPResponse(io.BytesIO(b"abcdef"), preload_content=False)
+    body = StreamingBody(raw, 6)
+    assert body._raw_stream is raw and callable(raw.read1)
+    assert compat.read_arrived(body, 4) == b"abcd" and compat.read_arrived(body, 4) == b"ef"
+    assert compat.read_arrived(body, 4) == b""

@@ -77,11 +77,22 @@ def cmd_run(args, console: Console) -> int:
     if args.run_dir:
         command += ["--run-dir", args.run_dir]
     try:
-        run(cfg, force=args.force, console=console, wait=args.wait, command=command)
+        run(cfg, force=args.force, console=console, wait=args.wait, command=command, force_lock=args.force_lock)
     except StageFailed as e:
         console.print(Text.assemble(("failed ", "red"), str(e)), soft_wrap=True)  # one line, never markup
         return 1
     return 0
+
+
+def _readable(run_dir: str) -> Path:
+    """A run directory to read: a local path, or a local view of one on object storage."""
+    from gristmill.core import storage
+
+    if not storage.is_url(run_dir):
+        return Path(run_dir)
+    from gristmill.pipeline.store_run import local_view
+
+    return local_view(run_dir)
 
 
 def cmd_stats(args, console: Console) -> int:
@@ -98,7 +109,7 @@ def cmd_stats(args, console: Console) -> int:
         top_domains,
     )
 
-    run_dir = Path(args.run_dir)
+    run_dir = _readable(args.run_dir)
     if not (run_dir / "plan.json").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
     merged = read_run(run_dir)
@@ -306,7 +317,7 @@ def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_row
 def cmd_report(args, console: Console) -> int:
     from gristmill.pipeline.report import write
 
-    run_dir = Path(args.run_dir)
+    run_dir = _readable(args.run_dir)
     if not (run_dir / "plan.json").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no plan.json); run `pipeline run` first")
     path = write(run_dir, args.output)
@@ -317,7 +328,7 @@ def cmd_report(args, console: Console) -> int:
 def cmd_status(args, console: Console) -> int:
     from gristmill.pipeline.status import resume_command, stage_statuses
 
-    run_dir = Path(args.run_dir)
+    run_dir = _readable(args.run_dir)
     if not (run_dir / "plan.json").is_file():
         raise ConfigError(f"{run_dir}: not a run directory (no plan.json)")
     out = Console()
@@ -351,6 +362,7 @@ def cmd_plan(args, console: Console) -> int:
     calibration = load_calibration(args.calibration)
     projections = project(cfg, stages, size / 1e9, calibration, args.cores)
     header, rows, footer = render(projections, size / 1e9, args.cores, cfg.executor.type == "slurm")
+    _scratch_column(cfg, stages, header, rows, footer)
     if args.json:
         print(
             json.dumps(
@@ -377,6 +389,26 @@ def cmd_plan(args, console: Console) -> int:
     for line in footer:
         out.print(safe(line))
     return 1 if any(not p.fits for p in projections) else 0
+
+
+def _scratch_column(cfg, stages, header: list[str], rows: list[list[str]], footer: list[str]) -> None:
+    """A run directory on object storage: what each task stages on local scratch disk."""
+    from gristmill.core import storage
+    from gristmill.pipeline.staging import scratch_bytes
+
+    if not storage.is_url(cfg.run_dir):
+        return
+    header.append("scratch/task")
+    sizes = [scratch_bytes(stage) for stage in stages]
+    for row, size in zip(rows, sizes):
+        row.append(format_bytes(size))
+    storage.configure(cfg.storage)
+    limit = f", at most {cfg.storage.scratch_gb:g} GB (storage.scratch_gb)" if cfg.storage.scratch_gb else ""
+    footer.append(
+        f"scratch/task: {cfg.run_dir} is on object storage; a task stages its inputs and outputs in "
+        f"{storage.scratch_root()}{limit}: up to {format_bytes(max(sizes, default=0))} (documents as text "
+        "and what the steps hold; upper bounds)"
+    )
 
 
 #: the most input `pipeline plan` projects for: 10 PB of compressed WET, more than every crawl's
@@ -445,6 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(r)
     r.add_argument("--force", action="store_true", help="discard the run directory's earlier results and redo")
     r.add_argument("--wait", action="store_true", help="slurm: follow the submitted jobs until they end")
+    r.add_argument(
+        "--force-lock",
+        metavar="HOLDER",
+        help="a run directory on object storage: take over the lock of HOLDER (as the refusal names it), "
+        "a run that died before its lease expired",
+    )
     r.set_defaults(func=cmd_run)
     pl = sub.add_parser("plan", help="before running: per stage CPU-hours, memory per task, disk and wall time")
     config_args(pl)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_serializer, field_validator, model_validator
 
+from gristmill.core import storage
 from gristmill.core.configlib import (
     ConfigError,
     Fraction,
@@ -28,6 +29,8 @@ from gristmill.core.configlib import (
     validate_config,
 )
 from gristmill.core.step import registered_steps
+from gristmill.core.storage import StorageConfig
+from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
 from gristmill.core.wet_reader import MAX_RECORD_BYTES
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
@@ -65,6 +68,40 @@ class SlurmConfig(Strict):
     stages: dict[str, SlurmStageOverrides] = Field(default_factory=dict, description="overrides by stage name")
 
 
+class RayStageOverrides(Strict):
+    """Per-stage resources on Ray, by stage name (the folder after NN_)."""
+
+    num_cpus: float | None = Field(None, gt=0)
+    memory_gb: float | None = Field(None, gt=0)
+
+
+class RayConfig(Strict):
+    """`executor.type: ray`: stages run as Ray tasks on an existing cluster (docs/ray.md)."""
+
+    address: str = Field(
+        "auto",
+        min_length=1,
+        description="the cluster's head, host:port (its GCS port), ray://host:port (Ray Client), or auto "
+        "(RAY_ADDRESS, else the cluster started on this machine)",
+    )
+    num_cpus: float = Field(1, gt=0, description="CPUs Ray reserves for each task")
+    memory_gb: float | None = Field(
+        None, gt=0, description="memory Ray reserves for each task (default: the planner's estimate per stage)"
+    )
+    max_retries: int = Field(
+        2, ge=0, description="a task whose process or Ray worker dies (a signal, the OOM killer) runs again this often"
+    )
+    connect_timeout_s: float = Field(10, gt=0, description="give up connecting to the cluster after this long")
+    autoscaling: bool = Field(
+        False,
+        description="the cluster adds nodes for pending tasks: do not refuse a stage whose tasks fit no node now",
+    )
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime_env for the run's tasks (env_vars, py_modules, working_dir, ...)"
+    )
+    stages: dict[str, RayStageOverrides] = Field(default_factory=dict, description="overrides by stage name")
+
+
 #: the most tasks a stage may have: stages that shuffle (near_dedup's edges, tokenize's
 #: buckets) write tasks x tasks files, 100 million at this bound; a whole snapshot runs on
 #: 4,000 (docs/scale.md)
@@ -72,21 +109,23 @@ MAX_TASKS = 10_000
 
 
 class ExecutorConfig(Strict):
-    type: Literal["local", "slurm"] = "local"
+    type: Literal["local", "slurm", "ray"] = "local"
     tasks: int = Field(
         4,
         ge=1,
         description="parallel tasks per stage (input files are split among them; "
         "the curate stage runs at most one per input file)",
     )
-    workers: int = Field(2, ge=1, description="tasks run at once on this machine (local)")
+    workers: int = Field(2, ge=1, description="tasks run at once on this machine (local; Ray runs as many as fit)")
     memory_gb_per_task: float | None = Field(
         None,
         gt=0,
         description="local: memory one task may use; the planner refuses stages estimated above it "
-        "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage",
+        "(default: this machine's memory / workers). Slurm: mem_per_cpu_gb x cpus_per_task per stage; "
+        "Ray: executor.ray.memory_gb or the stage's, when set",
     )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @field_validator("tasks")
     @classmethod
@@ -102,25 +141,58 @@ class ExecutorConfig(Strict):
 CRAWL_NAME = r"^CC-MAIN-\d{4}-\d{2}$"
 
 
+#: where `source:` reads Common Crawl when no `base_url` is given
+CC_BASE_URLS = {"https": "https://data.commoncrawl.org", "s3": "s3://commoncrawl"}
+
+
 class CommonCrawlInput(Strict):
     crawl: str = Field(pattern=CRAWL_NAME, description="crawl name, e.g. CC-MAIN-2024-22")
-    files: int | None = Field(None, ge=1, description="take the first N WET files of the crawl")
-    paths: list[str] | None = Field(None, description="or: these WET paths from wet.paths.gz")
-    base_url: str = Field("https://data.commoncrawl.org", description="server or local mirror directory")
-    cache_dir: str = Field("~/.cache/gristmill/commoncrawl", description="downloaded files are kept here")
+    files: int | None = Field(
+        None, ge=1, description="take the first N files of the crawl's listing (WET, or WARC with format warc)"
+    )
+    paths: list[str] | None = Field(
+        None, description="or: these paths from wet.paths.gz (warc.paths.gz with format warc)"
+    )
+    source: Literal["https", "s3"] = Field(
+        "https", description="https: data.commoncrawl.org; s3: the s3://commoncrawl bucket (AWS_ENDPOINT_URL...)"
+    )
+    base_url: str | None = Field(None, description="server, bucket or local mirror directory (default: the source's)")
+    cache: Literal["none", "keep"] = Field(
+        "none", description="none: each task streams its files, nothing on disk; keep: download into cache_dir"
+    )
+    cache_dir: str = Field("~/.cache/gristmill/commoncrawl", description="downloaded files are kept here (cache: keep)")
+    read_buffer_bytes: int = Field(
+        1 << 20, ge=4096, le=1 << 30, description="the most a stream reads from the network at a time"
+    )
     retries: int = Field(8, ge=0, description="retries per file on 429/5xx/SlowDown/connection errors")
     backoff_s: float = Field(1.0, gt=0, description="first retry wait; doubles per retry (capped at 60 s)")
+    timeout_s: float = Field(60.0, gt=0, description="seconds to connect, and without a byte on a connection")
 
     @model_validator(mode="after")
     def _one_selection(self):
         if (self.files is None) == (self.paths is None):
             raise ValueError("give exactly one of `files` (first N) or `paths` (a list)")
+        if self.base_url is None:
+            self.base_url = CC_BASE_URLS[self.source]
+        elif self.base_url.startswith("s3://") != (self.source == "s3"):
+            raise ValueError(
+                f"base_url {self.base_url} with source: {self.source}: an s3:// base_url needs source: s3, "
+                "and source: s3 an s3:// base_url"
+            )
         return self
 
 
 class InputConfig(Strict):
-    paths: list[str] = Field(default_factory=list, description="local WET files or globs")
+    paths: list[str] = Field(
+        default_factory=list, description="WET files or globs: local paths or URLs (s3://bucket/wet/*.warc.wet.gz)"
+    )
     commoncrawl: CommonCrawlInput | None = None
+    format: Literal["wet", "warc"] = Field(
+        "wet", description="wet: the crawl's extracted text; warc: HTML responses, text extracted by `extractor`"
+    )
+    extractor: Extractor = Field(
+        DEFAULT_EXTRACTOR, description="format warc: HTML to text with resiliparse or trafilatura (docs/warc.md)"
+    )
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
     # 8 MiB: a WET page is text extracted from a payload Common Crawl cuts at 1 MiB (5 MiB
     # announced); its UTF-8 is at most 3x the payload (a byte of a single-byte charset) and
@@ -130,14 +202,25 @@ class InputConfig(Strict):
     max_record_bytes: int = Field(
         MAX_RECORD_BYTES,
         ge=1,
-        description="a WET record longer than this is skipped, counted as record_too_large, and never held in "
-        "memory; every stage's memory per task grows with it",
+        description="a WET or WARC record (or a WARC response's decoded body) longer than this is skipped, "
+        "counted as record_too_large, and never held in memory; every stage's memory per task grows with it",
+    )
+    max_html_tags: int = Field(
+        MAX_HTML_TAGS,
+        ge=1,
+        description="format warc: a page with more start tags than this is skipped and counted as too_many_tags "
+        "(an extractor's memory and time grow with the elements, not the bytes)",
     )
 
     @model_validator(mode="after")
     def _one_source(self):
         if bool(self.paths) == (self.commoncrawl is not None):
             raise ValueError("give exactly one of `paths` or `commoncrawl`")
+        # not "set at all": a run directory's config.yaml names every default, the extractor too
+        if self.format != "warc" and self.extractor != DEFAULT_EXTRACTOR:
+            raise ValueError(f"`extractor: {self.extractor}` extracts HTML: it needs `format: warc`")
+        if self.format != "warc" and self.max_html_tags != MAX_HTML_TAGS:
+            raise ValueError(f"`max_html_tags: {self.max_html_tags}` limits HTML pages: it needs `format: warc`")
         return self
 
 
@@ -261,6 +344,10 @@ class RunConfig(Strict):
         description="YAML of per-language thresholds `{step: {per_language: "
         "{...}}}` (`pipeline calibrate`), under each step's own per_language",
     )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig,
+        description="how URLs (s3://, gs://, hf://) are reached, and the local scratch space (docs/storage.md)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -282,8 +369,20 @@ class RunConfig(Strict):
     @field_validator("run_dir")
     @classmethod
     def _expand_home(cls, value: str) -> str:
-        # `--run-dir '~/x'` (quoted, so no shell expanded it) means the home directory's x
-        return os.path.expanduser(value)
+        proto = storage.protocol(value)
+        if proto is None:
+            # `--run-dir '~/x'` (quoted, so no shell expanded it) means the home directory's x
+            return os.path.expanduser(str(storage.local_or_url(value)))
+        if proto in storage.READ_ONLY:
+            raise ValueError(f"{value}: {proto}:// is read-only; a run directory is written")
+        if proto not in storage.RUN_DIR_PROTOCOLS:
+            raise ValueError(
+                f"{value}: a run directory on {proto}:// is not supported: one run per directory needs a "
+                "conditional create (If-None-Match), which gristmill issues through S3's API only; use s3:// "
+                "(AWS S3, MinIO, R2, Ceph) or a local path (inputs, models and exports may still be on "
+                f"{proto}://)"
+            )
+        return value.rstrip("/")
 
     @property
     def specs(self) -> list[StepSpec]:
@@ -295,6 +394,8 @@ class RunConfig(Strict):
         data = self.model_dump(mode="json")
         if data.get("calibration") is None:
             data.pop("calibration", None)
+        if self.storage == StorageConfig():
+            data.pop("storage", None)  # as a run directory made before the section existed holds it
         return data
 
 
@@ -308,11 +409,12 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
     if not isinstance(path, str):
         errors.append(f"{where}: expected a path to a YAML file, got {path!r}")
         return
-    file = Path(path).expanduser()
+    file = storage.local_or_url(path)
     try:
-        table = yaml.safe_load(file.read_text())
+        text = storage.read_bytes(file).decode("utf-8", "replace") if isinstance(file, str) else file.read_text()
+        table = yaml.safe_load(text)
     except OSError as e:
-        errors.append(f"{where}: {file}: {e.strerror or e}")
+        errors.append(f"{where}: {file}: {e.strerror or e}" if isinstance(file, Path) else f"{where}: {e}")
         return
     except yaml.YAMLError as e:
         errors.append(f"{where}: {file}: not valid YAML: {e}")
@@ -397,6 +499,11 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
         if run_dir is not None:
             data["run_dir"] = run_dir
         if data.get("calibration") is not None:
+            if storage.is_url(data["calibration"]):  # read with the config's own storage settings
+                try:
+                    storage.configure(StorageConfig.model_validate(data.get("storage") or {}))
+                except ValidationError:
+                    pass  # reported by the validation of `storage`
             _apply_calibration(data, errors)
         return data
 
@@ -405,6 +512,27 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
 
 def _checks(cfg: RunConfig) -> list[str]:
     """Rules across sections."""
+    problems = []
     if cfg.output.per_language and not any(s.name == "langid" for s in cfg.steps):
-        return ["output.per_language: needs a `langid` step to know each document's language"]
-    return []
+        problems.append("output.per_language: needs a `langid` step to know each document's language")
+    if storage.is_url(cfg.run_dir):
+        # what a run directory on object storage does not support, refused before anything runs
+        if cfg.train is not None:
+            problems.append(
+                f"train: training on a run directory on object storage ({cfg.run_dir}) is not supported: the "
+                "trainer memory-maps the token shards and writes checkpoints in place; run without `train:` "
+                "and train on a local copy of tokens/ (`pipeline train`)"
+            )
+        if cfg.executor.type == "slurm":
+            problems.append(
+                f"executor.type: slurm with a run directory on object storage ({cfg.run_dir}) is not supported: "
+                "Slurm writes each task's output and reads its launch script on a shared filesystem; use a "
+                "run_dir there (inputs, models and token exports may still be URLs)"
+            )
+        if cfg.executor.type == "ray":
+            problems.append(
+                f"executor.type: ray with a run directory on object storage ({cfg.run_dir}) is not supported: "
+                "Ray tasks write their outputs, logs and completion markers to a run directory every node mounts "
+                "at the same path; use a run_dir there (inputs, models and token exports may still be URLs)"
+            )
+    return problems

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from gristmill.config import from_dict
-from gristmill.pipeline.on_parquet import run_on_parquet
+from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
 from gristmill.pipeline.runner import run
 
 
@@ -23,18 +23,21 @@ def test_recall_and_precision_on_ground_truth(dedup_corpus, corpus_ids, near_ded
     assert s["recall_by_bucket"]["0.60-0.70"][0] < 0.2  # below the threshold mostly kept
 
 
-def test_same_clusters_and_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
-    res = []
-    for t, params in ((1, {}), (4, {"key_ranges": 3}), (4, {})):  # 42 bucket tasks of one (band, range) pair
-        st = run_on_parquet("near_dedup", params, dedup_corpus / "docs", tmp_path / f"r{t}{len(params)}", tasks=t)
-        cl = np.load(next(s for s in st if s.name == "near_dedup_cluster").folder / "clusters.npy")
-        res.append((cl.tolist(), sorted(pq.read_table(st[-1].output, columns=["id"]).column("id").to_pylist())))
-    assert next(s for s in st if s.name == "near_dedup_buckets").tasks == 4  # fewer tasks than bands: whole bands
+def test_same_clusters_and_output_for_1_2_and_4_tasks(dedup_corpus, near_dedup_run, tmp_path):
+    def result(stages):
+        cl = np.load(next(s for s in stages if s.name == "near_dedup_cluster").folder / "clusters.npy")
+        return cl.tolist(), sorted(pq.read_table(stages[-1].output, columns=["id"]).column("id").to_pylist())
+
+    res = [result(near_dedup_run)]  # 2 tasks, the default threshold (conftest)
+    for t, params in ((1, {}), (4, {"key_ranges": 3})):  # 42 bucket tasks of one (band, range) pair
+        res.append(result(run_on_parquet("near_dedup", params, dedup_corpus / "docs", tmp_path / f"r{t}", tasks=t)))
     assert res[0] == res[1] == res[2] and len(res[0][0]) > 100
+    four = plan_on_parquet("near_dedup", {}, dedup_corpus / "docs", tmp_path / "p4", tasks=4)
+    assert next(s for s in four if s.name == "near_dedup_buckets").tasks == 4  # fewer tasks than bands: whole bands
     # the cluster size distribution (for `pipeline report`) accounts for every clustered document
     import json
 
-    cluster = next(s for s in st if s.name == "near_dedup_cluster").folder
+    cluster = next(s for s in near_dedup_run if s.name == "near_dedup_cluster").folder
     sizes = {int(k): v for k, v in json.loads((cluster / "cluster_sizes.json").read_text())["sizes"].items()}
     nodes, roots = np.load(cluster / "clusters.npy").T
     kept_for_some = np.unique(roots[nodes != roots])  # a kept document and those removed for it
@@ -42,7 +45,7 @@ def test_same_clusters_and_output_for_1_and_4_tasks(dedup_corpus, tmp_path):
     assert sum(sizes.values()) == len(kept_for_some) and min(sizes) >= 2
     from gristmill.pipeline.report import cluster_sizes
 
-    assert cluster_sizes(tmp_path / "r40") == [(cluster.name, {str(k): v for k, v in sizes.items()})]
+    assert cluster_sizes(cluster.parent) == [(cluster.name, {str(k): v for k, v in sizes.items()})]
 
 
 def test_pipeline_run_with_both_dedups_is_task_count_invariant(tmp_path, wet_files):

@@ -168,7 +168,7 @@ def test_c4_lines_decides_and_rewrites_as_datatrove(texts, datatrove_with_our_sp
 def test_parameters_and_defaults_mirror_datatrove(theirs, ours):
     # what gristmill adds for other languages (per-language values; its own options beside
     # datatrove's, whose defaults keep datatrove's decisions)
-    GRISTMILL_ONLY = {"per_language", "alpha_words", "end_punctuation"}
+    GRISTMILL_ONLY = {"per_language", "alpha_words", "end_punctuation", "min_paragraph_words", "paragraph_words"}
 
     def defaults(cls, skip):
         params = inspect.signature(cls.__init__).parameters.values()
@@ -344,6 +344,38 @@ def test_c4_keeps_only_the_good_lines():
     assert C4Lines(min_num_sentences=3).filter_batch([d])[0] is True
     assert d.text == "\n".join(["This line has enough words."] * 3)
     assert C4Lines().filter_batch([doc("A fine line with lorem ipsum in it.")])[0] == (False, "lorem_ipsum")
+
+
+def test_c4_paragraph_rule_drops_pages_of_one_line_items():
+    # a headline list: every line a sentence, enough sentences and words for C4 itself
+    items = "\n".join(f"Item number {i} of the list is a short headline sentence." for i in range(12))
+    paragraph = " ".join(["A line of real prose runs on, sentence after sentence, as readers write it."] * 3)
+    assert C4Lines().filter_batch([doc(items)])[0] is True  # off by default: C4's decisions
+    rule = C4Lines(min_paragraph_words=30)
+    assert rule.filter_batch([doc(items)])[0] == (False, "too_few_paragraph_words")
+    assert len(paragraph.split()) == 42 and rule.filter_batch([doc(items + "\n" + paragraph)])[0] is True
+    # the words of lines at least paragraph_words long count, in all: two lines of 42 reach 84
+    assert C4Lines(min_paragraph_words=84).filter_batch([doc(f"{paragraph}\n{items}\n{paragraph}")])[0] is True
+    assert C4Lines(min_paragraph_words=85).filter_batch([doc(f"{paragraph}\n{items}\n{paragraph}")])[0] == (
+        False,
+        "too_few_paragraph_words",
+    )
+    # a shorter paragraph line: 11-word items count once paragraph_words is 11
+    assert C4Lines(min_paragraph_words=30, paragraph_words=11).filter_batch([doc(items)])[0] is True
+    # a page written without spaces: its lines' words are ICU's, as C4's own word rule counts them
+    ja = Document(text="。\n".join(["今日は天気がとても良いので公園まで歩いて行きました"] * 6) + "。", id="j")
+    ja.metadata["language"] = "ja"
+    assert C4Lines(min_paragraph_words=10, paragraph_words=5, min_num_sentences=1).filter_batch([ja])[0] is True
+
+
+def test_c4_paragraph_rule_only_removes(texts):
+    """On the real sample: a page C4 drops goes for the same reason, a page it keeps is kept with
+    the same text or goes as too_few_paragraph_words; some do."""
+    pairs = list(zip(decisions(C4Lines(), texts), decisions(C4Lines(min_paragraph_words=80), texts)))
+    assert all(after == before for before, after in pairs if before[1] is not None)
+    kept = [(before, after) for before, after in pairs if before[1] is None]
+    assert all(after == before or after[1] == "too_few_paragraph_words" for before, after in kept)
+    assert 0 < sum(after[1] == "too_few_paragraph_words" for _, after in kept) < len(kept)
 
 
 def test_empty_documents():

@@ -26,6 +26,7 @@ from gristmill.filters import url_filter as uf
 from gristmill.filters.url_filter import (
     BLOCKLIST_TARBALL,
     DATATROVE_ASSETS,
+    DATATROVE_REASONS,
     HEADER_BYTES,
     LookupFileError,
     UrlFilter,
@@ -39,15 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 # datatrove's URLFilter reads tldextract's `registered_domain`, deprecated since tldextract 5.3
 pytestmark = pytest.mark.filterwarnings("ignore:The 'registered_domain' property is deprecated:DeprecationWarning")
 TARBALL = Path(str(DATATROVE_ASSETS / BLOCKLIST_TARBALL))
-#: datatrove's reasons, as ours name them
-DATATROVE_REASONS = {
-    "domain": "blocklisted_domain",
-    "subdomain": "blocklisted_subdomain",
-    "url": "blocklisted_url",
-    "hard_blacklisted": "banned_word",
-    "soft_blacklisted": "soft_banned_words",
-    "blacklisted_subword": "banned_subword",
-}
 #: the stated bound on a task's memory for the step with datatrove's lists (beyond BASE_TASK_BYTES)
 TASK_BOUND = 80 << 20
 

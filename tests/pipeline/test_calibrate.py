@@ -217,10 +217,10 @@ def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_re
 
     multi = kept("configs/multilingual.yaml")
     english = kept("configs/crawl.yaml")
-    before = kept("configs/crawl.yaml", **{"steps[0].langid.languages": "null"})
+    before = kept("configs/crawl.yaml", **{"steps[1].langid.languages": "null"})  # after url_filter
     by_lang = Counter(lang for lang, _ in multi.values())
     assert {k: v for k, v in multi.items() if v[0] == "en"} == english  # same pages, same text
-    assert by_lang["ja"] >= 3 and by_lang["zh"] >= 1  # Japanese/Chinese: ICU word lengths, 。 ends a sentence
+    assert by_lang["ja"] >= 2 and by_lang["zh"] >= 1  # Japanese/Chinese: ICU word lengths, 。 ends a sentence
     assert sum(n for lang, n in by_lang.items() if lang != "en") > sum(1 for lang, _ in before.values() if lang != "en")
 
 

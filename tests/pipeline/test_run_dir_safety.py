@@ -123,14 +123,14 @@ def test_lock_is_held_for_the_whole_run(tmp_path, wet_files, lid_model, monkeypa
     seen = []
     original = runner._run_stage
 
-    def probe(stage, console):  # while a stage runs, a second holder must be refused
+    def probe(stage, console, *args, **kwargs):  # while a stage runs, a second holder must be refused
         with pytest.raises(LockHeld):
             from gristmill.dirlock import hold
 
             with hold(run_dir):
                 pass
         seen.append(stage.label)
-        return original(stage, console)
+        return original(stage, console, *args, **kwargs)
 
     monkeypatch.setattr(runner, "_run_stage", probe)
     run(from_dict(_small(run_dir, wet_files, lid_model)))

@@ -1,4 +1,5 @@
-"""Token-shard runs on the real WET sample, each made once per module (see test_tokens.py)."""
+"""Token-shard runs on the real WET sample: GPT-2's, made once per test run and read by the token and
+Megatron tests (they copy it to change it); the others once per module (see test_tokens.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import _missing
+from gristmill.config import from_dict
+from gristmill.pipeline.runner import run
+
+from ..conftest import _missing, made_once
+
+
+def config(run_dir: Path, files, tokenizer_cfg: dict, tasks: int = 4, **tokenize) -> dict:
+    return {
+        "run_dir": str(run_dir),
+        "executor": {"tasks": tasks, "workers": 1},
+        "input": {"paths": [str(p) for p in files]},
+        "steps": [],
+        "output": {"dropped_sample": 0},
+        "tokenize": {"tokenizer": tokenizer_cfg, "shard_tokens": 150_000, "val_fraction": 0.2, "seed": 7, **tokenize},
+    }
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +31,13 @@ def tokenizer_files(shared_data) -> Path:
         if not (root / rel).is_file():
             _missing(f"{root / rel}")
     return root
+
+
+@pytest.fixture(scope="session")
+def gpt2_run(tmp_path_factory, wet_files, tokenizer_files) -> Path:
+    """GPT-2's vocabulary on both WET files, 4 tasks: uint16 shards, several per split."""
+
+    def make(folder: Path) -> None:
+        run(from_dict(config(folder / "gpt2", wet_files, {"path": str(tokenizer_files / "gpt2")})))
+
+    return made_once(tmp_path_factory, "tokens_gpt2", make) / "gpt2"

@@ -26,7 +26,8 @@ from gristmill.tokenize.megatron import LocalFolder, MegatronExportError, index_
 from gristmill.tokenize.shards import sha256_file
 
 from ..conftest import WET_2017, _missing
-from .test_tokens import LIES, _edit_manifest, config
+from .conftest import config
+from .test_tokens import LIES, _edit_manifest
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +40,6 @@ def megatron():
         except ImportError as e:
             _missing(f"megatron-core ({e}; pip install -e '.[megatron]')")
     return module
-
-
-@pytest.fixture(scope="module")
-def gpt2_run(tmp_path_factory, wet_files, tokenizer_files) -> Path:
-    """GPT-2's vocabulary: uint16 shards, several per split."""
-    run_dir = tmp_path_factory.mktemp("meg") / "gpt2"
-    run(from_dict(config(run_dir, wet_files, {"path": str(tokenizer_files / "gpt2")}, tasks=2)))
-    return run_dir
 
 
 @pytest.fixture(scope="module")

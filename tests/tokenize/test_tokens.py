@@ -27,29 +27,12 @@ from gristmill.tokenize import TokenShardError, encode, open_tokens, token_dtype
 from gristmill.tokenize.shards import sha256_file
 
 from ..conftest import WET_2017
-
-
-def config(run_dir: Path, files, tokenizer_cfg: dict, tasks: int = 4, **tokenize) -> dict:
-    return {
-        "run_dir": str(run_dir),
-        "executor": {"tasks": tasks, "workers": 1},
-        "input": {"paths": [str(p) for p in files]},
-        "steps": [],
-        "output": {"dropped_sample": 0},
-        "tokenize": {"tokenizer": tokenizer_cfg, "shard_tokens": 150_000, "val_fraction": 0.2, "seed": 7, **tokenize},
-    }
+from .conftest import config
 
 
 @pytest.fixture(scope="module")
 def gpt2_cfg(wet_files, tokenizer_files):
     return lambda run_dir, tasks=4: config(run_dir, wet_files, {"path": str(tokenizer_files / "gpt2")}, tasks)
-
-
-@pytest.fixture(scope="module")
-def gpt2_run(tmp_path_factory, gpt2_cfg) -> Path:
-    run_dir = tmp_path_factory.mktemp("tok") / "gpt2"
-    run(from_dict(gpt2_cfg(run_dir)))
-    return run_dir
 
 
 @pytest.fixture(scope="module")

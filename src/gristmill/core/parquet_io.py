@@ -31,6 +31,7 @@ from datatrove.data import Document, DocumentsPipeline
 from gristmill.core.documents import documents_to_table, schema_for, table_to_documents
 from gristmill.core.files import on_failure, remove_quietly
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
+from gristmill.core.working_copy import listed, staged
 
 ROW_GROUP_DOCS = 2000
 #: text (UTF-8) of a row group: it closes before a document would take it past this (2,000 web
@@ -121,7 +122,7 @@ class ParquetReader(Step):
         self.folder = Path(folder)
 
     def files(self) -> list[Path]:
-        return sorted(self.folder.rglob("*.parquet"), key=lambda p: (p.name, str(p)))
+        return sorted(listed(self.folder, "*.parquet", recursive=True), key=lambda p: (p.name, str(p)))
 
     def memory_bytes(self, work: Workload) -> int:
         """One row group decoded (ROW_GROUP_DOCS documents or ROW_GROUP_BYTES of text) with its
@@ -133,7 +134,7 @@ class ParquetReader(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         for path in self.files()[rank::world_size]:
             self.stat_update("files")
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(staged(path))
             for i in range(pf.num_row_groups):
                 group = pf.read_row_group(i)
                 # UTF-8 bytes of each text from the Arrow offsets: no encoded copy per document

@@ -40,13 +40,14 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from datatrove.data import Document, DocumentsPipeline
 from isal import isal_zlib
 from loguru import logger
 
+from gristmill.core import storage
 from gristmill.core.messages import printable
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
 
@@ -61,7 +62,7 @@ NEXT_RECORD = b"\r\n\r\nWARC/"
 META = ("url", "date", "crawl", "cc_language", "source", "offset")  # Document.metadata keys
 MAX_HEADER = 1 << 20  # a header block bigger than this is garbage, not a header
 #: problems reported about a record that is still read as a document (not lost: not a drop)
-KEPT_REASONS = frozenset({"bad_content_length", "invalid_utf8"})
+KEPT_REASONS = frozenset({"bad_content_length", "invalid_utf8", "undecodable_bytes"})
 
 
 @dataclass
@@ -95,6 +96,22 @@ class SkippedRecord:
 
 
 WetEvent = WetRecord | BadRecord | SkippedRecord
+
+
+@dataclass
+class Record:
+    """A well-formed WARC record other than warcinfo, as `_iter_file` found it: what a format's
+    `convert` turns into events (`wet_events` here, HTML extraction in `warc_reader`)."""
+
+    fields: dict[str, str]  # WARC header fields, names lower-cased; warc-type and warc-record-id present
+    payload: bytearray
+    source: str
+    offset: int
+    crawl: str | None  # isPartOf of the file's warcinfo record
+
+
+#: a record's events; a list, not a generator, so that the payload is freed before they are yielded
+Convert = Callable[[Record], list[WetEvent]]
 
 
 class _Buf:
@@ -343,16 +360,27 @@ def iter_wet_records(
 
     Raises OSError only if the file cannot be opened/read; damage inside it is yielded.
     """
-    if isinstance(path_or_fileobj, (str, os.PathLike)):
+    return iter_records(path_or_fileobj, wet_events, source_name, max_record_bytes)
+
+
+def iter_records(
+    path_or_fileobj, convert: Convert, source_name: str | None = None, max_record_bytes: int = MAX_RECORD_BYTES
+) -> Iterator[WetEvent]:
+    """Yield, in file order, the events `convert` makes of each record, and a BadRecord per problem
+    of the file or of a record's WARC framing (the damage policy above, whatever the format)."""
+    if isinstance(path_or_fileobj, str) and storage.is_url(path_or_fileobj):  # gs://, hf://: streamed by fsspec
+        with storage.open_input(path_or_fileobj) as f:
+            yield from _iter_file(f, source_name or path_or_fileobj, max_record_bytes, convert)
+    elif isinstance(path_or_fileobj, (str, os.PathLike)):
         source = source_name or os.fspath(path_or_fileobj)
         with open(path_or_fileobj, "rb") as f:
-            yield from _iter_file(f, source, max_record_bytes)
+            yield from _iter_file(f, source, max_record_bytes, convert)
     else:
         source = source_name or str(getattr(path_or_fileobj, "name", "<stream>"))
-        yield from _iter_file(path_or_fileobj, source, max_record_bytes)
+        yield from _iter_file(path_or_fileobj, source, max_record_bytes, convert)
 
 
-def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEvent]:
+def _iter_file(f: io.BufferedIOBase, source: str, limit: int, convert: Convert) -> Iterator[WetEvent]:
     first = f.read(CHUNK)
     while 0 < len(first) < 5 and (more := f.read(CHUNK)):  # enough to tell gzip from WARC/
         first += more
@@ -365,7 +393,7 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
         members = _Members(_plain_stream(f, first))
     else:
         # what it holds is nobody's business: a glob may have reached /etc/shadow
-        detail = "does not start with a gzip header (1f 8b 08) or WARC/: not a WET file"
+        detail = "does not start with a gzip header (1f 8b 08) or WARC/: not a WET or WARC file"
         yield _warn(BadRecord("not_gzip", source, 0, detail))
         return
     pos, crawl = 0, None  # pos: where the next member starts in the decompressed stream
@@ -395,33 +423,40 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int) -> Iterator[WetEve
                         if line.startswith("isPartOf:"):
                             crawl = line[9:].strip() or None
                     continue
-                if rtype != "conversion":
-                    yield SkippedRecord(rtype, source, off)
-                    continue
-                try:
-                    text = payload.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    # keep the record: a few bad bytes do not make the rest of the text useless
-                    text = payload.decode("utf-8", errors="replace")
-                    yield _warn(BadRecord("invalid_utf8", source, off, f"{rid}: {e.reason} at {e.start}"))
+                events = convert(Record(fields, payload, source, off, crawl))
                 del payload
-                record = WetRecord(
-                    record_id=rid,
-                    url=fields.get("warc-target-uri"),
-                    date=fields.get("warc-date"),
-                    crawl=crawl,
-                    cc_language=fields.get("warc-identified-content-language"),
-                    text=text,
-                    source=source,
-                    offset=off,
-                )
-                del text  # held by the record alone, which a reader may empty (WetReader does)
-                yield record
+                yield from events
         except _Damaged:  # the member's record in progress is lost; its bytes do not count
             pos = b.mark
         else:
             pos = b.offset
         yield from members.drain()
+
+
+def wet_events(rec: Record) -> list[WetEvent]:
+    """A conversion record's text (UTF-8) as a WetRecord; a record of another type is skipped."""
+    fields, rid, events = rec.fields, rec.fields["warc-record-id"], []
+    if fields["warc-type"] != "conversion":
+        return [SkippedRecord(fields["warc-type"], rec.source, rec.offset)]
+    try:
+        text = rec.payload.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # keep the record: a few bad bytes do not make the rest of the text useless
+        text = rec.payload.decode("utf-8", errors="replace")
+        events.append(_warn(BadRecord("invalid_utf8", rec.source, rec.offset, f"{rid}: {e.reason} at {e.start}")))
+    events.append(
+        WetRecord(
+            record_id=rid,
+            url=fields.get("warc-target-uri"),
+            date=fields.get("warc-date"),
+            crawl=rec.crawl,
+            cc_language=fields.get("warc-identified-content-language"),
+            text=text,
+            source=rec.source,
+            offset=rec.offset,
+        )
+    )
+    return events
 
 
 def _warn(bad: BadRecord) -> BadRecord:
@@ -439,7 +474,8 @@ class WetReader(Step):
     def __init__(
         self,
         sources: list[str],
-        resolve: Callable[[str], str] | None = None,
+        #: source -> a path to read, or a binary stream (closed after use; see `_opened`)
+        resolve: Callable[[str], str | os.PathLike | io.RawIOBase] | None = None,
         limit: int = -1,
         step_id: str | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
@@ -472,9 +508,7 @@ class WetReader(Step):
                 break
             try:
                 path = self.resolve(source) if self.resolve else source
-                with closing(
-                    iter_wet_records(path, source_name=source, max_record_bytes=self.max_record_bytes)
-                ) as events:
+                with self._opened(path), closing(self._events(path, source)) as events:
                     for doc in self._documents(events):
                         yield doc
                         n_docs += 1
@@ -484,6 +518,24 @@ class WetReader(Step):
                 # one missing or unreadable file must not kill a task over hundreds of files
                 logger.warning(printable(f"{source}: unreadable ({e}); going on with the next file"))
                 self.stat_update("bad_unreadable_file")
+
+    def _events(self, path, source: str) -> Iterator[WetEvent]:
+        """The events of one file (opened on the first next(): an OSError is raised there)."""
+        return iter_wet_records(path, source_name=source, max_record_bytes=self.max_record_bytes)
+
+    @contextmanager
+    def _opened(self, path):
+        """`resolve` may hand back a stream it opened (a remote file read without a local copy):
+        closed here when the file is done, its `counters` (bytes downloaded, retries, ...) added
+        to this step's stats."""
+        try:
+            yield
+        finally:
+            if hasattr(path, "read"):
+                path.close()
+                for label, value in sorted(getattr(path, "counters", {}).items()):
+                    if value:
+                        self.stat_update(label, value=value)
 
     def _documents(self, events: Iterator[WetEvent]) -> DocumentsPipeline:
         opened = False

@@ -37,12 +37,14 @@ from typing import Literal
 
 import numpy as np
 from datatrove.data import Document, DocumentsPipeline
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from gristmill.core import storage
 from gristmill.core.configlib import Strict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Workload
+from gristmill.core.working_copy import staged
 from gristmill.dedup import inputs
 from gristmill.dedup.bloom import BLOCK_BITS, BloomFilter, BloomMeta, check_size, hash128, read_meta, size_for
 from gristmill.dedup.order import (
@@ -348,7 +350,7 @@ class ExactDedupFind(DedupPhase[ExactDedupPlan]):
             ranks, _ = load_ranks(p.hash_folder)
             parts = [
                 _SortedPart(np.load(f, mmap_mode="r"), ranks[_part_task(f)], _part_task(f))
-                for f in sorted((p.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
+                for f in sorted(staged(p.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
             ]
             parts = [part for part in parts if len(part.rec)]
             n = sum(len(part.rec) for part in parts)
@@ -481,7 +483,7 @@ class ExactDedupFilter(DedupFilterPhase[ExactDedupPlan]):
         self._keys = DocKeys(p.hash_folder, ExactDedupHash.step_name)
         # the task's duplicates as one array sorted by key: 28 bytes each (dicts of Python ints
         # took ~250), looked up by binary search
-        parts = [np.load(f) for f in sorted((p.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
+        parts = [np.load(f) for f in sorted(staged(p.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
         d = np.concatenate(parts) if parts else np.empty(0, dtype=DUP)
         self._dups = d[np.argsort(d["key"], kind="stable")]
         yield from super().run(data, rank, world_size)
@@ -553,6 +555,17 @@ class ExactDedup(GlobalStep):
         min_doc_chars: int = Field(0, ge=0, description="paragraph mode: drop documents left shorter (characters)")
         min_doc_words: int = Field(0, ge=0, description="paragraph mode: drop documents left with fewer words")
         filter_from: str | None = Field(None, description="an earlier run's filter/ folder to dedup against")
+
+        @field_validator("filter_from")
+        @classmethod
+        def _local_filter(cls, value: str | None) -> str | None:
+            if value is not None and storage.is_url(value):
+                # its slices are memory-mapped and OR-ed into each find task's: a local folder
+                raise ValueError(
+                    f"{value}: an earlier filter on object storage is not supported (its slices are "
+                    "memory-mapped); copy that filter/ folder to a local disk and name it here"
+                )
+            return value
 
     def sizing(self) -> tuple[int, int]:
         p = self.config

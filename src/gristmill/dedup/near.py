@@ -55,6 +55,7 @@ from gristmill.core.configlib import Strict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import BASE_TASK_BYTES, DOCUMENT_BYTES_PER_BYTE, GlobalStep, StageContext, Workload
+from gristmill.core.working_copy import staged
 from gristmill.dedup.lsh import (
     band_keys,
     components,
@@ -268,7 +269,7 @@ def _lower_bound(keys, x: int) -> int:
 
 def _band_files(sig_folder: Path, band: int) -> list[tuple[int, Path]]:
     """(signature task, file) of every sorted part of the band (`task_RRRRR[.partPPPPP].npy`)."""
-    files = sorted((sig_folder / "bands" / f"band_{band:03d}").glob("task_*.npy"))
+    files = sorted(staged(sig_folder / "bands" / f"band_{band:03d}").glob("task_*.npy"))
     return [(int(f.name.split(".")[0].split("_")[1]), f) for f in files]
 
 
@@ -344,7 +345,7 @@ class NearDedupBuckets(DedupPhase[NearDedupPlan]):
         sig = p.signature_folder
         with self.track_time():
             meta = sig / "lsh.json"
-            if not json.loads(meta.read_text()).get("sorted_by_key"):
+            if not json.loads(staged(meta).read_text()).get("sorted_by_key"):
                 raise ValueError(
                     f"{meta}: band files not sorted by key (an older near_dedup_signature wrote them); "
                     f"run {p.step} again with --force"
@@ -374,7 +375,7 @@ class NearDedupBuckets(DedupPhase[NearDedupPlan]):
 
 
 def _shard_edges(folder: Path, shard: int) -> np.ndarray:
-    parts = [np.load(f) for f in sorted((folder / f"shard_{shard:03d}").glob("*.npy"))]
+    parts = [np.load(f) for f in sorted(staged(folder / f"shard_{shard:03d}").glob("*.npy"))]
     e = np.concatenate(parts) if parts else np.empty((0, 2), np.uint64)
     return np.unique(e, axis=0) if len(e) else e  # the same pair from several bands once
 
@@ -481,7 +482,7 @@ class NearDedupVerify(DedupPhase[NearDedupPlan]):
             e = _shard_edges(p.candidate_edges, rank)
             sets: dict[int, np.ndarray] = {}
             d = p.shingles_folder / "shingles" / f"shard_{rank:03d}"
-            for kf in sorted(d.glob("task_*.keys.npy")):
+            for kf in sorted(staged(d).glob("task_*.keys.npy")):
                 base = str(kf)[: -len(".keys.npy")]
                 keys, lengths, vals = np.load(kf), np.load(base + ".lengths.npy"), np.load(base + ".values.npy")
                 for k, part in zip(keys.tolist(), np.split(vals, np.cumsum(lengths)[:-1]) if len(keys) else []):
@@ -549,7 +550,7 @@ class NearDedupFilter(DedupFilterPhase[NearDedupPlan]):
         self._ords = DocKeys(self.params.signature_folder, NearDedupSignature.step_name)
         path = self.params.cluster_folder / "removed" / f"task_{rank:05d}.npy"
         # sorted order keys, 8 bytes each (a Python set took ~60), found by binary search
-        self._removed = np.sort(np.load(path)) if path.is_file() else np.empty(0, np.uint64)
+        self._removed = np.sort(np.load(path)) if staged(path).is_file() else np.empty(0, np.uint64)
         yield from super().run(data, rank, world_size)
 
     def filter(self, doc: Document, config: Strict):

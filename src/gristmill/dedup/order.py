@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gristmill.core.files import write_text_atomic
+from gristmill.core.working_copy import staged
 
 if TYPE_CHECKING:
     from datatrove.data import Document
@@ -47,7 +48,8 @@ class SourceTable:
 def load_ranks(folder: Path) -> tuple[dict[int, np.ndarray], dict[str, int]]:
     """({task: local index -> global rank}, {source: global rank}) from `folder/sources/`."""
     tables = {
-        int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in sorted((folder / "sources").glob("task_*.json"))
+        int(p.stem.split("_")[1]): json.loads(p.read_text())
+        for p in sorted(staged(folder / "sources").glob("task_*.json"))
     }
     names = sorted({s for t in tables.values() for s in t})
     rank = {s: i for i, s in enumerate(names)}

@@ -32,6 +32,7 @@ import pyarrow as pa
 from datatrove.data import Document
 from pydantic import Field, field_validator
 
+from gristmill.core import storage
 from gristmill.core.configlib import FilterConfig
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.filters.ccnet_normalize import iter_normalized_lines
@@ -40,8 +41,9 @@ from gristmill.filters.model_check import Checked, ModelError, check_kenlm, unch
 BUCKETS = ("head", "middle", "tail")
 
 
-def stats_path(model: str | Path) -> Path:
-    return Path(f"{model}.stats.json")
+def stats_path(model: str | Path) -> Path | str:
+    """The sidecar of a model (a URL beside a model given as a URL)."""
+    return f"{model}.stats.json" if storage.is_url(model) else Path(f"{model}.stats.json")
 
 
 def load_kenlm(path: str | Path | Checked):
@@ -57,10 +59,16 @@ def load_kenlm(path: str | Path | Checked):
 
 def read_cutoffs(model: str | Path) -> tuple[float, float] | None:
     sidecar = stats_path(model)
-    if not sidecar.is_file():
+    if isinstance(sidecar, str):  # beside a model given as a URL
+        if not storage.exists(sidecar):
+            return None
+        text = storage.read_bytes(sidecar).decode("utf-8", "replace")
+    elif not sidecar.is_file():
         return None
+    else:
+        text = sidecar.read_text()
     try:
-        c = json.loads(sidecar.read_text())["cutoffs"]
+        c = json.loads(text)["cutoffs"]
         return float(c["head"]), float(c["middle"])
     except (ValueError, KeyError, TypeError) as e:
         raise ModelError(f"{sidecar}: no usable `cutoffs` ({e!r}); re-run `pipeline kenlm train`") from None
@@ -134,7 +142,7 @@ class KenLM(ModelFilter):
         self.cutoffs: dict[str, tuple[float, float]] = {}
         for lang, path in self.model_paths.items():
             given = (c.cutoffs or {}).get(lang)
-            cut = (float(given[0]), float(given[1])) if given else read_cutoffs(path)
+            cut = (float(given[0]), float(given[1])) if given else read_cutoffs(self.checked[lang].source or path)
             if cut is None and self.keep_buckets is not None:
                 raise ModelError(
                     f"kenlm.keep_buckets needs bucket cut-offs for {lang!r}: {stats_path(path)} is "

@@ -23,6 +23,7 @@ import pyarrow as pa
 from datatrove.data import Document
 from pydantic import Field
 
+from gristmill.core import storage
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig, Fraction
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
@@ -95,8 +96,15 @@ class LangId(ModelFilter):
 
     @classmethod
     def build(cls, config: Config, ctx: BuildContext, step_id: str | None = None) -> LangId:
-        # a URL is fetched to the local cache now, in the planning process, once
-        return cls(config, step_id=step_id, model_path=str(ctx.local_path(config.model)))
+        # an http(s) URL is fetched to the local cache now, in the planning process, once; a
+        # store's URL (s3://...) is fetched and validated by check_fasttext, which keeps the URL
+        # for tasks on machines without the copy
+        model = (
+            config.model
+            if storage.is_url(config.model) and storage.protocol(config.model) not in storage.READ_ONLY
+            else str(ctx.local_path(config.model))
+        )
+        return cls(config, step_id=step_id, model_path=model)
 
     def __init__(self, config: Config | None = None, /, *, model_path: str | None = None, **kwargs):
         super().__init__(config, **kwargs)

@@ -15,6 +15,10 @@ loads too. So each model file gets, once per (path, size, mtime) in a process:
 
 Steps keep the `Checked` record and load the file in their task only if it is unchanged
 (`unchanged`), so no task loads a file that was not validated.
+
+A model given as a URL (`s3://...`, `gs://...`, `hf://...`) is downloaded once per machine into
+the content-addressed cache of `gristmill.core.storage.cached_copy` and validated there; a task
+on another machine downloads the same object again (same size, same fixed mtime) before loading.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import signal
 import struct
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from gristmill.core import storage
 
 
 class ModelError(ValueError):
@@ -43,6 +49,8 @@ class Checked:
     size: int
     mtime_ns: int
     info: dict = field(default_factory=dict, compare=False)  # e.g. a classifier's labels
+    #: the URL the file was downloaded from (a model given as a URL), fetched again where missing
+    source: str | None = field(default=None, compare=False)
 
 
 FASTTEXT_MAGIC = 793712314
@@ -62,7 +70,12 @@ def _stat_key(path: Path, kind: str) -> tuple:
 
 
 def _existing(path: str | Path, what: str) -> Path:
-    path = Path(path).expanduser()
+    if storage.is_url(path):
+        try:
+            return storage.cached_copy(str(path))
+        except OSError as e:
+            raise ModelError(f"{what}: {e}") from None
+    path = Path(storage.local_or_url(path))
     if not path.is_file():
         raise ModelError(f"{what} not found: {path}")
     if path.stat().st_size == 0:
@@ -84,14 +97,21 @@ def _cached(key: tuple, check) -> Checked:
 
 
 def unchanged(checked: Checked) -> str:
-    """The path of a validated model, refusing a file replaced or modified since it was checked."""
+    """The path of a validated model, refusing a file replaced or modified since it was checked.
+    A model downloaded from a URL that this machine has no copy of is downloaded first."""
+    path = checked.path
+    if checked.source is not None and not os.path.exists(path):
+        try:
+            path = str(storage.cached_copy(checked.source))
+        except OSError as e:
+            raise ModelError(f"{checked.source}: model file unreadable since the run was planned ({e})") from None
     try:
-        st = os.stat(checked.path)
+        st = os.stat(path)
     except OSError as e:
-        raise ModelError(f"{checked.path}: model file gone since the run was planned ({e.strerror})") from None
+        raise ModelError(f"{path}: model file gone since the run was planned ({e.strerror})") from None
     if (st.st_size, st.st_mtime_ns) != (checked.size, checked.mtime_ns):
-        raise ModelError(f"{checked.path}: model file changed since the run was planned; re-run the command")
-    return checked.path
+        raise ModelError(f"{checked.source or path}: model file changed since the run was planned; re-run the command")
+    return path
 
 
 # --- fastText ---------------------------------------------------------------------------------
@@ -249,6 +269,7 @@ def _published(path: Path) -> str:
 
 def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
     """Validate a fastText model file (see the module doc); returns it with its labels."""
+    source = str(path) if storage.is_url(path) else None
     path = _existing(path, what)
 
     def check() -> Checked:
@@ -281,7 +302,11 @@ def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
         st = path.stat()
         return Checked(str(path), st.st_size, st.st_mtime_ns, {**layout, "labels": info["labels"]})
 
-    return _cached(_stat_key(path, "fasttext"), check)
+    return _from(source, _cached(_stat_key(path, "fasttext"), check))
+
+
+def _from(source: str | None, checked: Checked) -> Checked:
+    return replace(checked, source=source) if source else checked
 
 
 # --- KenLM ------------------------------------------------------------------------------------
@@ -322,6 +347,7 @@ def kenlm_binary_layout(path: Path) -> dict:
 
 def check_kenlm(path: str | Path) -> Checked:
     """Validate a KenLM binary or ARPA file (see the module doc)."""
+    source = str(path) if storage.is_url(path) else None
     path = _existing(path, "KenLM model")
 
     def check() -> Checked:
@@ -342,4 +368,4 @@ def check_kenlm(path: str | Path) -> Checked:
         st = path.stat()
         return Checked(str(path), st.st_size, st.st_mtime_ns, info)
 
-    return _cached(_stat_key(path, "kenlm"), check)
+    return _from(source, _cached(_stat_key(path, "kenlm"), check))

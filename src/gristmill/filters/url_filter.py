@@ -121,6 +121,16 @@ from gristmill.core.step import BuildContext, Workload
 DATATROVE_ASSETS = importlib.resources.files("datatrove") / "assets"
 BLOCKLIST_TARBALL = "url_filterblacklistsv0_3_0.tar.gz"
 WORD_LISTS = ("banned_words.txt", "soft_banned_words.txt", "banned_subwords.txt")
+#: datatrove's URLFilter drop reasons, as this step names them: the comparisons with datatrove
+#: (tests, benchmarks) read its decisions through this table
+DATATROVE_REASONS = {
+    "domain": "blocklisted_domain",
+    "subdomain": "blocklisted_subdomain",
+    "url": "blocklisted_url",
+    "hard_blacklisted": "banned_word",
+    "soft_blacklisted": "soft_banned_words",
+    "blacklisted_subword": "banned_subword",
+}
 
 #: authorities (`user@host:port`) whose host verdict a task keeps; the dict is cleared when full
 HOST_CACHE = 1 << 16

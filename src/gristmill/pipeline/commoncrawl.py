@@ -1,8 +1,11 @@
-"""Finding and fetching Common Crawl WET files: the crawl's path listing, and a download cache.
+"""Finding and fetching Common Crawl WET files: the crawl's path listing, streams, a download cache.
 
-A base URL is either Common Crawl's HTTP front (`https://data.commoncrawl.org`) or a local
-directory (or `file://` URL) laid out the same way, so a mirror on shared disk needs no
-download step at all. Remote files land in a cache directory that mirrors the URL path.
+A base URL is Common Crawl's HTTP front (`https://data.commoncrawl.org`), its S3 bucket
+(`s3://commoncrawl`), or a local directory (or `file://` URL) laid out the same way, so a
+mirror on shared disk needs no download step at all. With `cache: none` (`Fetcher.open`) a
+task streams each remote file (`cc_stream.RemoteStream`: inflated as it arrives, resumed with a
+Range request after a lost connection, nothing written to disk); with `cache: keep` remote files
+land in a cache directory that mirrors the URL path, as follows.
 
 Downloads go to `<name>.part` and are renamed into place only once they check out: the length
 the server announced, and for a `.gz` name a whole gzip file (magic, every member inflating
@@ -22,7 +25,6 @@ again and, if bad, removed and downloaded afresh.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import fcntl
 import gzip
 import http.client
@@ -42,7 +44,12 @@ from pathlib import Path
 from isal import isal_zlib
 from loguru import logger
 
-USER_AGENT = "gristmill/0.1 (+https://commoncrawl.org/terms-of-use)"
+from gristmill.pipeline.cc_stream import USER_AGENT, DownloadError, RemoteStream, RetryPolicy, transport_for
+from gristmill.pipeline.cc_stream import retry_after as _retry_after
+from gristmill.pipeline.cc_stream import snippet as _snippet
+
+__all__ = ["DownloadError", "Fetcher", "gzip_problem", "list_wet_paths"]
+
 CHUNK = 1 << 20
 # Errors that say "the network or the server hiccupped", worth another try. Deliberately not
 # bare OSError: a full disk while writing the .part must fail at once, not be retried 8 times.
@@ -56,11 +63,8 @@ GZIP_MAGIC = b"\x1f\x8b"
 FEED = 16 << 10
 # Output cap per inflate call: a gzip bomb (1000:1) must not turn one slice into gigabytes.
 MAX_OUT = 4 << 20
-_LISTING_LINE = re.compile(r"crawl-data/\S+\.wet\.gz")
-
-
-class DownloadError(RuntimeError):
-    """A download that cannot succeed (4xx other than 429) or ran out of retries."""
+#: what a line of `<kind>.paths.gz` names: WET files end .warc.wet.gz, WARC files .warc.gz
+_LISTING_LINE = {"wet": re.compile(r"crawl-data/\S+\.wet\.gz"), "warc": re.compile(r"crawl-data/\S+\.warc\.gz")}
 
 
 class _Retry(Exception):
@@ -71,8 +75,12 @@ class _Retry(Exception):
         self.wait = wait
 
 
+#: a largest listing: a crawl's wet.paths.gz is ~1 MB (90,000 lines); held in memory when streaming
+MAX_LISTING_BYTES = 64 << 20
+
+
 def _is_remote(url: str) -> bool:
-    return urllib.parse.urlsplit(str(url)).scheme in ("http", "https")
+    return urllib.parse.urlsplit(str(url)).scheme in ("http", "https", "s3")
 
 
 def _as_local(path_or_url: str | os.PathLike) -> Path:
@@ -80,28 +88,8 @@ def _as_local(path_or_url: str | os.PathLike) -> Path:
     if s.startswith("file://"):
         return Path(urllib.request.url2pathname(urllib.parse.urlsplit(s).path))
     if "://" in s:
-        raise ValueError(f"unsupported URL scheme (use http(s)://, file:// or a directory): {s}")
+        raise ValueError(f"unsupported URL scheme (use http(s)://, s3://, file:// or a directory): {s}")
     return Path(s)
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After is either delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-
-
-def _snippet(data: bytes) -> str:
-    """The start of a body as a short quoted string, whitespace folded, for error messages."""
-    text = " ".join(data[:48].decode("utf-8", "replace").split())[:40]
-    return repr(text) if text else repr(data[:16])  # all whitespace: show the bytes
 
 
 def gzip_problem(path: str | os.PathLike, starts_with: bytes = b"") -> tuple[str, str] | None:
@@ -197,11 +185,14 @@ def _mark(dest: Path) -> None:
 
 
 class Fetcher:
-    """Resolves a WET URL or path to a local file, downloading http(s) URLs into `cache_dir`.
+    """Opens a WET URL or path for reading: `open` streams a remote file (`cache="none"`) or
+    resolves it to a local file, downloading http(s) and s3 URLs into `cache_dir` (`"keep"`).
 
     `retries` is the number of further attempts after the first. Waits grow as
     `backoff * 2**n` (capped at `max_backoff`) with jitter, so many tasks throttled together
     by S3 do not all come back in the same second; a server's Retry-After wins (also capped).
+    `timeout`: seconds to connect, and without a byte on an open connection. `read_bytes`: the
+    most a stream reads from the network at a time.
     """
 
     def __init__(
@@ -211,12 +202,44 @@ class Fetcher:
         backoff: float = 1.0,
         max_backoff: float = 60,
         timeout: float = 60,
+        cache: str = "keep",
+        read_bytes: int = CHUNK,
     ):
+        if cache not in ("none", "keep"):
+            raise ValueError(f"cache must be none or keep, got {cache!r}")
         self.cache_dir = Path(cache_dir)
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.timeout = timeout
+        self.cache = cache
+        self.read_bytes = read_bytes
+        self._transports: dict = {}  # per URL scheme, made in the process that reads
+
+    def __getstate__(self):  # pickled into each task: no client or socket goes along
+        return {**self.__dict__, "_transports": {}}
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.retries, self.backoff, self.max_backoff, self.timeout)
+
+    def _transport(self, url: str):
+        scheme = urllib.parse.urlsplit(url).scheme
+        if scheme not in self._transports:
+            self._transports[scheme] = transport_for(url, self.timeout)
+        return self._transports[scheme]
+
+    def stream(self, url: str, start: int = 0) -> RemoteStream:
+        """The remote file's bytes from `start` on, as they arrive (see `cc_stream`)."""
+        return RemoteStream(url, self._transport(url), self.policy, self.read_bytes, start=start)
+
+    def open(self, source: str | os.PathLike) -> Path | RemoteStream:
+        """What the WET reader reads for `source`: a stream over a remote file with `cache: none`
+        (the reader closes it, and adds its `counters` to its stats), else a local path: the
+        file itself, or its verified copy in the cache."""
+        if self.cache == "none" and _is_remote(str(source)):
+            return self.stream(str(source))
+        return self.local_path(source)
 
     def cache_path(self, url: str) -> Path:
         rel = urllib.parse.unquote(urllib.parse.urlsplit(url).path).lstrip("/")
@@ -273,10 +296,21 @@ class Fetcher:
         dest.unlink()
 
     def fetch_bytes(self, url_or_path: str | os.PathLike) -> bytes:
-        """A small file's bytes (e.g. a paths listing), cached and retried like any download."""
-        return self.local_path(url_or_path).read_bytes()
+        """A small file's bytes (e.g. a paths listing), retried like any download; cached with
+        `cache: keep`, held in memory (at most MAX_LISTING_BYTES) with `cache: none`."""
+        if self.cache == "keep" or not _is_remote(str(url_or_path)):
+            return self.local_path(url_or_path).read_bytes()
+        url, data = str(url_or_path), bytearray()
+        with self.stream(url) as stream:
+            while chunk := stream.read(CHUNK):
+                data += chunk
+                if len(data) > MAX_LISTING_BYTES:
+                    raise DownloadError(f"{url}: larger than {MAX_LISTING_BYTES >> 20} MiB: not a paths listing")
+        return bytes(data)
 
     def _download(self, url: str, dest: Path) -> None:
+        if urllib.parse.urlsplit(url).scheme == "s3":
+            return self._download_stream(url, dest)
         part = dest.with_name(dest.name + ".part")
         attempt, best = 0, part.stat().st_size if part.exists() else 0
         while True:
@@ -301,6 +335,21 @@ class Fetcher:
                     f"retrying {url}: {err} (attempt {attempt}/{self.retries}, have {size} bytes), waiting {wait:.2f}s"
                 )
                 time.sleep(wait)
+
+    def _download_stream(self, url: str, dest: Path) -> None:
+        """An s3:// file into the cache: the stream retries and resumes within this call; a
+        `.part` left by an earlier run is resumed from its end."""
+        part = dest.with_name(dest.name + ".part")
+        start = part.stat().st_size if part.exists() else 0
+        with self.stream(url, start=start) as stream, open(part, "ab" if start else "wb") as out:
+            while chunk := stream.read(CHUNK):
+                out.write(chunk)
+            length_known = stream.total is not None
+        try:
+            self._finish(url, part, dest, None, length_known=length_known)
+        except _Retry as err:  # the transfer was retried already; what arrived is not the file
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"{url}: {err}") from None
 
     def _attempt(self, url: str, part: Path, dest: Path) -> None:
         offset = part.stat().st_size if part.exists() else 0
@@ -382,8 +431,8 @@ class Fetcher:
         raise DownloadError(f"{url}: {what}") from None
 
 
-def _listing_entries(raw: bytes, where: str) -> list[str]:
-    """The non-blank lines of a gzipped paths listing, each checked to be a WET path."""
+def _listing_entries(raw: bytes, where: str, kind: str = "wet") -> list[str]:
+    """The non-blank lines of a gzipped paths listing, each checked to be a path of a `kind` file."""
     try:
         text = gzip.decompress(raw).decode("utf-8")
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
@@ -392,14 +441,14 @@ def _listing_entries(raw: bytes, where: str) -> list[str]:
             if not raw.startswith(GZIP_MAGIC)
             else f"that do not decompress to UTF-8 text ({e})"
         )
-        raise ValueError(f"{where}: not a WET paths listing: {len(raw):,} bytes {what}") from None
+        raise ValueError(f"{where}: not a {kind.upper()} paths listing: {len(raw):,} bytes {what}") from None
     lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     entries = [e for _, e in lines]
-    bad = [(n, e) for n, e in lines if not _LISTING_LINE.fullmatch(e) or ".." in e.split("/")]
+    bad = [(n, e) for n, e in lines if not _LISTING_LINE[kind].fullmatch(e) or ".." in e.split("/")]
     if bad or not entries:
         first = f"line {bad[0][0]} is {bad[0][1][:80]!r}" if bad else "it is empty"
         raise ValueError(
-            f"{where}: not a WET paths listing: {first}, expected crawl-data/...wet.gz"
+            f"{where}: not a {kind.upper()} paths listing: {first}, expected crawl-data/...{kind}.gz"
             + (f" ({len(bad):,} of {len(entries):,} lines are not such paths)" if bad else "")
         )
     return entries
@@ -411,33 +460,37 @@ def list_wet_paths(
     files: int | None = None,
     paths: list[str] | None = None,
     fetcher: Fetcher | None = None,
+    kind: str = "wet",
 ) -> list[str]:
     """WET files of `crawl` under `base_url`: the first `files` of the listing, the named
     `paths` (in the order given), or all of them. Remote bases give URLs, local bases paths.
+    `kind="warc"` lists the crawl's WARC files instead (`warc.paths.gz`).
 
     `paths` entries are listing entries (`crawl-data/...`), optionally with the base prepended.
     """
+    if kind not in _LISTING_LINE:
+        raise ValueError(f"kind must be one of {', '.join(_LISTING_LINE)}, got {kind!r}")
     if files is not None and paths is not None:
         raise ValueError("give either files or paths, not both")
     if files is not None and files < 0:
         raise ValueError(f"files must be >= 0, got {files}")
     remote = _is_remote(str(base_url))
     base = str(base_url).rstrip("/") if remote else str(_as_local(base_url)).rstrip("/")
-    listing_rel = f"crawl-data/{crawl}/wet.paths.gz"
+    listing_rel = f"crawl-data/{crawl}/{kind}.paths.gz"
     if remote:
         if fetcher is None:
             raise ValueError(f"a Fetcher (with a cache_dir) is needed to list {base}")
         listing_url = f"{base}/{listing_rel}"
         try:
-            entries = _listing_entries(fetcher.fetch_bytes(listing_url), listing_url)
+            entries = _listing_entries(fetcher.fetch_bytes(listing_url), listing_url, kind)
         except ValueError:
             fetcher.forget(listing_url)  # gzip, but not a listing: fetch afresh next time
             raise
     else:
         listing = Path(base) / listing_rel
         if not listing.is_file():
-            raise FileNotFoundError(f"no WET listing for crawl {crawl}: {listing}")
-        entries = _listing_entries(listing.read_bytes(), str(listing))
+            raise FileNotFoundError(f"no {kind.upper()} listing for crawl {crawl}: {listing}")
+        entries = _listing_entries(listing.read_bytes(), str(listing), kind)
 
     if paths is not None:
         known, chosen, missing = set(entries), [], []
@@ -447,12 +500,12 @@ def list_wet_paths(
             rel = rel.lstrip("/")
             (chosen if rel in known else missing).append(rel)
         if missing:
-            raise ValueError(f"not in the {crawl} WET listing ({base}/{listing_rel}): " + ", ".join(missing))
+            raise ValueError(f"not in the {crawl} {kind.upper()} listing ({base}/{listing_rel}): " + ", ".join(missing))
         # A file named twice would be processed twice, i.e. its documents duplicated.
         chosen = list(dict.fromkeys(chosen))
     elif files is not None:
         if files > len(entries):
-            logger.warning(f"asked for {files} WET files of {crawl}; the listing has only {len(entries)}")
+            logger.warning(f"asked for {files} {kind.upper()} files of {crawl}; the listing has only {len(entries)}")
         chosen = entries[:files]
     else:
         chosen = entries

@@ -42,8 +42,10 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 
 from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
+from gristmill.core import storage
 from gristmill.core.messages import os_error_line
 from gristmill.pipeline.planner import Stage
+from gristmill.pipeline.staging import RemoteStage, StagedTasks, task_log
 from gristmill.pipeline.usage import RecordsTaskUsage
 
 # Fault injection for tests: "RANK:SIGNAL:DOCS" makes task RANK send itself SIGNAL (a name,
@@ -210,8 +212,10 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-class LocalExecutor(RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
+class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
     def task_log(self, rank: int) -> str:
+        if self.remote is not None:
+            return task_log(self.remote, rank)
         return self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
 
     def run(self, on_poll: Callable[[], None] | None = None) -> None:
@@ -289,14 +293,25 @@ class LocalExecutor(RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
         return _Task(rank, slot, proc, status_r)
 
 
-def make_executor(stage: Stage) -> LocalPipelineExecutor:
-    return LocalExecutor(
+def make_executor(stage: Stage, storage_config=None, remote: RemoteStage | None = None) -> LocalPipelineExecutor:
+    """The local executor of a stage; with `remote`, the stage's folder is on object storage and
+    each task runs in a working copy (`gristmill.pipeline.staging`)."""
+    executor = LocalExecutor(
         pipeline=stage.pipeline,
         tasks=stage.tasks,
         workers=stage.workers,
-        logging_dir=str(stage.folder),
+        logging_dir=str(stage.folder) if remote is None else _store_folder(remote.stage_url()),
         skip_completed=True,
     )
+    # the tasks reach URLs (inputs, models) with this process's storage settings
+    executor.storage_config = storage_config if storage_config is not None else storage.settings()
+    executor.remote = remote
+    return executor
+
+
+def _store_folder(url: str):
+    fs, path = storage.filesystem(url)
+    return (path, fs)
 
 
 class SlurmSubmitFailed(ValueError):
@@ -304,7 +319,7 @@ class SlurmSubmitFailed(ValueError):
     submitted are cancelled."""
 
 
-class SlurmExecutor(RecordsTaskUsage, QuietTaskLogs, SlurmPipelineExecutor):
+class SlurmExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, SlurmPipelineExecutor):
     """A stage as one or more job arrays of at most `max_array_size` tasks.
 
     datatrove submits the arrays of a wide stage one after the other (each `afterany` on the
@@ -430,7 +445,9 @@ def default_venv_activate() -> str | None:
     return str(activate) if activate.is_file() else None
 
 
-def make_slurm_executor(stage: Stage, slurm: SlurmConfig, depends: SlurmExecutor | None) -> SlurmExecutor:
+def make_slurm_executor(
+    stage: Stage, slurm: SlurmConfig, depends: SlurmExecutor | None, storage_config=None
+) -> SlurmExecutor:
     over = slurm.stages.get(stage.name)
     cpus = (over and over.cpus_per_task) or slurm.cpus_per_task
     mem_gb = (over and over.mem_per_cpu_gb) or slurm.mem_per_cpu_gb
@@ -439,7 +456,7 @@ def make_slurm_executor(stage: Stage, slurm: SlurmConfig, depends: SlurmExecutor
     sbatch.setdefault("mem-per-cpu", f"{int(mem_gb * 1024)}M")
     if slurm.account:
         sbatch.setdefault("account", slurm.account)
-    return SlurmExecutor(
+    executor = SlurmExecutor(
         pipeline=stage.pipeline,
         tasks=stage.tasks,
         time=(over and over.time) or slurm.time,
@@ -458,3 +475,6 @@ def make_slurm_executor(stage: Stage, slurm: SlurmConfig, depends: SlurmExecutor
         requeue=slurm.requeue,
         mail_type="NONE",
     )
+    # inputs and models may be URLs (the run directory is local: a store's is refused with Slurm)
+    executor.storage_config = storage_config if storage_config is not None else storage.settings()
+    return executor

@@ -11,6 +11,7 @@ implements the `StageContext` the steps plan against (`gristmill.core.step`).
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import stat
@@ -21,13 +22,16 @@ import pyarrow as pa
 from loguru import logger
 
 from gristmill.config import ConfigError, RunConfig
+from gristmill.core import storage
 from gristmill.core.filter import Filter
 from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
+from gristmill.core.warc_reader import WarcReader
 from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
+from gristmill.pipeline.staging import plan_root
 
 __all__ = [
     "MemoryEstimate",
@@ -37,6 +41,7 @@ __all__ = [
     "estimate_memory",
     "stage_memory",
     "input_bytes",
+    "input_traffic",
     "make_fetcher",
     "plan",
     "resolve_sources",
@@ -50,23 +55,37 @@ DOCUMENTS_PER_GB = 300_000
 TEXT_PER_COMPRESSED_BYTE = 2.2
 #: a Common Crawl WET file, compressed (files are 100-200 MB; listed, not yet downloaded)
 CC_WET_FILE_BYTES = 150_000_000
+#: sources that are read over the network
+REMOTE = ("http://", "https://", "s3://")
 
 
 def make_fetcher(cfg: RunConfig) -> Fetcher:
     cc = cfg.input.commoncrawl
     if cc is None:  # still needed for a langid model given as a URL
         return Fetcher(Path("~/.cache/gristmill/downloads").expanduser())
-    return Fetcher(Path(cc.cache_dir).expanduser(), retries=cc.retries, backoff=cc.backoff_s)
+    return Fetcher(
+        Path(cc.cache_dir).expanduser(),
+        retries=cc.retries,
+        backoff=cc.backoff_s,
+        timeout=cc.timeout_s,
+        cache=cc.cache,
+        read_bytes=cc.read_buffer_bytes,
+    )
 
 
 def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
     """The WET files of the run, in a defined order (later dedup keeps first occurrences by it)."""
     if cfg.input.commoncrawl is not None:
         cc = cfg.input.commoncrawl
-        return list_wet_paths(cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher)
+        return list_wet_paths(
+            cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher, kind=cfg.input.format
+        )
     sources: list[str] = []
     seen: dict[str, str] = {}  # real path -> how it was first named
     for i, pattern in enumerate(cfg.input.paths):
+        if storage.is_url(pattern) and storage.protocol(pattern) not in storage.READ_ONLY:
+            sources += _store_sources(pattern, f"input.paths[{i}]", seen)
+            continue
         if pattern.startswith(("http://", "https://")):
             if pattern in seen:
                 logger.warning(f"input.paths[{i}]: {pattern} is listed twice; it is read once")
@@ -74,7 +93,7 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
             seen[pattern] = pattern
             sources.append(pattern)
             continue
-        matches = sorted(glob.glob(str(Path(pattern).expanduser())))
+        matches = sorted(glob.glob(str(storage.local_or_url(pattern))))
         if not matches:
             raise ConfigError(f"input.paths[{i}]: no file matches {pattern!r}")
         folders = [m for m in matches if Path(m).is_dir()]
@@ -93,6 +112,40 @@ def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
             seen[real] = m
             sources.append(m)
     return sources
+
+
+#: sizes of the objects listed by `_store_sources`, for `input_bytes` (one listing, not a HEAD each)
+_STORE_SIZES: dict[str, int] = {}
+
+
+def _store_sources(pattern: str, key: str, seen: dict[str, str]) -> list[str]:
+    """The objects a URL or glob URL names on a store (s3://, gs://, hf://), sorted."""
+    matches = storage.glob(pattern)  # a StorageError names the URL and what came back
+    if not matches:
+        raise ConfigError(f"{key}: no object matches {pattern!r}")
+    out = []
+    for url, info in matches:
+        if info.get("type") == "directory":
+            raise ConfigError(f"{key}: {url} is a folder, not a WET file; give the files, e.g. {url}/*.warc.wet.gz")
+        if url in seen:
+            logger.warning(printable(f"{key}: {url} is also matched as {seen[url]}; it is read once"))
+            continue
+        seen[url] = url
+        _STORE_SIZES[url] = int(info.get("size") or 0)
+        out.append(url)
+    return out
+
+
+def _input_path(fetcher: Fetcher, listed: bool, source: str):
+    """What a task opens for an input. An `input.paths` file on S3 (`listed`) is streamed as
+    Common Crawl's files are (ranged GETs, resumed, retried and counted), never copied to disk;
+    a file of another store (gs://, hf://) is streamed by the WET reader through fsspec; the
+    rest (Common Crawl's files, http(s):// URLs, paths) as the fetcher's `cache` says."""
+    if listed and source.startswith("s3://"):
+        return fetcher.stream(source)
+    if storage.is_url(source) and not source.startswith(REMOTE):
+        return source
+    return fetcher.open(source)
 
 
 _NOT_FILES = (
@@ -123,12 +176,49 @@ def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
     cc = cfg.input.commoncrawl
     total = 0.0
     for s in sources:
-        local = Path(s).expanduser() if not s.startswith(("http://", "https://")) else None
+        if s in _STORE_SIZES:  # listed on a store (input.paths): its size came with the listing
+            total += _STORE_SIZES[s]
+            continue
+        if storage.is_url(s) and not s.startswith(REMOTE):  # gs://, hf://
+            total += storage.size(s)
+            continue
+        local = Path(s).expanduser() if not s.startswith(REMOTE) else None
         if local is not None and local.is_file():
             total += local.stat().st_size
         else:
             total += CC_WET_FILE_BYTES if cc is not None or local is None else 0
     return total
+
+
+@dataclass
+class InputTraffic:
+    """What reading the run's input costs besides CPU: bytes over the network, disk for a cache."""
+
+    #: compressed bytes downloaded by the stage that reads the input files
+    ingress: float
+    #: bytes the download cache holds at the end (`input.commoncrawl.cache: keep`), else 0
+    cache: float
+    #: where they come from and where they go, in words (`pipeline plan`'s footer)
+    note: str
+
+
+def input_traffic(cfg: RunConfig, size: float, sources: list[str] | None = None) -> InputTraffic:
+    """Network ingress and cache disk of reading `size` compressed bytes of input. Common Crawl
+    from a server or bucket is all downloaded (streamed, or kept with `cache: keep`); a local
+    mirror and local files are read in place; `input.paths` URLs are downloaded (in proportion,
+    once their names are known)."""
+    cc = cfg.input.commoncrawl
+    if cc is not None:
+        if not str(cc.base_url).startswith(REMOTE):
+            return InputTraffic(0.0, 0.0, f"input read in place from {cc.base_url}")
+        if cc.cache == "keep":
+            return InputTraffic(size, size, f"input downloaded from {cc.base_url} into {cc.cache_dir} (cache: keep)")
+        return InputTraffic(size, 0.0, f"input streamed from {cc.base_url}, nothing kept on disk (cache: none)")
+    remote = [s for s in sources or [] if s.startswith(REMOTE)]
+    if not remote:
+        return InputTraffic(0.0, 0.0, "input read in place from local files")
+    share = len(remote) / len(sources)
+    return InputTraffic(size * share, size * share, f"{len(remote)} input URLs downloaded into the download cache")
 
 
 @dataclass
@@ -182,6 +272,12 @@ def _task_memory_limit(cfg: RunConfig, stage: Stage) -> tuple[int, str]:
             else "executor.slurm.mem_per_cpu_gb"
         )
         return int(mem * cpus * (1 << 30)), f"{where} x cpus_per_task"
+    if ex.type == "ray":  # what each task asks Ray for, when configured (else the estimate itself)
+        over = ex.ray.stages.get(stage.name)
+        if over and over.memory_gb:
+            return int(over.memory_gb * (1 << 30)), f"executor.ray.stages.{stage.name}.memory_gb"
+        if ex.ray.memory_gb:
+            return int(ex.ray.memory_gb * (1 << 30)), "executor.ray.memory_gb"
     if ex.memory_gb_per_task is not None:
         return int(ex.memory_gb_per_task * (1 << 30)), "executor.memory_gb_per_task"
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -257,6 +353,11 @@ class PlanContext:
 
     @property
     def run_dir(self) -> Path:
+        """The run directory the steps are planned against: the local one, or for a run
+        directory on object storage the root that each task's working copy replaces
+        (`gristmill.pipeline.staging`)."""
+        if storage.is_url(self.cfg.run_dir):
+            return plan_root(self.cfg.run_dir)
         return Path(self.cfg.run_dir)
 
     @property
@@ -270,7 +371,9 @@ class PlanContext:
     def local_path(self, path_or_url: str) -> Path:
         if str(path_or_url).startswith(("http://", "https://")):
             return self.fetcher.local_path(path_or_url)
-        return Path(path_or_url).expanduser()
+        if storage.is_url(path_or_url):  # s3://, gs://, hf://: downloaded once per machine (core.storage)
+            return storage.cached_copy(str(path_or_url))
+        return Path(storage.local_or_url(path_or_url))
 
     def writer(self) -> ParquetWriter:
         return ParquetWriter()
@@ -299,15 +402,14 @@ class PlanContext:
         return stage
 
     def read_documents(self) -> Step:
-        """The first step of a stage: the WET reader before any stage, then the last output."""
+        """The first step of a stage: the WET (or WARC) reader before any stage, then the last output."""
         if self.documents is None:
-            cfg = self.cfg
-            return WetReader(
-                self._sources(),
-                resolve=self.fetcher.local_path,
-                limit=cfg.input.limit,
-                max_record_bytes=cfg.input.max_record_bytes,
-            )
+            inp = self.cfg.input
+            resolve = functools.partial(_input_path, self.fetcher, inp.commoncrawl is None)
+            common = {"resolve": resolve, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
+            if inp.format == "warc":
+                return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
+            return WetReader(self._sources(), **common)
         return ParquetReader(self.documents)
 
 
@@ -344,6 +446,7 @@ def plan(
 ) -> list[Stage]:
     """The run's stages. Refuses (ConfigError naming stage, estimate and setting) a stage whose
     tasks are estimated to need more memory than a task has."""
+    storage.configure(cfg.storage)
     ctx = PlanContext(cfg, make_fetcher(cfg), input_size=input_size, sources=sources)
     pending: list[Step] = []  # streaming steps not yet placed in a stage
     for step in build_steps(cfg, ctx):

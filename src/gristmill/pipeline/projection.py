@@ -29,10 +29,12 @@ from pathlib import Path
 from gristmill.config import RunConfig
 from gristmill.core.messages import format_bytes
 from gristmill.core.step import Stage
+from gristmill.core.wet_reader import WetReader
 from gristmill.pipeline.planner import (
     CC_WET_FILE_BYTES,
     estimate_memory,
     input_bytes,
+    input_traffic,
     make_fetcher,
     plan,
     resolve_sources,
@@ -134,6 +136,12 @@ class StageProjection:
     limit_setting: str
     #: the part of `estimate_bytes` for documents as long as `input.max_record_bytes`
     record_bytes: int = 0
+    #: compressed input bytes the stage downloads (Common Crawl from a server or bucket)
+    ingress_bytes: float = 0.0
+    #: disk of the download cache the stage fills (`cache: keep`); 0 when it streams
+    cache_bytes: float = 0.0
+    #: where the input comes from, for the footer (the stage that reads it only)
+    traffic_note: str = ""
 
     @property
     def fits(self) -> bool:
@@ -157,9 +165,16 @@ def project(
         cands = models.get((stage.name, _steps_key(stage.step_names)), [])
         m = next((c for c in cands if c.config == preferred), cands[0] if cands else None)
         e = estimates[stage.label]
+        traffic = {}
+        reader = stage.pipeline[0] if stage.pipeline else None
+        if isinstance(reader, WetReader):  # the stage that reads the input files
+            t = input_traffic(cfg, gb * 1e9, reader.sources)
+            traffic = {"ingress_bytes": t.ingress, "cache_bytes": t.cache, "traffic_note": t.note}
         if m is None:
             out.append(
-                StageProjection(stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting, e.record_bytes)
+                StageProjection(
+                    stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting, e.record_bytes, **traffic
+                )
             )
             continue
         cpu = m.cpu[0] * stage.tasks / m.tasks + m.cpu[1] * gb
@@ -172,7 +187,11 @@ def project(
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
         at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
         wall = cpu / max(at_once, 1)
-        out.append(StageProjection(stage, m, cpu, rss, disk, wall, e.bytes, e.limit, e.limit_setting, e.record_bytes))
+        out.append(
+            StageProjection(
+                stage, m, cpu, rss, disk, wall, e.bytes, e.limit, e.limit_setting, e.record_bytes, **traffic
+            )
+        )
     return out
 
 
@@ -220,7 +239,10 @@ def render(
 ) -> tuple[list[str], list[list[str]], list[str]]:
     """(header, rows, footer lines) of the projection table."""
     max_record_bytes = max((p.stage.work.max_document_bytes for p in projections if p.stage.work), default=0)
-    header = ["stage", "tasks", "CPU-h", "wall", "mem/task", "largest record", "limit", "measured", "disk", "from"]
+    header = [
+        "stage", "tasks", "CPU-h", "wall", "mem/task", "largest record", "limit", "measured", "disk", "ingress",
+        "cache", "from",
+    ]  # fmt: skip
     rows = []
     for p in projections:
         flag = "" if p.fits else " ✗"
@@ -235,6 +257,8 @@ def render(
                 _fmt_mb(p.limit_bytes / 1e6),
                 "—" if p.model is None else _fmt_mb(p.rss_mb),
                 _fmt_mb(p.disk_mb),
+                _fmt_mb(p.ingress_bytes / 1e6),
+                _fmt_mb(p.cache_bytes / 1e6),
                 "—" if p.model is None else p.model.config,
             ]
         )
@@ -252,6 +276,12 @@ def render(
         f"total: {_fmt_h(cpu / 3600)} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
         f"(stage folders, token shards included)",
     ]
+    for p in projections:
+        if p.traffic_note:
+            footer.append(
+                f"ingress: {_fmt_mb(p.ingress_bytes / 1e6)} downloaded by {p.stage.label}; cache: "
+                f"{_fmt_mb(p.cache_bytes / 1e6)} of disk for downloads; {p.traffic_note}"
+            )
     missing = [p.stage.label for p in projections if p.cpu_s is None]
     if missing:
         footer.append(

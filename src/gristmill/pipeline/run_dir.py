@@ -27,7 +27,11 @@ from gristmill.dirlock import LOCK_NAME
 
 # Settings that change how or where a run goes, never what it writes (key prefixes). `run_dir`
 # itself is one: a run directory moved or copied elsewhere resumes where it stopped.
-_OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm", "run_dir")
+_OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm", "executor.ray", "run_dir", "storage")
+# How the input's bytes arrive (streamed or cached, read size, patience): the same bytes either way.
+_OUTPUT_NEUTRAL += tuple(
+    f"input.commoncrawl.{k}" for k in ("source", "cache", "read_buffer_bytes", "timeout_s", "retries", "backoff_s")
+)
 # Written by gristmill in every run directory it creates; `--force` removes nothing from a
 # directory without it (or, for directories made before the marker existed, config + plan).
 MARKER = ".gristmill-run"
@@ -162,12 +166,7 @@ def clear(run_dir: Path) -> list[str]:
         name = child.name
         if name == LOCK_NAME:
             continue
-        ours = (
-            name in _OWN_FILES
-            or name.endswith(".tmp")
-            or (child.is_dir() and not child.is_symlink() and (name in _OWN_FOLDERS or _STAGE_FOLDER.match(name)))
-        )
-        if not ours:
+        if not ours_at_top(name, child.is_dir() and not child.is_symlink()):
             kept.append(name)
         elif _STAGE_FOLDER.match(name) and child.is_dir() and not child.is_symlink():
             kept += _clear_stage(child)
@@ -178,17 +177,28 @@ def clear(run_dir: Path) -> list[str]:
     return sorted(kept)
 
 
+def ours_at_top(name: str, is_dir: bool) -> bool:
+    """An entry at the top of a run directory that gristmill wrote (and `--force` removes)."""
+    return name in _OWN_FILES or name.endswith(".tmp") or (is_dir and (name in _OWN_FOLDERS or is_stage_folder(name)))
+
+
+def is_stage_folder(name: str) -> bool:
+    return bool(_STAGE_FOLDER.match(name))
+
+
+def ours_in_stage(name: str, is_dir: bool, is_file: bool | None = None) -> bool:
+    """An entry of a stage folder that gristmill or datatrove wrote."""
+    is_file = not is_dir if is_file is None else is_file
+    return name.endswith(".tmp") or (is_dir and name in _STAGE_OWN_FOLDERS) or (is_file and name in _STAGE_OWN_FILES)
+
+
 def _clear_stage(folder: Path) -> list[str]:
     """Remove what gristmill writes in a stage folder (and the folder, once empty); the paths,
     relative to the run directory, of the entries kept."""
     kept = []
     for child in folder.iterdir():
         name = child.name
-        if child.is_symlink() or not (
-            name.endswith(".tmp")
-            or (child.is_dir() and name in _STAGE_OWN_FOLDERS)
-            or (child.is_file() and name in _STAGE_OWN_FILES)
-        ):
+        if child.is_symlink() or not ours_in_stage(name, child.is_dir(), child.is_file()):
             kept.append(f"{folder.name}/{name}")
         elif child.is_dir():
             shutil.rmtree(child)

@@ -1,4 +1,4 @@
-"""`pipeline run`: plan the stages, run them in order on datatrove's executor, merge stats."""
+"""`pipeline run`: plan the stages, run them in order on datatrove's executor (or Ray's), merge stats."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from loguru import logger
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gristmill.config import RunConfig
+from gristmill.config import ConfigError, RunConfig
+from gristmill.core import storage
 from gristmill.dirlock import hold
 from gristmill.pipeline import run_dir as rd
 from gristmill.pipeline.executors import TaskFailed, make_executor, make_slurm_executor
@@ -22,8 +23,11 @@ class StageFailed(RuntimeError):
     pass
 
 
-def _run_stage(stage: Stage, console: Console) -> None:
-    executor = make_executor(stage)
+def _run_stage(stage: Stage, console: Console, executor=None, where=None) -> None:
+    """Run a stage's incomplete tasks with a progress bar. `where` counts and merges the stage's
+    tasks (a local run directory's folders by default; `StoreRunDir` on object storage)."""
+    executor = executor or make_executor(stage)
+    where = where or _LocalStages()
     with Progress(
         TextColumn(f"[bold]{stage.label}[/]"),
         BarColumn(),
@@ -33,8 +37,8 @@ def _run_stage(stage: Stage, console: Console) -> None:
         console=console,
         transient=False,
     ) as progress:
-        bar = progress.add_task(stage.label, total=stage.tasks, completed=rd.completed_tasks(stage.folder))
-        poll = lambda: progress.update(bar, completed=rd.completed_tasks(stage.folder))  # noqa: E731
+        bar = progress.add_task(stage.label, total=stage.tasks, completed=where.completed_tasks(stage))
+        poll = lambda: progress.update(bar, completed=where.progress(stage))  # noqa: E731
         try:
             executor.run(on_poll=poll)
             error = None
@@ -42,26 +46,43 @@ def _run_stage(stage: Stage, console: Console) -> None:
             error = e
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (Interrupted): tasks already stopped
             signum = getattr(e, "signum", signal.SIGINT)
-            merge_stage(stage.folder)
+            where.merge_stage(stage)
             progress.stop()
             console.print(
                 f"[red]interrupted[/] ({signal.Signals(signum).name}) stage {stage.label}: running tasks"
-                f" stopped, {rd.completed_tasks(stage.folder)} of {stage.tasks} tasks complete and kept."
+                f" stopped, {where.completed_tasks(stage)} of {stage.tasks} tasks complete and kept."
                 " Re-run the same command to finish the missing tasks."
             )
             raise SystemExit(128 + signum) from None
         poll()
-    if error or rd.completed_tasks(stage.folder) < stage.tasks:
+    if error or where.completed_tasks(stage) < stage.tasks:
         try:
-            merge_stage(stage.folder)
+            where.merge_stage(stage)
         except OSError as e:  # the same full disk, say: the task's error is the one to report
             logger.warning(f"stats of {stage.label} not merged: {e}")
-        done = rd.completed_tasks(stage.folder)
+        done = where.completed_tasks(stage)
         raise StageFailed(
-            f"stage {stage.label}: {error or 'a task did not complete; logs: ' + str(stage.folder / 'logs')}."
+            f"stage {stage.label}: {error or 'a task did not complete; logs: ' + where.logs(stage)}."
             f" {stage.tasks - done} of {stage.tasks} tasks did not complete;"
             " re-run the same command to finish the missing tasks."
         )
+
+
+class _LocalStages:
+    """A local run directory's stage folders, as `_run_stage` reads them."""
+
+    def completed_tasks(self, stage: Stage) -> int:
+        return rd.completed_tasks(stage.folder)
+
+    def progress(self, stage: Stage) -> int:
+        """The completed tasks for the progress bar (polled four times a second)."""
+        return rd.completed_tasks(stage.folder)
+
+    def merge_stage(self, stage: Stage) -> None:
+        merge_stage(stage.folder)
+
+    def logs(self, stage: Stage) -> str:
+        return str(stage.folder / "logs")
 
 
 def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[str, str]:
@@ -117,18 +138,36 @@ def run(
     console: Console | None = None,
     wait: bool = False,
     command: list[str] | None = None,
+    force_lock: str | None = None,
 ) -> dict:
     """Run (local) or submit (Slurm; `wait` follows the jobs to the end) every stage of `cfg`.
 
     `command` is the argv that started the run; `pipeline status` shows it as the way to resume.
+    `force_lock` names the holder of a run directory on object storage whose lock to take over.
     """
     console = console or Console(stderr=True)
+    storage.configure(cfg.storage)
+    if storage.is_url(cfg.run_dir):  # on object storage: gristmill.pipeline.store_run
+        from gristmill.pipeline.store_run import run_on_store
+
+        return run_on_store(cfg, force, console, command, force_lock, run_stage=_run_stage, summary=_summary)
+    if force_lock is not None:
+        raise ConfigError(
+            f"--force-lock: {cfg.run_dir} is a local run directory, locked with flock, which the kernel "
+            "releases when its holder dies: there is no lock to take over"
+        )
     run_dir = Path(cfg.run_dir)
     rd.check_location(run_dir)  # refuse `/`, $HOME, a foreign directory: before anything is created
     stages = plan(cfg)  # validates sources and models before the run directory is touched
     # Held to the end (training included): a second command on this directory stops at once.
     with hold(run_dir, "run directory"):
-        return _run_locked(cfg, stages, run_dir, force, console, wait, command)
+        if cfg.executor.type != "ray":
+            return _run_locked(cfg, stages, run_dir, force, console, wait, command)
+        from gristmill.pipeline.ray_executor import RayCluster
+
+        # Connected once, before anything is written: an unreachable cluster is one line.
+        with RayCluster(cfg, stages) as cluster:
+            return _run_locked(cfg, stages, run_dir, force, console, wait, command, make=cluster.executor)
 
 
 def _run_locked(
@@ -139,6 +178,7 @@ def _run_locked(
     console: Console,
     wait: bool,
     command: list[str] | None,
+    make=make_executor,
 ) -> dict:
     resumed = rd.prepare(run_dir, cfg.resolved(), force)
     rd.write_plan(run_dir, stages)
@@ -169,7 +209,7 @@ def _run_locked(
             if rd.completed_tasks(stage.folder) >= stage.tasks:
                 console.print(f"{stage.label}: all {stage.tasks} tasks already complete")
             else:
-                _run_stage(stage, console)
+                _run_stage(stage, console, make(stage))
             merge_stage(stage.folder)
     except BaseException:
         # Keep the stats of what completed, but never let a second failure (the same full

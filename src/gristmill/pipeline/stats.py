@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gristmill.core.files import write_text_atomic
+from gristmill.core.messages import format_bytes
 from gristmill.core.wet_reader import KEPT_REASONS
 
 
@@ -389,6 +390,12 @@ def journey_notes(row: JourneyRow) -> str:
     skipped = sum(v for k, v in c.items() if k.startswith("skipped_"))
     if skipped:
         notes.append(f"{skipped:,} records skipped (not documents)")
+    if c.get("download_bytes"):  # streamed from a server or bucket (input.commoncrawl.cache: none)
+        why = {k[13:]: v for k, v in c.items() if k.startswith("http_retries_") and v}
+        retries = (
+            f", {c.get('http_retries', 0):,} retries (" + ", ".join(f"{k}: {v:,}" for k, v in sorted(why.items())) + ")"
+        )
+        notes.append(f"{format_bytes(c['download_bytes'])} downloaded" + (retries if why else ""))
     flawed = {k[4:]: v for k, v in c.items() if k.startswith("bad_") and k[4:] in KEPT_REASONS and v}
     if flawed:
         notes.append("kept despite " + ", ".join(f"{k} {v:,}" for k, v in sorted(flawed.items())))
@@ -611,8 +618,10 @@ def language_summary(by_language: dict[str, list[LanguageRow]]) -> list[dict]:
         last = next((r for r in reversed(rows) if r.kind in ("filter", "writer")), rows[-1] if rows else None)
         drops: dict[str, int] = {}
         for r in rows:
-            if sum(r.drops.values()):
-                drops[r.step] = drops.get(r.step, 0) + sum(r.drops.values())
+            # records that are no documents (a WARC file's requests, metadata, non-HTML) were never read
+            lost = sum(n for reason, n in r.drops.items() if not reason.startswith("skipped_"))
+            if lost:
+                drops[r.step] = drops.get(r.step, 0) + lost
         out.append(
             {
                 "language": lang,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from gristmill.core import storage
 from gristmill.core.configlib import ConfigError
 
 
@@ -77,10 +79,43 @@ def _histogram(lengths: np.ndarray) -> Table:
     return table
 
 
+def local_tokens(given: str) -> str | Path:
+    """A token directory given as a URL (`s3://bucket/run` or `.../run/tokens`), copied to local
+    scratch: the shards are memory-mapped. Files already there at the manifest's size are kept
+    (the shards' sha256 in the manifest is checked when they are read); others are fetched."""
+    import json
+
+    if not storage.is_url(given):
+        return given
+    root = next(
+        (
+            r
+            for r in (given.rstrip("/"), storage.join(given, "tokens"))
+            if storage.exists(storage.join(r, "manifest.json"))
+        ),
+        None,
+    )
+    if root is None:
+        raise ConfigError(f"{given}: no manifest.json in it or in its tokens/ (a token directory or a run directory)")
+    manifest = json.loads(storage.read_bytes(storage.join(root, "manifest.json")))
+    names = ["manifest.json", manifest.get("tokenizer", {}).get("file", "tokenizer.json")]
+    names += [s["path"] for s in manifest.get("shards", [])]
+    local = storage.scratch_root() / "tokens" / hashlib.sha256(root.encode()).hexdigest()[:16]
+    fs, remote = storage.filesystem(root)
+    with storage.errors(root, "listing the token directory"):
+        sizes = {k.rsplit("/", 1)[-1]: int(v.get("size") or 0) for k, v in fs.find(remote, detail=True).items()}
+    wanted = [n for n in names if not (local / n).is_file() or (local / n).stat().st_size != sizes.get(n, -1)]
+    local.mkdir(parents=True, exist_ok=True)
+    if wanted:
+        with storage.errors(root, f"copying {len(wanted)} files of the token directory to {local}"):
+            fs.get([f"{remote.rstrip('/')}/{n}" for n in wanted], [str(local / n) for n in wanted])
+    return local
+
+
 def cmd_tokens_inspect(args, console: Console) -> int:
     from gristmill.tokenize.reader import open_tokens
 
-    toks = open_tokens(args.dir, verify=True if args.verify else False)
+    toks = open_tokens(local_tokens(args.dir), verify=True if args.verify else False)
     toks.check()  # every shard opens as the manifest says and every id is in the vocabulary, or one error line
     out = Console()
     m = toks.manifest
@@ -127,7 +162,7 @@ def cmd_tokens_inspect(args, console: Console) -> int:
 def cmd_tokens_export(args, console: Console) -> int:
     from gristmill.tokenize.reader import open_tokens
 
-    toks = open_tokens(args.dir, verify="lazy")
+    toks = open_tokens(local_tokens(args.dir), verify="lazy")
     # --format bin writes one split (train unless given); megatron one prefix per split
     splits = [args.split] if args.split else (["train"] if args.format == "bin" else toks.splits)
     for split in splits:
@@ -141,7 +176,12 @@ def cmd_tokens_export(args, console: Console) -> int:
     for split in splits:
         toks.check(split)
     if args.format == "megatron":
-        return _export_megatron(toks, splits, Path(args.output), console)
+        return _export_megatron(toks, splits, args.output, console)
+    if storage.is_url(args.output):
+        raise ConfigError(
+            f"-o {args.output}: --format bin writes a local file (np.memmap reads it); --format megatron "
+            "writes to object storage"
+        )
     args.split = splits[0]
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,12 +206,24 @@ def cmd_tokens_export(args, console: Console) -> int:
     return 0
 
 
-def _export_megatron(toks, splits: list[str], out: Path, console: Console) -> int:
-    from gristmill.tokenize.megatron import LocalFolder, write_megatron
+def _export_megatron(toks, splits: list[str], output: str, console: Console) -> int:
+    from gristmill.tokenize.megatron import LocalFolder, StoreFolder, write_megatron
 
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"-o {out}: is a file; --format megatron writes a folder of <split>.bin/.idx")
-    written = write_megatron(toks, LocalFolder(out), splits)
+    if storage.is_url(output):
+        if storage.protocol(output) in storage.READ_ONLY:
+            raise ConfigError(f"-o {output}: {storage.protocol(output)}:// is read-only")
+        fs, path = storage.filesystem(output)
+        with storage.errors(output, "looking it up"):
+            is_file = fs.isfile(path)
+        if is_file:
+            raise ConfigError(f"-o {output}: is an object; --format megatron writes a folder of <split>.bin/.idx")
+        dest = StoreFolder(output)
+    else:
+        out = Path(storage.local_or_url(output))
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"-o {out}: is a file; --format megatron writes a folder of <split>.bin/.idx")
+        dest = LocalFolder(out)
+    written = write_megatron(toks, dest, splits)
     for w in written:
         console.print(
             f"[bold green]done[/] {w.prefix}.bin/.idx: {w.documents:,} documents, {w.tokens:,} {w.dtype} tokens"
@@ -213,7 +265,7 @@ def add_parsers(sub) -> None:
         dest="tokens_cmd", required=True
     )
     ins = tk.add_parser("inspect", help="totals, a decoded sample and the document length histogram")
-    ins.add_argument("dir", help="a token directory or a run directory holding tokens/")
+    ins.add_argument("dir", help="a token directory or a run directory holding tokens/ (a path or a URL)")
     ins.add_argument("--split", help="split for the sample and histogram (default: all for the histogram)")
     ins.add_argument("--chars", type=int, default=400, help="characters of the decoded sample to print")
     ins.add_argument("--no-verify", dest="verify", action="store_false", help="skip the sha256 check of the shards")
@@ -221,7 +273,7 @@ def add_parsers(sub) -> None:
     ex = tk.add_parser(
         "export", help="write a split as one flat token file (nanoGPT's .bin) or Megatron's indexed dataset"
     )
-    ex.add_argument("dir", help="a token directory or a run directory holding tokens/")
+    ex.add_argument("dir", help="a token directory or a run directory holding tokens/ (a path or a URL)")
     ex.add_argument(
         "--format",
         default="bin",
@@ -229,7 +281,9 @@ def add_parsers(sub) -> None:
         help="bin: one file of tokens; megatron: OUT/<split>.bin + .idx per split (--data-path OUT/train)",
     )
     ex.add_argument("--split", help="the split to write (bin: default train; megatron: default every split)")
-    ex.add_argument("-o", "--output", required=True, help="bin: the file; megatron: the folder")
+    ex.add_argument(
+        "-o", "--output", required=True, help="bin: the file; megatron: the folder (a path or a URL, s3://...)"
+    )
     ex.set_defaults(func=cmd_tokens_export)
 
 

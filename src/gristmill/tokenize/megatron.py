@@ -40,7 +40,11 @@ Whole or not at all: every file is written under a temporary name in the output 
 all are renamed into place only once every split is complete; on any error (a full disk, an id
 refused, Ctrl-C) the temporary files are removed and earlier files at those names are
 untouched. Files are opened through `LocalFolder`, the one place that knows the destination is
-a local folder (an object-store destination is another class with `open`, `commit`, `discard`).
+a local folder, or `StoreFolder`, a folder on object storage (`-o s3://bucket/megatron`): there
+each file is streamed to a temporary object beside its final name (a multipart upload: nothing
+is held on local disk) and copied to its name on the store by `commit` once every split is
+complete; `discard` deletes the temporary objects. Each object appears whole; a split's `.idx`
+is committed after its `.bin`.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from gristmill.core import storage
 from gristmill.core.files import naming, remove_quietly
 from gristmill.tokenize.reader import Shard, TokenDir
 
@@ -112,6 +117,42 @@ class LocalFolder:
                 pass
 
 
+class StoreFolder:
+    """`LocalFolder`'s contract on object storage (s3://, gs://, ...; see the module doc)."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.fs, self.root = storage.filesystem(self.url)
+        self.root = self.root.rstrip("/")
+        self._pending: list[tuple[str, str]] = []  # (temporary key, final key), in commit order
+
+    def describe(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def open(self, name: str) -> BinaryIO:
+        tmp = f"{self.root}/.{name}.{os.getpid()}.tmp"
+        with storage.errors(self.describe(name), "writing"):
+            f = self.fs.open(tmp, "wb")
+        self._pending.append((tmp, f"{self.root}/{name}"))
+        return f
+
+    def commit(self) -> None:
+        with storage.errors(self.url, "committing the export"):
+            for tmp, final in self._pending:
+                self.fs.copy(tmp, final)
+            for tmp, _ in self._pending:
+                self.fs.rm_file(tmp)
+        self._pending.clear()
+
+    def discard(self) -> None:
+        for tmp, _ in self._pending:
+            try:
+                self.fs.rm_file(tmp)
+            except Exception:  # noqa: BLE001 - never written (the export failed first), or the store is gone
+                pass
+        self._pending.clear()
+
+
 @dataclass
 class SplitWritten:
     split: str
@@ -140,7 +181,7 @@ def index_header(dtype: np.dtype, sequences: int) -> bytes:
 
 def write_megatron(
     toks: TokenDir,
-    dest: LocalFolder,
+    dest: LocalFolder | StoreFolder,
     splits: list[str],
     chunk_tokens: int = CHUNK_TOKENS,
     chunk_docs: int = CHUNK_DOCS,
@@ -161,7 +202,7 @@ def write_megatron(
 
 
 def _write_split(
-    toks: TokenDir, dest: LocalFolder, split: str, out_dtype: np.dtype, chunk_tokens: int, chunk_docs: int
+    toks: TokenDir, dest: LocalFolder | StoreFolder, split: str, out_dtype: np.dtype, chunk_tokens: int, chunk_docs: int
 ) -> SplitWritten:
     entries = toks.entries(split)
     documents = sum(e["documents"] for e in entries)  # each shard is checked against its entry on opening
@@ -201,7 +242,7 @@ def _write_split(
 
 
 @contextmanager
-def _named(dest: LocalFolder, name: str) -> Iterator[BinaryIO]:
+def _named(dest: LocalFolder | StoreFolder, name: str) -> Iterator[BinaryIO]:
     """A new file of `dest`, closed on leaving; an OSError (a full disk, a file size limit) names
     the file as it will be called, not its temporary name."""
     path = dest.describe(name)

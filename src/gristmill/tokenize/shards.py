@@ -37,6 +37,7 @@ import pyarrow as pa
 import xxhash
 
 from gristmill.core.files import on_failure, remove_quietly, replacing
+from gristmill.core.working_copy import staged
 
 FORMAT = "gristmill-tokens"
 VERSION = 1
@@ -234,6 +235,7 @@ class SortedBucket:
     """
 
     def __init__(self, folder: Path, *, tokens: bool = True):
+        folder = staged(folder)  # a run on object storage: the bucket of every encode task, fetched
         paths = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
         # one unit per record batch (an encode batch): its arrays are views of the mapped file.
         # Combining a file's batches into one array would copy every token into memory.

@@ -45,6 +45,7 @@ from gristmill.core.configlib import ConfigError, Fraction, Strict
 from gristmill.core.files import write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Step, Workload
+from gristmill.core.working_copy import listed, staged
 
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
 
@@ -172,7 +173,7 @@ def read_samples(folder: Path, budget_bytes: int):
     sharing the last key. `hash_sample` over them is the one-pass selection over all documents;
     the task reads ~budget_bytes plus one row group per file, not every task's whole sample."""
     merged = heapq.merge(
-        *(_sample_rows(f) for f in sorted(Path(folder).glob("sample_*.parquet"))), key=lambda r: (r[0], r[1])
+        *(_sample_rows(f) for f in sorted(staged(folder).glob("sample_*.parquet"))), key=lambda r: (r[0], r[1])
     )
     total, last = 0, None
     for key, i, text in merged:
@@ -376,7 +377,7 @@ class EncodeStep(Step):
         from gristmill.tokenize.encode import Encoder
         from gristmill.tokenize.shards import BucketedWriter, token_dtype
 
-        meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
+        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
         encoder = Encoder.from_file(self.tokenizer_folder / "tokenizer.json", meta["engine"], self.threads)
         writer = BucketedWriter(
             self.output,
@@ -443,7 +444,7 @@ class ShardPlanStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import plan_shards
 
-        flat = sorted(self.encoded.glob("*.arrow"))
+        flat = sorted(listed(self.encoded, "*.arrow"))
         if flat:  # one file per task, not per bucket: no bucket would hold its documents
             raise ValueError(f"{flat[0]}: encode output of an older layout; rerun with --force")
         with self.track_time():
@@ -488,9 +489,9 @@ class ShardStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import token_dtype, write_planned_shards
 
-        meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
+        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
         plan_file = self.plan_folder / "plan.json"
-        plan = json.loads(plan_file.read_text())
+        plan = json.loads(staged(plan_file).read_text())
         if plan["buckets"] != world_size:
             raise ValueError(f"{plan_file}: planned for {plan['buckets']} shard tasks, this stage runs {world_size}")
         with self.track_time():
@@ -530,8 +531,9 @@ class ManifestStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import finish_tokens, token_dtype
 
-        meta = json.loads((self.tokenizer_folder / "engine.json").read_text())
-        plan = json.loads((self.plan_folder / "plan.json").read_text())
+        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
+        plan = json.loads(staged(self.plan_folder / "plan.json").read_text())
+        staged(self.shard_folder)  # the shard tasks' lists and shards (a run on object storage)
         written = {}
         for p in range(plan["buckets"]):
             f = self.shard_folder / f"{p:05d}.json"

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from gristmill.core import storage
+
 EOS, BOS, PAD = "<|endoftext|>", "<|bos|>", "<|pad|>"
 SPECIALS = [EOS, BOS, PAD]
 
@@ -186,7 +188,12 @@ def load(path: str | Path, pattern: str | None = None):
     """An HF `tokenizers.Tokenizer` from a tokenizer.json, a GPT-2 folder/file pair, or a tiktoken file."""
     from tokenizers import Tokenizer
 
-    path = Path(path).expanduser()
+    if storage.is_url(path):  # a file on a store: downloaded once per machine
+        try:
+            path = storage.cached_copy(str(path))
+        except OSError as e:
+            raise TokenizerError(str(e)) from None
+    path = Path(storage.local_or_url(path))
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
             path = path / "tokenizer.json"

@@ -1,0 +1,282 @@
+"""One run at a time in a run directory on object storage: a lock object held as a lease.
+
+A local run directory is locked with `flock` (`gristmill.dirlock`), which the kernel releases
+when its holder dies. An object store has no such lock, so the lock is an object,
+`<run_dir>/.gristmill.lock`, created with a conditional PUT (`If-None-Match: *`): the store
+creates it for one writer and answers 412 to every other. It records its holder (host, pid,
+command, a random token: together the holder's name) and when it expires. The holder renews it
+every third of `storage.lease_s` with `If-Match` on the ETag it last wrote, so a lease taken over
+by someone else is noticed at the next renewal, and the holder stops (`on_lost`). A holder that
+dies stops renewing: its lease expires, and the next run takes it over (`If-Match` on the dead
+holder's ETag, so two runs taking over at once cannot both win). `--force-lock HOLDER` takes
+over a lease before it expires, only from the holder it names.
+
+Some stores accept `If-None-Match` and ignore it. Before taking the lock, `probe` creates a
+scratch object twice with `If-None-Match: *`: a store that accepts the second PUT cannot keep
+two runs apart, and the run is refused in one line.
+
+Expiry is judged by the clock of the machine that looks, against the time the holder wrote:
+machines whose clocks differ by a large part of `lease_s` may take over a live lease early.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from loguru import logger
+
+from gristmill.core import storage
+from gristmill.dirlock import LOCK_NAME, LockHeld
+
+__all__ = ["Lease", "LeaseHeld", "hold", "probe", "read"]
+
+
+class LeaseHeld(LockHeld):
+    """Another run holds the lease of the run directory."""
+
+
+class StoreUnsupported(ValueError):
+    """The store cannot do what a run directory needs (conditional writes)."""
+
+
+@dataclass
+class Lease:
+    url: str  # the lock object's URL
+    info: dict
+    etag: str
+
+    @property
+    def holder(self) -> str:
+        return str(self.info.get("holder", "?"))
+
+    @property
+    def expires(self) -> float:
+        return float(self.info.get("expires", 0))
+
+
+def _describe(info: dict) -> str:
+    when = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))  # noqa: E731
+    return (
+        f"{info.get('holder', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')}, "
+        f"since {when(float(info.get('since', 0)))}, lease until {when(float(info.get('expires', 0)))}: "
+        f"{' '.join(info.get('command', []))})"
+    )
+
+
+def conflict(e: BaseException) -> bool:
+    """A write refused because its condition did not hold: 412 Precondition Failed (s3fs raises
+    FileExistsError for If-None-Match, an OSError for If-Match) or 409 ConditionalRequestConflict
+    (S3, for conditional writes racing on one key)."""
+    if isinstance(e, FileExistsError):
+        return True
+    response = getattr(e.__cause__, "response", None) or getattr(e, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+def _split(fs, path: str) -> tuple[str, str]:
+    bucket, key, _ = fs.split_path(path)
+    return bucket, key
+
+
+def probe(url: str) -> None:
+    """Refuse a store that does not enforce `If-None-Match: *` (StoreUnsupported, one line)."""
+    fs, path = storage.filesystem(url)
+    bucket, key = _split(fs, f"{path.rstrip('/')}/.gristmill.probe-{secrets.token_hex(6)}")
+    where = f"{url.rstrip('/')}/{key.rsplit('/', 1)[-1]}"
+    with storage.errors(where, "checking that the store honours conditional writes"):
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"probe", IfNoneMatch="*")
+        try:
+            try:
+                fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"probe again", IfNoneMatch="*")
+            except OSError as e:
+                if conflict(e):
+                    return  # 412 Precondition Failed: enforced
+                raise
+            raise StoreUnsupported(
+                f"{url}: this store accepted a second create of one object with If-None-Match: * , so it cannot "
+                "keep two runs out of one run directory; refusing to use it as a run directory (local paths and "
+                "stores that enforce conditional writes, such as AWS S3 and recent MinIO, can be)"
+            )
+        finally:
+            try:
+                fs.call_s3("delete_object", Bucket=bucket, Key=key)
+            except Exception as e:  # noqa: BLE001 - a stray probe object is harmless; the verdict stands
+                logger.debug(f"{where}: not removed ({storage.describe(e)})")
+
+
+def read(url: str) -> Lease | None:
+    """The lease at `url` (the lock object), or None if there is none."""
+    fs, path = storage.filesystem(url)
+    bucket, key = _split(fs, path)
+    with storage.errors(url, "reading the lock"):
+        try:
+            resp = fs.call_s3("get_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        body = _read_body(fs, resp)
+    try:
+        info = json.loads(body or b"{}")
+    except ValueError:
+        info = {}
+    return Lease(url, info if isinstance(info, dict) else {}, resp["ETag"])
+
+
+def _read_body(fs, resp) -> bytes:
+    body = resp["Body"]
+    if hasattr(body, "read") and not callable(getattr(body, "__aenter__", None)):
+        return body.read()
+
+    async def _all():
+        async with body as stream:
+            return await stream.read()
+
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, _all)
+
+
+def _put(fs, url: str, info: dict, **condition) -> str:
+    bucket, key = _split(fs, storage.filesystem(url)[1])
+    resp = fs.call_s3(
+        "put_object",
+        Bucket=bucket,
+        Key=key,
+        Body=json.dumps(info).encode(),
+        ContentType="application/json",
+        **condition,
+    )
+    return resp["ETag"]
+
+
+def _me(ttl: float, command: list[str]) -> dict:
+    now = time.time()
+    host, pid = socket.gethostname(), os.getpid()
+    return {
+        "holder": f"{host}:{pid}:{secrets.token_hex(3)}",
+        "host": host,
+        "pid": pid,
+        "command": command,
+        "since": now,
+        "expires": now + ttl,
+    }
+
+
+def acquire(run_url: str, ttl: float, force_lock: str | None = None, command: list[str] | None = None) -> Lease:
+    """Take the lease of a run directory (LeaseHeld if another holds it, naming the holder)."""
+    url = storage.join(run_url, LOCK_NAME)
+    fs, _ = storage.filesystem(url)
+    me = _me(ttl, command if command is not None else sys.argv)
+    with storage.errors(url, "taking the lock"):
+        try:
+            return Lease(url, me, _put(fs, url, me, IfNoneMatch="*"))
+        except OSError as e:
+            if not conflict(e):
+                raise
+        for _attempt in range(3):  # the holder may release or renew between our reads
+            held = read(url)
+            if held is None:
+                try:
+                    return Lease(url, me, _put(fs, url, me, IfNoneMatch="*"))
+                except OSError as e:
+                    if not conflict(e):
+                        raise
+                    continue
+            expired = held.expires < time.time()
+            if not expired and force_lock != held.holder:
+                hint = (
+                    f"--force-lock {force_lock}: it is held by {held.holder}, not {force_lock}"
+                    if force_lock
+                    else f"if that run has died, wait for its lease to expire or take it over with "
+                    f"--force-lock {held.holder}"
+                )
+                raise LeaseHeld(f"run directory {run_url} is in use by {_describe(held.info)}; {hint}")
+            try:
+                lease = Lease(url, me, _put(fs, url, me, IfMatch=held.etag))
+            except OSError as e:
+                if not conflict(e):
+                    raise
+                continue  # another run took it over first, or the holder renewed: look again
+            why = "its lease expired" if expired else "--force-lock names it"
+            logger.warning(f"{run_url}: took over the lock of {_describe(held.info)}: {why}")
+            return lease
+    raise LeaseHeld(f"run directory {run_url} is in use: its lock changed under each of 3 attempts to take it")
+
+
+def _stop_this_process(reason: str) -> None:
+    """What a holder does when its lease is gone: stop the run, as SIGTERM does (tasks stopped,
+    completed ones kept)."""
+    logger.error(reason)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Renewer(threading.Thread):
+    def __init__(self, lease: Lease, ttl: float, on_lost: Callable[[str], None]):
+        super().__init__(name="gristmill-lease", daemon=True)
+        self.lease, self.ttl, self.on_lost = lease, ttl, on_lost
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        fs, _ = storage.filesystem(self.lease.url)
+        while not self.stopping.wait(self.ttl / 3):
+            info = {**self.lease.info, "expires": time.time() + self.ttl}
+            try:
+                with self.lock:
+                    if self.stopping.is_set():
+                        return
+                    self.lease.etag = _put(fs, self.lease.url, info, IfMatch=self.lease.etag)
+                    self.lease.info = info
+            except Exception as e:  # noqa: BLE001 - the store may be back before the lease runs out
+                if isinstance(e, OSError) and conflict(e):
+                    held = read(self.lease.url)
+                    by = _describe(held.info) if held else "nobody (it was removed)"
+                    self.on_lost(f"{self.lease.url}: this run's lock was taken over by {by}; stopping")
+                    return
+                if time.time() > self.lease.expires - self.ttl / 6:
+                    self.on_lost(
+                        f"{self.lease.url}: the lock could not be renewed before it expires "
+                        f"({storage.describe(e)}); stopping"
+                    )
+                    return
+                logger.warning(f"{self.lease.url}: lock not renewed, retrying: {storage.describe(e)}")
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping.set()
+
+
+@contextmanager
+def hold(
+    run_url: str,
+    ttl: float,
+    force_lock: str | None = None,
+    command: list[str] | None = None,
+    on_lost: Callable[[str], None] = _stop_this_process,
+) -> Iterator[Lease]:
+    """Hold the run directory at `run_url` for the block: probe, take, renew, release."""
+    probe(run_url)
+    lease = acquire(run_url, ttl, force_lock, command)
+    renewer = _Renewer(lease, ttl, on_lost)
+    renewer.start()
+    try:
+        yield lease
+    finally:
+        renewer.stop()
+        fs, path = storage.filesystem(lease.url)
+        bucket, key = _split(fs, path)
+        try:  # only our own lease: If-Match on the ETag we last wrote
+            fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=lease.etag)
+        except Exception as e:  # noqa: BLE001 - taken over, or the store is gone: it expires on its own
+            logger.debug(f"{lease.url}: not released ({storage.describe(e)})")

@@ -1,0 +1,246 @@
+"""Tasks of a run whose directory is on object storage: each works in a local copy, then commits.
+
+An object store has no rename, no `flock`, no memory-mapping and no writing in place, and much
+of a run relies on them. So the steps never see the store. The planner plans a remote run
+against a local root that is never written (`plan_root`); each task, in its own process:
+
+1. makes a fresh folder of its own on scratch disk (`<scratch>/tasks/<run>/<stage>/task_NNNNN`)
+   and rebases every path of its pipeline from the plan root to it (`rebase`), so the steps
+   write there as into any local run directory;
+2. reads earlier stages through `gristmill.core.working_copy` (`staged`, `listed`): only the
+   files it opens are fetched, so its scratch use is its share of the inputs and its outputs;
+3. once datatrove has marked it complete in that folder, uploads every file it wrote there
+   (stats, logs and usage included; a file fetched from the store and hard-linked to a new name,
+   as the manifest does with token shards, is copied on the store instead), and only then writes
+   its completion marker on the store (`<stage>/completions/NNNNN`). Each object is one PUT,
+   whole or not at all; the marker is the commit: resume, the stages after it and
+   `pipeline run`'s checks trust a task's outputs only once its marker exists. A task killed
+   before the marker has committed nothing that counts, and its re-run rewrites the same names
+   with the same bytes.
+
+The task's log is uploaded also when it fails, so the failure line's log can be read; a task
+killed outright leaves its log in its scratch folder, which the failure line names.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+
+import numpy as np
+from loguru import logger
+
+from gristmill.core import storage
+from gristmill.core.working_copy import WorkingCopy, active
+
+__all__ = ["RemoteStage", "StagedTasks", "plan_root", "rebase", "run_key", "task_root"]
+
+
+def run_key(url: str) -> str:
+    """A short stable name of a run directory URL, for local folders about it."""
+    return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+
+
+def plan_root(url: str) -> Path:
+    """The local root a run on object storage is planned against. Never created: each task
+    rebases it to a working copy of its own, and a task that writes under it (a path that
+    `rebase` missed) fails."""
+    return Path(os.path.abspath(storage.scratch_root())) / "plan-root-never-written" / run_key(url)
+
+
+@dataclass(frozen=True)
+class RemoteStage:
+    """What a task of a stage needs to know about the run directory on the store."""
+
+    url: str  # the run directory, s3://bucket/prefix
+    plan_root: str  # the local root the stage's steps were planned against
+    stage: str  # the stage's folder name, NN_name
+
+    def stage_url(self, *parts: str) -> str:
+        return storage.join(self.url, self.stage, *parts)
+
+
+def task_root(remote: RemoteStage, rank: int) -> Path:
+    return storage.scratch_root() / "tasks" / run_key(remote.url) / remote.stage / f"task_{rank:05d}"
+
+
+def task_log(remote: RemoteStage, rank: int) -> str:
+    """Where a task's log is: in its scratch folder if it is still there (a task killed outright),
+    else on the store (a task that failed uploads its log)."""
+    local = task_root(remote, rank) / remote.stage / "logs" / f"task_{rank:05d}.log"
+    return str(local) if local.is_file() else remote.stage_url("logs", f"task_{rank:05d}.log")
+
+
+# --- rebasing a pipeline's paths ---------------------------------------------------------------------
+
+_ATOMS = (int, float, bool, complex, bytes, bytearray, type(None), np.ndarray, np.generic, type, ModuleType)
+_CALLABLES = (FunctionType, BuiltinFunctionType, MethodType)
+
+
+def rebase(obj, old: Path, new: Path):
+    """`obj` with every path under `old` (a PurePath, or a str naming one) replaced by the same
+    path under `new`: lists, dicts and objects' attributes are changed in place, tuples and
+    other immutable values rebuilt. For a deep copy of an executor's pipeline."""
+    return _rebase(obj, os.fspath(old), os.fspath(new), set())
+
+
+def _rebase(value, old: str, new: str, seen: set[int]):
+    if isinstance(value, PurePath):
+        text = os.fspath(value)
+        return type(value)(new + text[len(old) :]) if text == old or text.startswith(old + os.sep) else value
+    if isinstance(value, str):
+        return new + value[len(old) :] if value == old or value.startswith(old + os.sep) else value
+    if isinstance(value, _ATOMS) or isinstance(value, _CALLABLES) or id(value) in seen:
+        return value
+    seen.add(id(value))
+    if isinstance(value, list):
+        value[:] = [_rebase(v, old, new, seen) for v in value]
+        return value
+    if isinstance(value, dict):
+        items = [(_rebase(k, old, new, seen), _rebase(v, old, new, seen)) for k, v in value.items()]
+        value.clear()
+        value.update(items)
+        return value
+    if isinstance(value, tuple):
+        items = [_rebase(v, old, new, seen) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, (set, frozenset)):
+        return type(value)(_rebase(v, old, new, seen) for v in value)
+    fields = vars(value) if hasattr(value, "__dict__") else {}
+    for name, v in list(fields.items()):
+        nv = _rebase(v, old, new, seen)
+        if nv is not v:
+            object.__setattr__(value, name, nv)  # frozen dataclasses too
+    if dataclasses.is_dataclass(value) and not fields:  # slots dataclasses
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            nv = _rebase(v, old, new, seen)
+            if nv is not v:
+                object.__setattr__(value, f.name, nv)
+    return value
+
+
+# --- the executor mixin --------------------------------------------------------------------------------
+
+
+class StagedTasks:
+    """Mixin for gristmill's executors (before datatrove's class): installs the run's storage
+    settings in each task's process and, when the run directory is on object storage
+    (`remote` set), runs each task in a working copy and commits it (see the module doc).
+
+    `logging_dir` is then the stage's folder on the store: datatrove's completion checks
+    (`is_rank_completed`, `get_incomplete_ranks`) read the markers there.
+    """
+
+    storage_config: storage.StorageConfig | None = None
+    remote: RemoteStage | None = None
+
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
+        storage.configure(self.storage_config)
+        if self.remote is None or self.is_rank_completed(rank):
+            return super()._run_for_rank(rank, local_rank, node_rank)
+        return _run_in_working_copy(self, super()._run_for_rank, rank, local_rank, node_rank)
+
+
+def _run_in_working_copy(executor, run, rank: int, local_rank: int, node_rank: int):
+    from datatrove.io import get_datafolder
+
+    remote: RemoteStage = executor.remote
+    root = task_root(remote, rank)
+    shutil.rmtree(root, ignore_errors=True)  # what an attempt killed outright left
+    root.mkdir(parents=True)
+    pipeline, logging_dir = executor.pipeline, executor.logging_dir
+    executor.pipeline = rebase(copy.deepcopy(pipeline), Path(remote.plan_root), root)
+    executor.logging_dir = get_datafolder(str(root / remote.stage))
+    work = WorkingCopy(remote.url, root)
+    committed = False
+    try:
+        with active(work):
+            stats = run(rank, local_rank, node_rank)
+        if executor.logging_dir.isfile(f"completions/{rank:05d}"):  # datatrove marked it complete here
+            _check_plan_root(Path(remote.plan_root), rank)
+            _commit(work, remote, rank)
+        committed = True
+        return stats
+    finally:
+        executor.pipeline, executor.logging_dir = pipeline, logging_dir
+        if not committed:
+            _upload_log(work, remote, rank)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _check_plan_root(root: Path, rank: int) -> None:
+    if root.exists():
+        written = next((p for p in root.rglob("*") if p.is_file()), root)
+        raise RuntimeError(
+            f"task {rank} wrote {written} outside its working copy (a path the staging did not rebase); "
+            "nothing of it was committed"
+        )
+
+
+def _commit(work: WorkingCopy, remote: RemoteStage, rank: int) -> None:
+    """Upload what the task wrote, then write its completion marker: the commit."""
+    root = work.root
+    marker = root / remote.stage / "completions" / f"{rank:05d}"
+    fetched = work.fetched_files()
+    uploads, copies = [], []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        if path == marker or path.name.endswith(".tmp"):
+            continue
+        st = path.stat()
+        source = fetched.get((st.st_dev, st.st_ino))
+        key = f"{work.remote}/{path.relative_to(root).as_posix()}"
+        if source is None:
+            uploads.append((str(path), key))
+        elif source != key:  # a fetched file under a new name (hard-linked): copied on the store
+            copies.append((source, key))
+    url = remote.stage_url()
+    log = root / remote.stage / "logs" / f"task_{rank:05d}.log"
+    if log.is_file():  # the task's log is closed: what staging did, at its end
+        with open(log, "a") as f:
+            f.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} | INFO     | working copy: fetched {len(fetched)} files"
+                f" ({work.fetched_bytes / 1e6:.1f} MB) in {work.fetch_s:.2f} s; committing {len(uploads)} files"
+                f" and {len(copies)} copies on the store to {url}\n"
+            )
+    with storage.errors(url, f"committing task {rank}"):
+        if uploads:
+            work.fs.put([a for a, _ in uploads], [b for _, b in uploads])
+        for src, dst in copies:
+            work.fs.copy(src, dst)
+        work.fs.pipe_file(f"{work.remote}/{remote.stage}/completions/{rank:05d}", b"")
+
+
+def _upload_log(work: WorkingCopy, remote: RemoteStage, rank: int) -> None:
+    """A failed task's log, to the store where the failure line points (best effort: the
+    failure itself is the error to report)."""
+    log = work.root / remote.stage / "logs" / f"task_{rank:05d}.log"
+    if not log.is_file():
+        return
+    try:
+        work.fs.put_file(str(log), f"{work.remote}/{remote.stage}/logs/{log.name}")
+    except Exception as e:  # noqa: BLE001 - best effort, see above
+        logger.warning(f"task {rank}: its log could not be saved to {remote.stage_url('logs')}: {storage.describe(e)}")
+
+
+def scratch_bytes(stage) -> int:
+    """Local scratch one task of `stage` is estimated to use when the run directory is on object
+    storage: its share of the documents read and written (as text: Parquet holds less), and what
+    its steps hold in memory, which bounds what they map or build in place (a Bloom filter slice,
+    sorted parts). An upper figure, like the memory models it is made of."""
+    from gristmill.core.step import Step
+
+    work = stage.work
+    if work is None:
+        return 0
+    held = sum(s.memory_bytes(work) for s in stage.pipeline if isinstance(s, Step))
+    return int(2 * work.text_bytes / max(stage.tasks, 1) + held)

@@ -1,0 +1,132 @@
+"""Paths and URLs without a server: what the config accepts and refuses for storage, how a
+task's pipeline is rebased into its working copy, and that a local run never goes through the
+working copy (docs/storage.md). The S3 server tests: tests/pipeline/test_store_run.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from gristmill.config import ConfigError, from_dict
+from gristmill.core import storage
+from gristmill.core.working_copy import listed, staged
+from gristmill.pipeline.run_dir import config_differences
+from gristmill.pipeline.staging import rebase
+
+
+def _cfg(tmp_path, **over) -> dict:
+    data = {
+        "run_dir": str(tmp_path / "run"),
+        "input": {"paths": [str(tmp_path / "x.warc.wet.gz")]},
+        "steps": [{"gopher_quality": {}}],
+    }
+    data.update(over)
+    return data
+
+
+def test_protocols_and_local_paths():
+    assert storage.protocol("s3://b/k") == "s3" and storage.protocol("HF://datasets/x") == "hf"
+    assert storage.protocol("/data/x") is None and storage.protocol("file:///data/x") is None
+    assert storage.local_or_url("file:///data/x.gz") == Path("/data/x.gz")
+    assert storage.local_or_url("~/x") == Path.home() / "x"
+    assert storage.local_or_url("gs://b/x") == "gs://b/x"
+    assert storage.join("s3://b/run/", "01_curate", "/logs/") == "s3://b/run/01_curate/logs"
+
+
+def test_a_run_dir_url_is_kept_and_a_file_url_is_a_path(tmp_path):
+    assert from_dict(_cfg(tmp_path, run_dir="s3://bucket/runs/crawl/")).run_dir == "s3://bucket/runs/crawl"
+    assert from_dict(_cfg(tmp_path, run_dir=f"file://{tmp_path}/r")).run_dir == f"{tmp_path}/r"
+
+
+@pytest.mark.parametrize(
+    "run_dir, says",
+    [
+        ("gs://bucket/run", "a run directory on gs:// is not supported: one run per directory needs a conditional"),
+        ("hf://buckets/me/run", "a run directory on hf:// is not supported"),
+        ("https://example.org/run", "https:// is read-only; a run directory is written"),
+    ],
+)
+def test_run_dirs_a_store_cannot_lock_are_refused(tmp_path, run_dir, says):
+    with pytest.raises(ConfigError) as e:
+        from_dict(_cfg(tmp_path, run_dir=run_dir))
+    assert f"run_dir: {run_dir}: " in str(e.value) and says in str(e.value)
+
+
+def test_credentials_are_refused_in_the_config(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        from_dict(_cfg(tmp_path, storage={"s3": {"secret_access_key": "s3cr3t-value"}}))
+    assert "storage.s3: secret_access_key: credentials are not read from the run config" in str(e.value)
+    assert "s3cr3t-value" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        from_dict(_cfg(tmp_path, storage={"s3": {"endpoint_url": "http://user:pass@127.0.0.1:9000"}}))
+    assert "endpoint_url: give the endpoint without user:password@" in str(e.value)
+
+
+def test_what_a_run_directory_on_a_store_cannot_do_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        from_dict(_cfg(tmp_path, run_dir="s3://b/run", train={"preset": "tiny"}))
+    assert "train: training on a run directory on object storage (s3://b/run) is not supported" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        from_dict(_cfg(tmp_path, run_dir="s3://b/run", executor={"type": "slurm"}))
+    assert "executor.type: slurm with a run directory on object storage (s3://b/run) is not supported" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        from_dict(_cfg(tmp_path, steps=[{"exact_dedup": {"filter_from": "s3://b/old/03_exact_dedup_find/filter"}}]))
+    assert "an earlier filter on object storage is not supported" in str(e.value)
+
+
+def test_storage_settings_never_make_a_run_another_configuration(tmp_path):
+    plain = from_dict(_cfg(tmp_path))
+    assert "storage" not in plain.resolved()  # as a run directory made before the section existed
+    tuned = from_dict(_cfg(tmp_path, storage={"s3": {"endpoint_url": "http://127.0.0.1:9000"}, "scratch_gb": 5}))
+    assert tuned.resolved()["storage"]["s3"]["endpoint_url"] == "http://127.0.0.1:9000"
+    assert config_differences(plain.resolved(), tuned.resolved()) == []
+
+
+def test_scrub_blanks_the_secrets_of_the_environment(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-secret")
+    assert storage.scrub("denied for wJalrXUtnFEMI-secret, try again") == "denied for ***, try again"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    folder: Path
+    name: str
+
+
+Pair = namedtuple("Pair", "a b")
+
+
+class _Step:
+    def __init__(self, root: Path):
+        self.stage_folder = root / "01_curate"
+        self.scores_folder = str(root / "01_curate" / "scores" / "langid")
+        self.plan = _Frozen(root / "02_hash", "keep-me")
+        self.pair = Pair(root / "x", Path("/elsewhere/models/lid.176.ftz"))
+        self.by = {"out": [root / "03_find" / "filter"], "model": "/elsewhere/models/kenlm.bin"}
+        self.shared = None
+
+
+def test_rebase_moves_every_path_under_the_plan_root_and_nothing_else(tmp_path):
+    old, new = tmp_path / "plan", tmp_path / "task"
+    a = _Step(old)
+    b = _Step(old)
+    b.shared = a.plan  # one object reached twice: rebased once
+    out = rebase([a, b], old, new)
+    assert out[0] is a and a.stage_folder == new / "01_curate"
+    assert a.scores_folder == str(new / "01_curate" / "scores" / "langid")
+    assert a.plan == _Frozen(new / "02_hash", "keep-me") and b.shared is a.plan
+    assert a.pair == Pair(new / "x", Path("/elsewhere/models/lid.176.ftz")) and isinstance(a.pair, Pair)
+    assert a.by == {"out": [new / "03_find" / "filter"], "model": "/elsewhere/models/kenlm.bin"}
+    assert rebase(old.parent / "planned", old, new) == old.parent / "planned"  # a sibling is not under it
+
+
+def test_a_local_run_reads_paths_as_given(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "1.parquet").write_bytes(b"x")
+    (tmp_path / "a" / "b" / "2.parquet").write_bytes(b"y")
+    assert staged(tmp_path / "a") == tmp_path / "a"
+    assert sorted(listed(tmp_path / "a", "*.parquet", recursive=True)) == sorted((tmp_path / "a").rglob("*.parquet"))
+    assert listed(tmp_path / "a", "*.parquet") == [tmp_path / "a" / "1.parquet"]
