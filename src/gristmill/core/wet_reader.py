@@ -479,19 +479,24 @@ class WetReader(Step):
         limit: int = -1,
         step_id: str | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        stream_bytes: int = 0,
     ):
         super().__init__(step_id=step_id)
         self.sources = list(sources)
         self.resolve = resolve
         self.limit = limit
         self.max_record_bytes = max_record_bytes
+        #: what `resolve`'s streams hold when the files are read over the network (the planner
+        #: sets it from `pipeline.cc_stream.stream_memory_bytes`): one read and the client
+        self.stream_bytes = stream_bytes
 
     def memory_bytes(self, work: Workload) -> int:
         """Held while a document is downstream: the record's bytes, still in the sliding buffer
         (~1.2x `max_record_bytes`, the buffer grown to hold it), and the document decoded from
-        it, as Python holds it (`DOCUMENT_BYTES_PER_BYTE`). (`work.max_document_bytes` is this
-        reader's `max_record_bytes`: the planner sets both from `input.max_record_bytes`.)"""
-        return int((DOCUMENT_BYTES_PER_BYTE + 1.2) * work.max_document_bytes)
+        it, as Python holds it (`DOCUMENT_BYTES_PER_BYTE`); and a stream's read and client when
+        the files are streamed (`stream_bytes`). (`work.max_document_bytes` is this reader's
+        `max_record_bytes`: the planner sets both from `input.max_record_bytes`.)"""
+        return int((DOCUMENT_BYTES_PER_BYTE + 1.2) * work.max_document_bytes) + self.stream_bytes
 
     #: while a record is read: the payload cut from the buffer and the text's UTF-8 for the
     #: `bytes` stat (measured with the document it makes: 20, 68 and 246 MB over 2, 8 and 30 MB

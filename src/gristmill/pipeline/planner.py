@@ -30,6 +30,7 @@ from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
 from gristmill.core.warc_reader import WarcReader
 from gristmill.core.wet_reader import WetReader
+from gristmill.pipeline.cc_stream import stream_memory_bytes
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.pipeline.staging import plan_root
 
@@ -146,6 +147,21 @@ def _input_path(fetcher: Fetcher, listed: bool, source: str):
     if storage.is_url(source) and not source.startswith(REMOTE):
         return source
     return fetcher.open(source)
+
+
+def _streamed(fetcher: Fetcher, listed: bool, source: str) -> bool:
+    """Whether `_input_path` gives a task a `cc_stream.RemoteStream` over `source`."""
+    if listed and source.startswith("s3://"):
+        return True
+    return fetcher.cache == "none" and source.startswith(REMOTE)
+
+
+def stream_bytes(fetcher: Fetcher, listed: bool, sources: list[str]) -> int:
+    """What the reader's streams add to a task (`cc_stream.stream_memory_bytes`, the most of any
+    source: a task reads one file at a time); 0 when every file is read from disk."""
+    return max(
+        (stream_memory_bytes(s, fetcher.read_bytes) for s in sources if _streamed(fetcher, listed, s)), default=0
+    )
 
 
 _NOT_FILES = (
@@ -405,8 +421,13 @@ class PlanContext:
         """The first step of a stage: the WET (or WARC) reader before any stage, then the last output."""
         if self.documents is None:
             inp = self.cfg.input
-            resolve = functools.partial(_input_path, self.fetcher, inp.commoncrawl is None)
-            common = {"resolve": resolve, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
+            listed = inp.commoncrawl is None
+            common = {
+                "resolve": functools.partial(_input_path, self.fetcher, listed),
+                "limit": inp.limit,
+                "max_record_bytes": inp.max_record_bytes,
+                "stream_bytes": stream_bytes(self.fetcher, listed, self._sources()),
+            }
             if inp.format == "warc":
                 return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
             return WetReader(self._sources(), **common)
