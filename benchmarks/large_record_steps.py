@@ -42,6 +42,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 STEPS = (
     "read_wet",
+    "read_warc",
+    "read_warc_trafilatura",
+    "url_filter",
     "langid",
     "gopher_quality",
     "gopher_repetition",
@@ -50,6 +53,7 @@ STEPS = (
     "pii",
     "kenlm",
     "quality",
+    "decontaminate",
     "write_parquet",
     "read_parquet",
     "exact_dedup_hash",
@@ -72,7 +76,8 @@ def _document(mb: float, mutate: float, seed: int = 0):
     pages = sample_pages()
     vocab = sorted({w for p in pages for w in p.split() if w.isalpha()})
     text = record_text(pages, int(mb * 1e6), random.Random(seed), mutate, vocab).decode("utf-8")
-    meta = {"language": "en", "language_score": 0.9, "source": "s.warc.wet.gz", "offset": 0, "url": "u"}
+    url = "http://large-0.example.com/news/2024/05/page.html"
+    meta = {"language": "en", "language_score": 0.9, "source": "s.warc.wet.gz", "offset": 0, "url": url}
     return Document(text=text, id=f"<urn:uuid:large-{seed}>", metadata=meta), pages
 
 
@@ -105,6 +110,28 @@ def _runner(step: str, tmp: Path, pages: list[str]):
 
         run.prepare = lambda doc: write(tmp / "one.warc.wet.gz", 1, len(doc.text.encode()), pages=pages)
         return run, reader
+    if step in ("read_warc", "read_warc_trafilatura"):
+        from make_large_records import write_warc
+
+        from gristmill.core.warc_reader import WarcReader, iter_warc_documents
+
+        extractor = "trafilatura" if step.endswith("trafilatura") else "resiliparse"
+        reader = WarcReader([str(tmp / "one.warc.gz")], max_record_bytes=64 << 20, extractor=extractor)
+        write_warc(tmp / "small.warc.gz", 1, 20_000, pages=pages)
+        list(iter_warc_documents(tmp / "small.warc.gz", extractor=extractor))  # the extractor's first call
+
+        def run(doc):  # an HTML page as long as the document (its HTTP header and page)
+            for _ in reader.run():
+                pass
+
+        run.prepare = lambda doc: write_warc(tmp / "one.warc.gz", 1, len(doc.text.encode()), pages=pages)
+        return run, reader
+    if step == "url_filter":
+        from gristmill.filters.url_filter import UrlFilter
+
+        f = UrlFilter()
+        f._open()  # the lookup files mapped, the automaton built: what a task does before its first page
+        return filter_runner(f)
     if step == "langid":
         from gristmill.filters.langid import LangId
 
@@ -149,6 +176,15 @@ def _runner(step: str, tmp: Path, pages: list[str]):
         from gristmill.filters.quality import Quality
 
         return filter_runner(Quality(model=str(models / "quality" / "en.bin"), min_score=0.0))
+    if step == "decontaminate":
+        from gristmill.dedup.decontaminate import Decontaminate
+
+        # the first 13 words of every sample page: the page (the sample over and over, mutated)
+        # holds some of them, so the lines holding a match are cut, the step's costlier path
+        bench = tmp / "bench.jsonl"
+        bench.write_text("".join(json.dumps({"q": " ".join(p.split()[:13])}) + "\n" for p in pages))
+        f = Decontaminate(benchmarks=[{"path": str(bench), "field": "q"}], action="cut", index_dir=str(tmp / "index"))
+        return filter_runner(f)
     if step == "write_parquet":
         from gristmill.core.parquet_io import ParquetWriter
 

@@ -67,6 +67,7 @@ OPEN_STEPS = {
         "filter_lorem_ipsum": False,
         "filter_curly_bracket": False,
         "min_num_sentences": -1,
+        "min_paragraph_words": -1,
     },
     "kenlm": {"max_perplexity": None},
     "quality": {"min_score": 0.0},

@@ -223,14 +223,17 @@ def check_make_large_records(request, tmp, data):
     out = smoke("make_large_records", tmp / "large.warc.wet.gz", tmp=tmp, data=data)
     assert figure(out, "large.warc.wet.gz:") == 3  # records, each of exactly 200,000 bytes of text
     assert "200,000-200,000 bytes" in out
+    out = smoke("make_large_records", tmp / "large.warc.gz", "--warc", tmp=tmp, data=data)
+    assert figure(out, "large.warc.gz:") == 3  # HTML pages, each response's payload at most 200,000 bytes
 
 
 def check_large_record_steps(request, tmp, data):
     for model in ("lid_model", "kenlm_model", "quality_model"):
         request.getfixturevalue(model)
     out = smoke("large_record_steps", tmp=tmp, data=data)
-    assert figure(out, "steps measured:") == 17  # every step on one 0.3 MB page, in one process
+    assert figure(out, "steps measured:") == 21  # every step on one 0.3 MB page, in one process
     assert "| gopher_repetition |" in out and "| encode |" in out
+    assert "| read_warc_trafilatura |" in out and "| decontaminate |" in out and "| url_filter |" in out
 
 
 def check_large_records_run(request, tmp, data):

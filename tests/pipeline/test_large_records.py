@@ -3,7 +3,9 @@ its stage's memory model (which counts the largest record) and within what `pipe
 shows; each step holds no more for one such record than it declares (a step holding a whole
 record's derived data at once, as datatrove's Gopher filter did, exceeds it); the planner
 refuses a record limit a task cannot hold; the pieces that bound memory (row groups, batches)
-are bounded by bytes.
+are bounded by bytes. The same holds for what the curate stage reads besides WET records: HTML
+pages of a WARC file near the limit, extracted by either extractor, and a file streamed from an
+S3 server with a large read buffer.
 
 The records are real text from the shared sample, repeated and mutated up to 2 MB each, one gzip
 member per record as Common Crawl writes them (`benchmarks/make_large_records.py`); the limit is
@@ -13,6 +15,7 @@ reaches every step, both dedups and tokenization included."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -27,18 +30,22 @@ from gristmill.config import from_dict
 from gristmill.core import parquet_io
 from gristmill.core.filter import batched_documents
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
+from gristmill.core.warc_reader import EXTRACTION_BYTES_PER_BYTE, EXTRACTORS, WarcReader
 from gristmill.core.wet_reader import WetReader
+from gristmill.pipeline.cc_stream import stream_memory_bytes
 from gristmill.pipeline.planner import estimate_memory, plan
 from gristmill.pipeline.usage import stage_usage
 from tests.conftest import REPO
+from tests.s3_server import PlainS3Server
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from large_record_steps import STEPS  # noqa: E402
 from large_records_run import OPEN_STEPS  # noqa: E402
-from make_large_records import write  # noqa: E402
+from make_large_records import CRAWL, write, write_warc  # noqa: E402
 
 LIMIT = 2 << 20
 RECORDS = 6
+PAGES = 3  # HTML pages of the WARC file
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
@@ -46,6 +53,14 @@ UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 def large_wet(shared_data, tmp_path_factory):
     path = tmp_path_factory.mktemp("large") / "large.warc.wet.gz"
     sizes = write(path, RECORDS, 2_000_000, mutate=0.2, seed=3)
+    assert all(LIMIT - 100_000 < s <= LIMIT for s in sizes)
+    return path
+
+
+@pytest.fixture(scope="module")
+def large_warc(shared_data, tmp_path_factory):
+    path = tmp_path_factory.mktemp("large_warc") / "large.warc.gz"
+    sizes = write_warc(path, PAGES, 2_000_000, mutate=0.2, seed=5)
     assert all(LIMIT - 100_000 < s <= LIMIT for s in sizes)
     return path
 
@@ -119,6 +134,90 @@ def test_every_task_stays_within_its_stage_model_and_the_plan(
         "tokenize",
     ]
     assert all(estimates[s.label].record_bytes > 5 * LIMIT for s in readers)
+
+
+def _curate(cfg: dict) -> dict:
+    """`cfg` with its steps up to the first that ends a stage: one curate stage."""
+    ends = ("exact_dedup", "near_dedup", "tokenize")
+    steps = cfg["steps"][: next(i for i, e in enumerate(cfg["steps"]) if next(iter(e)) in ends)]
+    return {**cfg, "steps": steps}
+
+
+def _run_curate(tmp_path, cfg: dict, env: dict):
+    """Run `cfg` (one stage) through the CLI: (its estimate, its task's usage, its output texts)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run(
+        [sys.executable, "-m", "gristmill.cli", "run", str(path)], capture_output=True, text=True, cwd=REPO, env=env
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    stages = plan(from_dict(cfg), check_memory=False)
+    assert [s.name for s in stages] == ["curate"]
+    folder = tmp_path / "run" / stages[0].label
+    texts = pq.read_table(folder / "output", columns=["text"]).column("text").to_pylist()
+    return estimate_memory(from_dict(cfg), stages)[0], stage_usage(folder), texts
+
+
+@pytest.mark.parametrize("extractor", EXTRACTORS)
+def test_warc_pages_near_the_limit_stay_within_the_curate_model(
+    tmp_path, large_warc, shared_data, lid_model, kenlm_model, quality_model, extractor
+):
+    """HTML pages of 2 MB (a WARC file, each response just under the 2 MiB limit) through the
+    curate stage with every threshold opened: the task's peak stays within the stage's model,
+    whose largest per-document need is the page's extraction by the configured extractor."""
+    cfg = _curate(_open_config(tmp_path, large_warc, lid_model, kenlm_model, quality_model))
+    cfg["input"].update(format="warc", extractor=extractor)
+    est, usage, texts = _run_curate(tmp_path, cfg, _env(shared_data))
+    assert len(texts) == PAGES and min(len(t.encode()) for t in texts) > 1_500_000  # every page read, kept
+    assert usage.max_rss_mb * 1e6 <= est.bytes, (usage.max_rss_mb, est.bytes / 1e6)
+    reader = est.stage.pipeline[0]
+    assert isinstance(reader, WarcReader) and reader.extractor == extractor
+    work = est.stage.work
+    assert max(s.document_bytes(work) for s in est.stage.pipeline) == reader.document_bytes(work)
+    assert est.record_bytes > EXTRACTION_BYTES_PER_BYTE[extractor] * LIMIT
+
+
+def test_a_streamed_input_stays_within_its_model(tmp_path, large_wet, shared_data):
+    """The large records streamed from an S3 server (moto, its own process) with a 16 MiB read
+    buffer, the reader alone: the stage's model counts the stream (a read and botocore's
+    client), and what the task holds beyond reading the same file from disk stays within that."""
+    rel = f"crawl-data/{CRAWL}/segments/1/wet/large.warc.wet.gz"
+    server = PlainS3Server(bucket="commoncrawl")
+    try:
+        server.client.put_object(Bucket="commoncrawl", Key=rel, Body=large_wet.read_bytes())
+        listing = gzip.compress(f"{rel}\n".encode())
+        server.client.put_object(Bucket="commoncrawl", Key=f"crawl-data/{CRAWL}/wet.paths.gz", Body=listing)
+        env = {**_env(shared_data), "HOME": str(tmp_path), **server.env()}
+        base = {"executor": {"type": "local", "tasks": 1, "workers": 1}, "steps": [], "output": {"dropped_sample": 0}}
+        read = 16 << 20
+        cc = {"crawl": CRAWL, "files": 1, "source": "s3", "read_buffer_bytes": read, "cache_dir": str(tmp_path / "c")}
+        streamed = {
+            **base,
+            "run_dir": str(tmp_path / "s" / "run"),
+            "input": {"commoncrawl": cc, "max_record_bytes": LIMIT},
+        }
+        local = {
+            **base,
+            "run_dir": str(tmp_path / "l" / "run"),
+            "input": {"paths": [str(large_wet)], "max_record_bytes": LIMIT},
+        }
+        for side in ("s", "l"):
+            (tmp_path / side).mkdir()
+        with pytest.MonkeyPatch.context() as mp:  # the planner in this process lists the bucket too
+            for k, v in server.env().items():
+                mp.setenv(k, v)
+            s_est, s_use, s_texts = _run_curate(tmp_path / "s", streamed, env)
+        l_est, l_use, l_texts = _run_curate(tmp_path / "l", local, env)
+    finally:
+        server.stop()
+    assert s_texts == l_texts and len(s_texts) == RECORDS
+    assert not (tmp_path / "c").exists()  # streamed: nothing written to disk
+    url = f"s3://commoncrawl/{rel}"
+    assert s_est.stage.pipeline[0].stream_bytes == stream_memory_bytes(url, read) == read + (32 << 20)
+    assert l_est.stage.pipeline[0].stream_bytes == 0
+    assert s_use.max_rss_mb * 1e6 <= s_est.bytes, (s_use.max_rss_mb, s_est.bytes / 1e6)
+    # measured: streaming costs the task botocore's client (~20 MB), not the file nor the buffer
+    assert (s_use.max_rss_mb - l_use.max_rss_mb) * 1e6 <= stream_memory_bytes(url, read)
 
 
 def test_each_step_holds_at_most_what_it_declares_for_a_record(

@@ -606,6 +606,12 @@ class Decontaminate(Filter):
     output_fields = {"contaminated_by": pa.string()}
     #: documents looked up at once (one pass of numpy calls per batch)
     batch_size = 32
+    #: a long page is looked up whole: its words as strings (~55 bytes each, a word per ~6 bytes
+    #: of text), their hashes and sums; a contaminated page's cut holds its lines and their words
+    #: again, the costlier path (measured with `action: cut`: 51-60, 188 and 695 MB over pages of
+    #: 2, 8 and 30 MB, docs/scale.md "Large records")
+    document_factor = 30.0
+    document_fixed = 8 << 20
 
     class Config(FilterConfig):
         # one index per step: only what happens after a cut may differ by language
