@@ -608,9 +608,10 @@ class Decontaminate(Filter):
     batch_size = 32
     #: a long page is looked up whole: its words as strings (~55 bytes each, a word per ~6 bytes
     #: of text), their hashes and sums; a contaminated page's cut holds its lines and their words
-    #: again, the costlier path (measured with `action: cut`: 51-60, 188 and 695 MB over pages of
-    #: 2, 8 and 30 MB, docs/scale.md "Large records")
-    document_factor = 30.0
+    #: again, the costlier path (measured with `action: cut`, each page after other steps in one
+    #: process: 60, 238 and 771 MB over pages of 2, 8 and 30 MB; 51, 188 and 695 alone;
+    #: docs/scale.md "Large records")
+    document_factor = 32.0
     document_fixed = 8 << 20
 
     class Config(FilterConfig):
