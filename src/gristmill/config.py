@@ -197,8 +197,9 @@ class InputConfig(Strict):
     # 8 MiB: a WET page is text extracted from a payload Common Crawl cuts at 1 MiB (5 MiB
     # announced); its UTF-8 is at most 3x the payload (a byte of a single-byte charset) and
     # markup makes it far shorter. The shared sample's 609 records (CC-MAIN-2014-10, 2017-30):
-    # largest 177 KB, 99th percentile 70 KB. A longer record is counted, not lost silently, and
-    # every stage's memory per task grows with the limit (docs/scale.md "Large records").
+    # largest 177 KB, 99th percentile 70 KB. A WARC response is the page itself, cut at the same
+    # 1 MiB. A longer record is counted, not lost silently, and every stage's memory per task
+    # grows with the limit (docs/scale.md "Large records").
     max_record_bytes: int = Field(
         MAX_RECORD_BYTES,
         ge=1,
