@@ -219,6 +219,31 @@ def check_dedup_throughput(request, tmp, data):
     assert bloom and int(bloom.group(1).replace(",", "")) > 0, out[-4000:]
 
 
+def check_make_large_records(request, tmp, data):
+    out = smoke("make_large_records", tmp / "large.warc.wet.gz", tmp=tmp, data=data)
+    assert figure(out, "large.warc.wet.gz:") == 3  # records, each of exactly 200,000 bytes of text
+    assert "200,000-200,000 bytes" in out
+    out = smoke("make_large_records", tmp / "large.warc.gz", "--warc", tmp=tmp, data=data)
+    assert figure(out, "large.warc.gz:") == 3  # HTML pages, each response's payload at most 200,000 bytes
+
+
+def check_large_record_steps(request, tmp, data):
+    for model in ("lid_model", "kenlm_model", "quality_model"):
+        request.getfixturevalue(model)
+    out = smoke("large_record_steps", tmp=tmp, data=data)
+    assert figure(out, "steps measured:") == 21  # every step on one 0.3 MB page, in one process
+    assert "| gopher_repetition |" in out and "| encode |" in out
+    assert "| read_warc_trafilatura |" in out and "| decontaminate |" in out and "| url_filter |" in out
+
+
+def check_large_records_run(request, tmp, data):
+    for model in ("lid_model", "kenlm_model", "quality_model"):
+        request.getfixturevalue(model)
+    out = smoke("large_records_run", "--work", tmp / "large", tmp=tmp, data=data)
+    assert "| 16_manifest |" in out  # the records went through both dedups and tokenization
+    assert figure(out, "open: 16 stages, largest task peak") > 0
+
+
 def check_make_wet_corpus(request, tmp, data):
     work, out = request.getfixturevalue("wet_corpus")
     corpus = work / f"wet-{SMOKE_GB:g}"
@@ -341,6 +366,7 @@ SLOW = {
     "near_removal_rules",
     "resume_world_size",
     "url_filter_throughput",
+    "large_records_run",
     "recipe_compare",
     "recipe_end_to_end",
     "ray_vs_local",

@@ -384,7 +384,7 @@ def cmd_plan(args, console: Console) -> int:
         table.add_column(h, justify="left" if h in ("stage", "calibrated on") else "right")
     for r in rows:
         table.add_row(*r)
-    out = Console(width=max(Console().width, 132))  # eleven columns: narrower terminals wrap, not squash
+    out = Console(width=max(Console().width, 132))  # twelve columns: narrower terminals wrap, not squash
     out.print(table)
     for line in footer:
         out.print(safe(line))

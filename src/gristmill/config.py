@@ -31,6 +31,7 @@ from gristmill.core.configlib import (
 from gristmill.core.step import registered_steps
 from gristmill.core.storage import StorageConfig
 from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
+from gristmill.core.wet_reader import MAX_RECORD_BYTES
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
@@ -193,11 +194,17 @@ class InputConfig(Strict):
         DEFAULT_EXTRACTOR, description="format warc: HTML to text with resiliparse or trafilatura (docs/warc.md)"
     )
     limit: int = Field(-1, description="at most this many documents per task (-1: all)")
+    # 8 MiB: a WET page is text extracted from a payload Common Crawl cuts at 1 MiB (5 MiB
+    # announced); its UTF-8 is at most 3x the payload (a byte of a single-byte charset) and
+    # markup makes it far shorter. The shared sample's 609 records (CC-MAIN-2014-10, 2017-30):
+    # largest 177 KB, 99th percentile 70 KB. A WARC response is the page itself, cut at the same
+    # 1 MiB. A longer record is counted, not lost silently, and every stage's memory per task
+    # grows with the limit (docs/scale.md "Large records").
     max_record_bytes: int = Field(
-        32 << 20,
+        MAX_RECORD_BYTES,
         ge=1,
         description="a WET or WARC record (or a WARC response's decoded body) longer than this is skipped, "
-        "counted as record_too_large, and never held in memory",
+        "counted as record_too_large, and never held in memory; every stage's memory per task grows with it",
     )
     max_html_tags: int = Field(
         MAX_HTML_TAGS,

@@ -25,6 +25,8 @@ import yaml
 from datatrove.data import Document
 
 from gristmill.config import ConfigError, from_dict
+from gristmill.core.filter import BATCH_CHARS
+from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE
 from gristmill.core.wet_reader import WetReader
 from gristmill.dedup.decontaminate import DOC_BYTES_PER_WORD, DOC_WORDS_BOUND, BenchmarkError, Decontaminate
 from gristmill.dedup.text import words
@@ -285,7 +287,9 @@ def test_the_index_is_built_once_sorted_and_its_memory_is_declared(tmp_path, pas
     assert len(bitmap) * 8 == 1 << max(16, int(np.ceil(np.log2(16 * len(hashes)))))
     assert np.load(folder / "ngram_files.npy").dtype == np.uint16
     assert first.index.bytes == size <= 10 * len(hashes) + len(bitmap) + 1024
-    assert first.memory_bytes(None) == size + DOC_BYTES_PER_WORD * DOC_WORDS_BOUND
+    # and one batch of documents, as every batched filter holds (no dropped sample configured)
+    batch = DOCUMENT_BYTES_PER_BYTE * BATCH_CHARS
+    assert first.memory_bytes(None) == size + DOC_BYTES_PER_WORD * DOC_WORDS_BOUND + batch
 
 
 def test_a_damaged_or_half_built_index_is_built_again(tmp_path, labelled, passages):

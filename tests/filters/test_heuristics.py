@@ -12,6 +12,7 @@ import random
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 from datatrove.data import Document
 from datatrove.pipeline.filters import c4_filters, gopher_quality_filter, gopher_repetition_filter
@@ -178,6 +179,32 @@ def test_parameters_and_defaults_mirror_datatrove(theirs, ours):
     assert ours_defaults == expected
 
 
+# --- long documents: counted a piece at a time, decided as whole ones ---
+
+
+def test_long_documents_decide_as_whole_ones(texts, monkeypatch):
+    para = "A paragraph that the page repeats, as boilerplate does.\nWith a second line."
+    texts = texts + [
+        "\n\n".join([para] * k + [f"Other text {i}, long enough to count." for i in range(8)]) for k in (1, 3)
+    ]
+    texts += ["", " \n ", "\n\nTwo blank lines first\n\n\nand three between.\n\n", "no newline at all " * 30]
+    made = [
+        *(lambda p=p: GopherQuality(**p) for p in [{}, *STRICT_QUALITY, {"alpha_words": "whitespace"}]),
+        *(lambda p=p: GopherRepetition(**p) for p in [{}, STRICT_REPETITION]),
+        *(lambda p=p: C4Lines(**p) for p in [{}, {"max_word_length": 15, "filter_curly_bracket": False}]),
+    ]
+    whole = [decisions(make(), texts) for make in made]
+    from gristmill.filters import c4_lines, gopher_quality
+    from gristmill.text import words
+
+    for module in (words, gopher_quality, gopher_repetition, c4_lines):
+        monkeypatch.setattr(module, "CHUNK_CHARS", 97)
+    pieces = [decisions(make(), texts) for make in made]
+    assert pieces == whole
+    assert sum(len(t) >= 97 for t in texts) > 500  # the long paths decided most pages
+    assert len({r for d in whole for _, r, _ in d}) >= 12  # across many rules
+
+
 # --- the repetition filter's n-gram arithmetic ---
 
 
@@ -206,14 +233,19 @@ def test_ngram_scores_match_datatrove_on_repetitive_words():
         check_ngrams(words, range(1, 11))
 
 
-def test_ngrams_joined_equal_from_distinct_words_use_the_strings(monkeypatch):
+def test_ngrams_joined_equal_from_distinct_words_are_compared_as_strings(monkeypatch):
     calls = []
     fallback = gopher_repetition._repeated_chars_of_strings
     monkeypatch.setattr(gopher_repetition, "_repeated_chars_of_strings", lambda *a: calls.append(a) or fallback(*a))
     words = "so mean a man x some an am an x".split()
+    # ("so", "mean") and ("some", "an") both join to "somean": one group of the numpy path, whose
+    # distinct word tuples are compared as strings (those pairs only), not every n-gram's string
     check_ngrams(words, (2,))
-    assert calls  # ("so", "mean") and ("some", "an") both join to "somean"
-    assert find_all_duplicate(words, 2) > 0
+    assert find_all_duplicate(words, 2) > 0 and not calls
+    # a hash collision (here: every n-gram one key) still falls back to the strings
+    monkeypatch.setattr(_NGrams, "_char_keys", lambda self, n: np.zeros(len(self) - n + 1, np.uint64))
+    check_ngrams(words, (2, 3))
+    assert calls
 
 
 # --- tokenizer and splitters ---

@@ -255,4 +255,5 @@ def test_per_language_follows_the_parameters_it_overrides_in_config_yaml_and_err
     assert keys[0] == "split_paragraph" and keys[-1] == "per_language"
     with pytest.raises(ConfigError) as e:
         run_config([{"quality": {"min_scor": 0.5}}])
-    assert "steps[0].quality.min_scor: unknown key (allowed: model, label, min_score, per_language)" in str(e.value)
+    allowed = "model, label, min_score, max_chars, per_language"
+    assert f"steps[0].quality.min_scor: unknown key (allowed: {allowed})" in str(e.value)

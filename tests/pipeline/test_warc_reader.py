@@ -24,10 +24,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.config import ConfigError, from_dict
-from gristmill.core.step import Workload
+from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Workload
 from gristmill.core.warc_reader import (
     DEFAULT_EXTRACTOR,
     DEPTH_CHECK_TAGS,
+    EXTRACTION_BYTES_PER_BYTE,
     EXTRACTORS,
     MAX_DEPTH,
     MAX_HTML_TAGS,
@@ -40,7 +41,7 @@ from gristmill.core.warc_reader import (
     iter_warc_documents,
     start_tags,
 )
-from gristmill.core.wet_reader import BadRecord, WetRecord, iter_records
+from gristmill.core.wet_reader import MAX_RECORD_BYTES, BadRecord, WetRecord, iter_records
 from gristmill.pipeline.commoncrawl import list_wet_paths
 from gristmill.pipeline.planner import estimate_memory, plan
 from gristmill.pipeline.runner import run
@@ -392,14 +393,37 @@ def test_page_over_the_limit_is_streamed_past(tmp_path):
     del big
     tracemalloc.start()
     try:
-        recs, reasons = split(iter_warc_documents(path))  # default limit: 32 MiB
+        recs, reasons = split(iter_warc_documents(path))  # default limit: 8 MiB
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert reasons == {"record_too_large": 1}
     assert [r.url for r in recs] == ["http://a/before", "http://a/after"]
     # the reader looks at most the limit ahead for the record's end, then streams past the rest
-    assert peak < (32 << 20) + (8 << 20) < 50_000_000, peak
+    assert peak < MAX_RECORD_BYTES + (8 << 20) < 50_000_000, peak
+
+
+def test_a_text_longer_than_the_limit_in_utf8_is_too_large(tmp_path):
+    """A page in a single-byte charset decodes to 3 bytes of UTF-8 a Thai letter: under the record
+    limit as HTML, over it as text, which no document may be (every memory model counts documents
+    up to the limit). Half as much Thai fits and is kept."""
+    limit = 1 << 20
+    thai = bytes(range(0xA1, 0xDA)) + b" "  # TIS-620 letters, windows-874's lower half
+
+    def body(n: int) -> bytes:
+        head = b'<html><head><meta charset="windows-874"><title>t</title></head><body><main><article>'
+        return head + b"<p>" + thai * (n // len(thai)) + b"</p></article></main></body></html>"
+
+    path = write_warc(
+        tmp_path,
+        [ok("http://a/long", body(900_000), ctype="text/html"), ok("http://a/ok", body(300_000), ctype="text/html")],
+    )
+    events = list(iter_warc_documents(path, max_record_bytes=limit))
+    recs, reasons = split(events)
+    assert reasons == {"record_too_large": 1} and [r.url for r in recs] == ["http://a/ok"]
+    assert limit // 2 < len(recs[0].text.encode()) <= limit
+    bad = next(e for e in events if isinstance(e, BadRecord))
+    assert "bytes of text extracted, over the limit of 1048576 (input.max_record_bytes)" in bad.detail
 
 
 def test_gzip_bomb_record_is_streamed_past(tmp_path):
@@ -620,26 +644,42 @@ def test_plan_models_the_warc_readers_memory(tmp_path):
     """`pipeline plan` holds a WARC task to a page at both limits: per byte of max_record_bytes and
     per tag of max_html_tags, each extractor its own, and refuses a stage that does not fit."""
 
-    def task_bytes(**inp) -> int:
+    def estimate(**inp):
         cfg = from_dict({"input": {"paths": ["x.warc.gz"], "format": "warc", **inp}, "steps": []})
-        return estimate_memory(cfg, plan(cfg, input_size=1e9, sources=["x.warc.gz"], check_memory=False))[0].bytes
+        return estimate_memory(cfg, plan(cfg, input_size=1e9, sources=["x.warc.gz"], check_memory=False))[0]
 
-    for name, per_byte in (("resiliparse", 18), ("trafilatura", 46)):
+    def task_bytes(**inp) -> int:
+        return estimate(**inp).bytes
+
+    for name in EXTRACTORS:
         base = task_bytes(extractor=name, max_record_bytes=1 << 20, max_html_tags=10_000)
-        assert task_bytes(extractor=name, max_record_bytes=9 << 20, max_html_tags=10_000) - base == per_byte * (8 << 20)
+        # per byte of the limit: the page's extraction, and the document the page before it made
+        # (held downstream meanwhile) with the reader's window
+        per_byte = EXTRACTION_BYTES_PER_BYTE[name] + DOCUMENT_BYTES_PER_BYTE + 1.2
+        grown = task_bytes(extractor=name, max_record_bytes=9 << 20, max_html_tags=10_000) - base
+        assert abs(grown - per_byte * (8 << 20)) <= 2
         more_tags = task_bytes(extractor=name, max_record_bytes=1 << 20, max_html_tags=90_000) - base
         assert more_tags == TREE_BYTES_PER_TAG[name] * 80_000
+        # the tags are no part of the largest record's share: a lower record limit does not shrink them
+        e = estimate(extractor=name, max_record_bytes=1 << 20, max_html_tags=90_000)
+        assert abs(e.record_bytes - per_byte * (1 << 20)) <= 2
     wet = from_dict({"input": {"paths": ["x.warc.wet.gz"]}, "steps": []})
-    wet_bytes = estimate_memory(wet, plan(wet, input_size=1e9, sources=["x"], check_memory=False))[0].bytes
-    # at the defaults the WARC reader takes the WET reader's place (3x the limit: 96 MB) in a task:
-    # ~0.7 GB with resiliparse, ~1.8 GB with trafilatura
-    work = Workload(documents=1, text_bytes=1, tasks=1)
-    readers = {name: WarcReader([], extractor=name).memory_bytes(work) for name in EXTRACTORS}
-    assert task_bytes() - wet_bytes == readers["resiliparse"] - 3 * (32 << 20)
-    assert task_bytes(extractor="trafilatura") - wet_bytes == readers["trafilatura"] - 3 * (32 << 20)
-    assert 0.6e9 < readers["resiliparse"] < 0.8e9 and 1.7e9 < readers["trafilatura"] < 1.9e9
+    wet_stage = plan(wet, input_size=1e9, sources=["x"], check_memory=False)[0]
+    wet_bytes = estimate_memory(wet, [wet_stage])[0].bytes
+    # at the defaults the WARC reader takes the WET reader's place in a task, its page's extraction
+    # the largest of what the stage's steps need for one document: ~0.3 GB with resiliparse,
+    # ~0.75 GB with trafilatura (8 MiB pages, 100,000 tags)
+    work = Workload(documents=1, text_bytes=1, tasks=1, max_document_bytes=MAX_RECORD_BYTES)
+    wet_reader, wet_document = wet_stage.pipeline[0], max(s.document_bytes(work) for s in wet_stage.pipeline)
+    for name in EXTRACTORS:
+        warc = WarcReader([], extractor=name)
+        held = warc.memory_bytes(work) - wet_reader.memory_bytes(work)
+        assert task_bytes(extractor=name) - wet_bytes == held + warc.document_bytes(work) - wet_document
+    readers = {name: WarcReader([], extractor=name) for name in EXTRACTORS}
+    readers = {name: r.memory_bytes(work) + r.document_bytes(work) for name, r in readers.items()}
+    assert 0.25e9 < readers["resiliparse"] < 0.32e9 and 0.7e9 < readers["trafilatura"] < 0.8e9
     cfg = {"input": {"paths": ["x.warc.gz"], "format": "warc", "extractor": "trafilatura"}, "steps": []}
-    cfg["executor"] = {"type": "local", "memory_gb_per_task": 1}
+    cfg["executor"] = {"type": "local", "memory_gb_per_task": 0.5}
     with pytest.raises(ConfigError, match=r"01_curate.*executor.memory_gb_per_task"):
         plan(from_dict(cfg), input_size=1e9, sources=["x.warc.gz"])
 
@@ -647,7 +687,8 @@ def test_plan_models_the_warc_readers_memory(tmp_path):
 @pytest.mark.parametrize("extractor", EXTRACTORS)
 def test_a_page_at_both_limits_peaks_below_the_estimate(tmp_path, extractor):
     """A child process (its own peak RSS, VmHWM) reads a page of prose near max_record_bytes and
-    a page of tags at max_html_tags; what it reaches over its imports stays under memory_bytes."""
+    a page of tags at max_html_tags; what it reaches over its imports stays under what the reader
+    declares: what it holds (`memory_bytes`) and what reading a page needs (`document_bytes`)."""
     limit, tags = 2 << 20, 20_000
     article = "<article><h1>Report</h1>" + "".join(f"<p>{EN} {RU} {ZH} {i}</p>" for i in range(20)) + "</article>"
     head = "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Report</title></head><body><main>"
@@ -672,9 +713,9 @@ def test_a_page_at_both_limits_peaks_below_the_estimate(tmp_path, extractor):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True).stdout
     base, peak, *kept = map(int, out.split())
     assert len(kept) == 2 and min(kept) > 90_000  # both pages read and kept
-    estimate = WarcReader([], extractor=extractor, max_record_bytes=limit, max_html_tags=tags).memory_bytes(
-        Workload(documents=1, text_bytes=limit, tasks=1)
-    )
+    reader = WarcReader([], extractor=extractor, max_record_bytes=limit, max_html_tags=tags)
+    work = Workload(documents=1, text_bytes=limit, tasks=1, max_document_bytes=limit)
+    estimate = reader.memory_bytes(work) + reader.document_bytes(work)
     print(f"{extractor}: {(peak - base) / 2**20:.0f} MiB over the imports, estimate {estimate / 2**20:.0f} MiB")
     assert peak - base <= estimate
 

@@ -206,3 +206,33 @@ def test_missing_icu_is_one_clear_line(monkeypatch):
     with pytest.raises(ImportError, match=r"icu4py==1\.2\.0") as e:
         split_words("".join(["我们", "是"]), "ja")
     assert "\n" not in str(e.value)
+
+
+# --- long texts, a piece at a time ---
+
+
+@pytest.mark.parametrize("size", [1, 50, 997])
+def test_pieces_split_into_the_words_and_lines_of_the_whole_text(labelled, size):
+    """Every labelled sample page (English, Chinese, Japanese, Thai, ...), cut every ~`size`
+    characters where `text_chunks` / `line_chunks` may cut: the pieces' words, with the page's
+    own segmentation (ICU for unspaced languages), are the page's words; their lines its lines."""
+    cut = 0
+    for doc in labelled:
+        text, lang = doc.text, doc.metadata["language"]
+        pieces = list(words_mod.text_chunks(text, size))
+        assert "".join(pieces) == text
+        cut += len(pieces) > 1
+        chunked = [w for ws in words_mod.word_chunks(text, lang, size) for w in ws]
+        assert chunked == split_words(text, lang), (doc.id, lang)
+        lines = list(words_mod.line_chunks(text, size))
+        assert "".join(lines) == text and all(p.endswith("\n") for p in lines[:-1])
+        assert [line for p in lines for line in p.splitlines()] == text.splitlines()
+    assert cut > len(labelled) // 2  # the pages were cut, most of them many times
+
+
+def test_long_texts_are_not_kept_for_the_next_caller(monkeypatch):
+    monkeypatch.setattr(words_mod, "CHUNK_CHARS", 20)
+    text = "a page longer than the limit"
+    assert split_words(text) is not split_words(text)  # split again: no list of it outlives the call
+    short = "short page"
+    assert split_words(short) is split_words(short)

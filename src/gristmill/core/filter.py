@@ -19,17 +19,37 @@ does it in `score_batch(docs)`, which runs first and writes the scores onto the 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from datatrove.data import Document, DocumentsPipeline
-from datatrove.utils.batching import batched
 
 from gristmill.core.configlib import FilterConfig, Strict, language_configs
+from gristmill.core.parquet_io import ROW_GROUP_DOCS
 from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
-from gristmill.core.sinks import DroppedSampler
-from gristmill.core.step import Step, Workload
+from gristmill.core.sinks import SAMPLE_ROW_GROUP_BYTES, DroppedSampler
+from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
 
 FilterResult = bool | tuple[bool, str]
+
+#: characters of text a batch of a batched filter holds: it closes once it reaches this (256 web
+#: pages are ~1.3M characters; a count alone let 256 pages of 30 MB make one batch of 7.7 GB)
+BATCH_CHARS = 4_000_000
+
+
+def batched_documents(data: Iterable[Document], size: int, max_chars: int = BATCH_CHARS) -> Iterator[list[Document]]:
+    """Batches of at most `size` documents, each closed once its text reaches `max_chars`
+    characters (so a batch holds at most that plus one document)."""
+    batch: list[Document] = []
+    chars = 0
+    for doc in data:
+        batch.append(doc)
+        chars += len(doc.text)
+        if len(batch) >= size or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
 
 
 class Filter(Step):
@@ -70,6 +90,16 @@ class Filter(Step):
         """The language whose parameters `filter` gets for `doc`: langid's label."""
         return doc.metadata.get("language")
 
+    def memory_bytes(self, work: Workload) -> int:
+        """What every filter holds: a batch of documents beyond the one passing (`batch_size` > 1:
+        up to `BATCH_CHARS` characters), and the dropped documents its sample buffers for a row
+        group (up to `SAMPLE_ROW_GROUP_BYTES`, or ROW_GROUP_DOCS documents)."""
+        batch = DOCUMENT_BYTES_PER_BYTE * BATCH_CHARS if self.batch_size > 1 else 0
+        if self.dropped is None:
+            return batch
+        mean = work.text_bytes / max(work.documents, 1)
+        return batch + int(DOCUMENT_BYTES_PER_BYTE * min(ROW_GROUP_DOCS * mean, SAMPLE_ROW_GROUP_BYTES))
+
     def score_batch(self, docs: list[Document]) -> None:
         """Score `docs` at once, before any of them is decided, writing each score onto its
         document's metadata (a model predicts a batch faster than one document at a time)."""
@@ -94,7 +124,7 @@ class Filter(Step):
             self.dropped.open(rank)
         scores = ScoreRecorder(self.name, self.score_field, self.score_bins)
         try:
-            for batch in batched(data, self.batch_size):
+            for batch in batched_documents(data, self.batch_size):
                 sizes = [len(d.text.encode("utf-8")) for d in batch]
                 chars = [len(d.text) for d in batch]
                 with self.track_time():
@@ -144,10 +174,11 @@ class ModelFilter(Filter):
 
     def memory_bytes(self, work: Workload) -> int:
         """The model files (`self.checked`: one or a dict of them) twice over: loaded, then the
-        buffers of scoring a batch; KenLM binaries are memory-mapped, so this is an upper bound."""
+        buffers of scoring a batch; KenLM binaries are memory-mapped, so this is an upper bound.
+        And what every filter holds (`Filter.memory_bytes`)."""
         checked = getattr(self, "checked", None)
         files = checked.values() if isinstance(checked, dict) else [checked] if checked is not None else []
-        return sum(2 * c.size for c in files) + (8 << 20)
+        return sum(2 * c.size for c in files) + (8 << 20) + super().memory_bytes(work)
 
     @property
     def model(self):

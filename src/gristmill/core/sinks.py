@@ -15,6 +15,10 @@ from datatrove.data import Document
 from gristmill.core.documents import schema_for
 from gristmill.core.parquet_io import ParquetFile
 
+#: text of a row group of dropped documents: small, since every filter of a stage keeps one
+#: buffered beside the stage's own writer (a longer document is written alone)
+SAMPLE_ROW_GROUP_BYTES = 4 << 20
+
 
 class DroppedSampler:
     """Keeps a deterministic sample of the documents one filter dropped, with the reason.
@@ -42,7 +46,9 @@ class DroppedSampler:
         if self.rate <= 0 or xxhash.xxh3_64_intdigest(doc.id or doc.text) >= self.threshold:
             return
         if self._file is None:
-            self._file = ParquetFile(self.folder / f"{self._rank:05d}.parquet", self.schema, "zstd")
+            self._file = ParquetFile(
+                self.folder / f"{self._rank:05d}.parquet", self.schema, "zstd", SAMPLE_ROW_GROUP_BYTES
+            )
         doc.metadata[self.reason_field] = reason or "unspecified"
         self._file.add(doc)
 

@@ -55,6 +55,10 @@ _REGISTRY: dict[str, type[Step]] = {}
 #: resident memory of a task process before its steps hold anything: Python, datatrove, numpy,
 #: pyarrow imported (measured: 114-147 MB of peak RSS for tasks that read nothing)
 BASE_TASK_BYTES = 150 << 20
+#: a document's text as Python holds it, per byte of its UTF-8: up to 4 bytes per character (one
+#: character beyond U+FFFF makes the whole string 4 bytes a character), plus the UTF-8 copy
+#: CPython keeps inside a non-ASCII string once a library asks for it (Arrow, tiktoken)
+DOCUMENT_BYTES_PER_BYTE = 5
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class Workload:
     text_bytes: float
     #: tasks of the stage
     tasks: int
+    #: the largest document a task may meet, bytes of UTF-8 (`input.max_record_bytes`: no step
+    #: makes a document longer than the record it came from)
+    max_document_bytes: float = 0.0
 
     @property
     def documents_per_task(self) -> float:
@@ -129,9 +136,28 @@ class Step(PipelineStep):
     memory_setting: ClassVar[str] = "executor.tasks"
 
     def memory_bytes(self, work: Workload) -> int:
-        """Bytes one task of this step's stage holds for it, beyond `BASE_TASK_BYTES`. A streaming
-        step holds one document at a time: 0 (the document is counted by the reader)."""
+        """Bytes one task of this step's stage holds for it throughout, beyond `BASE_TASK_BYTES`:
+        models, buffers, batches. A streaming step holds one document at a time: 0 (the
+        document is counted by the reader; what the step needs while it works on one is
+        `document_bytes`)."""
         return 0
+
+    #: peak bytes the step needs while it works on one document, per byte of that document
+    #: (UTF-8), beyond the document itself, and a fixed part (what working on a long page's
+    #: pieces costs whatever the page's length, allocator pools included): fitted to the peaks
+    #: measured on documents of 2, 8 and 30 MB (`benchmarks/large_record_steps.py`,
+    #: docs/scale.md "Large records")
+    document_factor: ClassVar[float] = 0.0
+    document_fixed: ClassVar[int] = 0
+
+    def document_bytes(self, work: Workload) -> int:
+        """Peak bytes the step needs while it works on one document, at the largest one a task
+        may meet (`work.max_document_bytes`), beyond the document itself. Steps of a stage work
+        on one document at a time, so the planner adds the largest of its steps' figures, not
+        their sum, to what they hold (`pipeline.planner.estimate_memory`)."""
+        if not work.max_document_bytes:
+            return 0
+        return int(self.document_fixed + self.document_factor * work.max_document_bytes)
 
     #: True for a step that reads at most a configured amount however large the input (the
     #: tokenizer: `sample_bytes`): `pipeline plan` caps its cost at the largest measured, not a

@@ -39,10 +39,14 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
   (20,000 nested `<div>`s: 9 CPU seconds), and Chrome's HTML parser stops nesting at 512
   levels too.
 - The extractor's text, stripped; nothing left: `empty_text` (counted, not logged: it is what
-  boilerplate removal is for, not damage). An extractor that raises: `extraction_error`.
+  boilerplate removal is for, not damage). An extractor that raises: `extraction_error`. A text
+  longer than `max_record_bytes` in UTF-8 (a page in a single-byte charset of Thai or Cyrillic
+  letters takes 2-3 bytes a character once decoded) is `record_too_large` (lost), as a WET
+  record that long is: every step's memory model counts documents up to that limit.
 
 Memory holds one record at a time: its payload (up to `max_record_bytes`), the decoded body,
 the page as a string and the extractor's tree of it, at most `max_html_tags` elements
+(`WarcReader.document_bytes`), while the document made of the page before it is downstream
 (`WarcReader.memory_bytes`).
 """
 
@@ -91,6 +95,15 @@ DEPTH_CHECK_TAGS = 4096
 #: pages of tags (benchmarks/warc_extract_throughput.py --tag-pages; docs/warc.md#pages-of-tags):
 #: resiliparse 626, trafilatura 2,149, and ~10% more
 TREE_BYTES_PER_TAG = {"resiliparse": 700, "trafilatura": 2400}
+#: peak bytes of reading one page per byte of it: its payload, body, string, the extractor's
+#: tree and text, the document made of it. Measured on pages of prose of 2-30 MB (docs/warc.md
+#: #memory): resiliparse 17.4-17.7, trafilatura 40.6-44.6 (most for prose, which it keeps)
+EXTRACTION_BYTES_PER_BYTE = {"resiliparse": 18, "trafilatura": 46}
+#: the extractor's modules once imported and first called (measured: resiliparse 7 MB,
+#: trafilatura with lxml 54 MB)
+EXTRACTOR_MODULE_BYTES = {"resiliparse": 10 << 20, "trafilatura": 60 << 20}
+#: characters of a text encoded at a time to measure its UTF-8 (`utf8_size`)
+_SIZE_PIECE = 1 << 20
 SNIFF = 1024  # bytes of a body without a declared type looked at for HTML
 DETECT_SAMPLE = 128 << 10  # bytes uchardet sees: half from each end of a larger body (resiliparse's default)
 _META_CHARSET = re.compile(rb"<meta[^>]{0,512}?charset\s*=\s*[\"']?\s*([A-Za-z0-9_.:-]{1,40})", re.I)
@@ -376,6 +389,11 @@ class WarcConverter:
         del html
         if not text:
             return [BadRecord("empty_text", source, off, rid)]
+        # a character is 1-4 bytes of UTF-8: only a text of over a quarter of the limit in
+        # characters can be over it in bytes (decoded from a single-byte charset, 2-3x the body)
+        if 4 * len(text) > self.limit and (size := utf8_size(text)) > self.limit:
+            detail = f"{rid}: {size} bytes of text extracted, over the limit of {self.limit} (input.max_record_bytes)"
+            return [_warn(BadRecord("record_too_large", source, off, detail))]
         events: list[WetEvent] = []
         if replaced:
             detail = f"{rid}: {replaced} characters replaced (decoded as {codec})"
@@ -392,6 +410,14 @@ class WarcConverter:
             type="response",
         )
         return [*events, record]
+
+
+def utf8_size(text: str) -> int:
+    """Bytes of `text` in UTF-8, encoded `_SIZE_PIECE` characters at a time (no copy of a long
+    text)."""
+    if text.isascii():
+        return len(text)
+    return sum(len(text[i : i + _SIZE_PIECE].encode("utf-8")) for i in range(0, len(text), _SIZE_PIECE))
 
 
 def dom_depth(html: str, stop: int = MAX_DEPTH) -> int:
@@ -448,23 +474,35 @@ class WarcReader(WetReader):
         max_record_bytes: int = MAX_RECORD_BYTES,
         extractor: str = DEFAULT_EXTRACTOR,
         max_html_tags: int = MAX_HTML_TAGS,
+        stream_bytes: int = 0,
     ):
-        super().__init__(sources, resolve=resolve, limit=limit, step_id=step_id, max_record_bytes=max_record_bytes)
+        super().__init__(
+            sources,
+            resolve=resolve,
+            limit=limit,
+            step_id=step_id,
+            max_record_bytes=max_record_bytes,
+            stream_bytes=stream_bytes,
+        )
         if extractor not in EXTRACTORS:
             raise ValueError(f"unknown extractor {extractor!r}; one of {', '.join(EXTRACTORS)}")
         self.extractor = extractor
         self.max_html_tags = max_html_tags
 
     def memory_bytes(self, work: Workload) -> int:
-        """One page at the size limit: its payload, body, string, the extractor's tree and
-        text. Peak RSS per byte of a page, measured on generated pages of 2-30 MB (docs/warc.md
-        #memory): resiliparse 12.3-17.7, trafilatura 17.0-44.6 (most for prose, which it keeps);
-        plus the tree's elements, at most `max_html_tags` of them (`TREE_BYTES_PER_TAG`: a page of
-        tags costs more per byte than one of prose), plus the extractor's modules (resiliparse
-        7 MB, trafilatura with lxml 54 MB)."""
-        per_byte, modules = (18, 10 << 20) if self.extractor == "resiliparse" else (46, 60 << 20)
-        tree = TREE_BYTES_PER_TAG[self.extractor] * self.max_html_tags
-        return per_byte * self.max_record_bytes + tree + modules
+        """Held throughout: what the WET reader holds while a document is downstream (the
+        record's bytes in its window, the document: an extracted text is at most
+        `max_record_bytes` of UTF-8, see `WarcConverter`), and the extractor's modules."""
+        return super().memory_bytes(work) + EXTRACTOR_MODULE_BYTES[self.extractor]
+
+    def document_bytes(self, work: Workload) -> int:
+        """While one page is read: its payload, body, string, the extractor's tree and text and
+        the document made of it, `EXTRACTION_BYTES_PER_BYTE` per byte of a page as long as the
+        largest (`work.max_document_bytes`, this reader's `max_record_bytes`); plus the tree's
+        elements, at most `max_html_tags` of them (`TREE_BYTES_PER_TAG`: a page of tags costs
+        more per byte than one of prose), which the record limit does not bound."""
+        per_byte = EXTRACTION_BYTES_PER_BYTE[self.extractor] * work.max_document_bytes
+        return int(per_byte) + TREE_BYTES_PER_TAG[self.extractor] * self.max_html_tags
 
     def _events(self, path, source: str) -> Iterator[WetEvent]:
         return iter_warc_documents(path, source, self.max_record_bytes, self.extractor, self.max_html_tags)

@@ -49,13 +49,13 @@ from loguru import logger
 
 from gristmill.core import storage
 from gristmill.core.messages import printable
-from gristmill.core.step import Step, Workload
+from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
 
 CHUNK = 1 << 20  # bytes read from the file at a time
 FEED = 16 << 10  # compressed bytes per decompress call
 OUT = 1 << 20  # at most this many decompressed bytes per call: a gzip bomb arrives in slices
 RETAIN = 4 << 20  # compressed bytes kept behind the read position, to resync after damage
-MAX_RECORD_BYTES = 32 << 20  # default limit on a record's payload; real WET pages are < 1 MB
+MAX_RECORD_BYTES = 8 << 20  # default limit on a record's payload (input.max_record_bytes)
 GZIP_MAGIC = b"\x1f\x8b\x08"
 SEP = b"\r\n\r\n"
 NEXT_RECORD = b"\r\n\r\nWARC/"
@@ -479,17 +479,30 @@ class WetReader(Step):
         limit: int = -1,
         step_id: str | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        stream_bytes: int = 0,
     ):
         super().__init__(step_id=step_id)
         self.sources = list(sources)
         self.resolve = resolve
         self.limit = limit
         self.max_record_bytes = max_record_bytes
+        #: what `resolve`'s streams hold when the files are read over the network (the planner
+        #: sets it from `pipeline.cc_stream.stream_memory_bytes`): one read and the client
+        self.stream_bytes = stream_bytes
 
     def memory_bytes(self, work: Workload) -> int:
-        """A record up to `max_record_bytes` assembled from the sliding buffer, and the text
-        decoded from it: ~3x the limit (the 1.2 GB gzip bomb test: 107-111 MB peak at 32 MiB)."""
-        return 3 * self.max_record_bytes
+        """Held while a document is downstream: the record's bytes, still in the sliding buffer
+        (~1.2x `max_record_bytes`, the buffer grown to hold it), and the document decoded from
+        it, as Python holds it (`DOCUMENT_BYTES_PER_BYTE`); and a stream's read and client when
+        the files are streamed (`stream_bytes`). (`work.max_document_bytes` is this reader's
+        `max_record_bytes`: the planner sets both from `input.max_record_bytes`.)"""
+        return int((DOCUMENT_BYTES_PER_BYTE + 1.2) * work.max_document_bytes) + self.stream_bytes
+
+    #: while a record is read: the payload cut from the buffer and the text's UTF-8 for the
+    #: `bytes` stat (measured with the document it makes: 20, 68 and 246 MB over 2, 8 and 30 MB
+    #: records)
+    document_factor = 2.0
+    document_fixed = 8 << 20
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if data:
@@ -548,4 +561,8 @@ class WetReader(Step):
                 self.stat_update("documents")
                 self.stat_update("bytes", value=len(event.text.encode("utf-8")))
                 meta = {k: getattr(event, k) for k in META}
-                yield Document(text=event.text, id=event.record_id, metadata=meta)
+                doc = Document(text=event.text, id=event.record_id, metadata=meta)
+                # the document holds the text alone: a step that rewrites it (c4_lines) frees
+                # the old one, not a copy kept here for the length of the document's visit
+                event.text = ""
+                yield doc

@@ -606,6 +606,13 @@ class Decontaminate(Filter):
     output_fields = {"contaminated_by": pa.string()}
     #: documents looked up at once (one pass of numpy calls per batch)
     batch_size = 32
+    #: a long page is looked up whole: its words as strings (~55 bytes each, a word per ~6 bytes
+    #: of text), their hashes and sums; a contaminated page's cut holds its lines and their words
+    #: again, the costlier path (measured with `action: cut`, each page after other steps in one
+    #: process: 60, 238 and 771 MB over pages of 2, 8 and 30 MB; 51, 188 and 695 alone;
+    #: docs/scale.md "Large records")
+    document_factor = 32.0
+    document_fixed = 8 << 20
 
     class Config(FilterConfig):
         # one index per step: only what happens after a cut may differ by language
@@ -662,8 +669,9 @@ class Decontaminate(Filter):
     def memory_bytes(self, work: Workload) -> int:
         """The index (per benchmark n-gram: 8 bytes of hash, 2 of file index, 2 to 4 of bitmap;
         19 per short text; mapped, so shared by the tasks of one machine), and the n-grams of
-        the document being checked: 64 bytes per word, for documents of up to 1M words."""
-        return self.index.bytes + DOC_BYTES_PER_WORD * DOC_WORDS_BOUND
+        the document being checked: 64 bytes per word, for documents of up to 1M words. And what
+        every filter holds (`Filter.memory_bytes`: the batch, the dropped sample)."""
+        return self.index.bytes + DOC_BYTES_PER_WORD * DOC_WORDS_BOUND + super().memory_bytes(work)
 
     def tables(self) -> Index:
         """The index, memory-mapped; refused if its files changed since the planning process

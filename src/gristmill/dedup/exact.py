@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import json
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -57,7 +58,7 @@ from gristmill.dedup.order import (
 )
 from gristmill.dedup.phase import DedupFilterPhase, DedupPhase
 from gristmill.dedup.text import normalize
-from gristmill.text.words import split_words
+from gristmill.text.words import CHUNK_CHARS, line_chunks, split_words, word_chunks
 
 RECORD = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("src", "<u4"), ("offset", "<i8"), ("para", "<i4")])
 DUP = np.dtype([("key", "<u8"), ("para", "<i4"), ("hi", "<u8"), ("lo", "<u8")])
@@ -81,15 +82,34 @@ def estimated_items(work: Workload, granularity: str) -> float:
 
 def _paragraphs(text: str, granularity: str) -> list[tuple[int, str]]:
     """(paragraph index, normalised text) of the non-empty items to hash; -1 = whole document."""
+    return list(_iter_paragraphs(text, granularity))
+
+
+def _iter_paragraphs(text: str, granularity: str) -> Iterator[tuple[int, str]]:
+    """`_paragraphs` one at a time: a long document's lines are split a piece at a time."""
     if granularity == "document":
         norm = normalize(text)
-        return [(-1, norm)] if norm else []
-    out = []
-    for i, line in enumerate(text.split("\n")):
+        if norm:
+            yield -1, norm
+        return
+    for i, line in enumerate(_lines(text)):
         norm = normalize(line)
         if norm:
-            out.append((i, norm))
-    return out
+            yield i, norm
+
+
+def _lines(text: str) -> Iterator[str]:
+    """text.split("\\n"), one line at a time (a long text read a `line_chunks` piece at a time)."""
+    if len(text) < CHUNK_CHARS:
+        yield from text.split("\n")
+        return
+    pending = ""
+    for piece in line_chunks(text):
+        parts = piece.split("\n")
+        parts[0] = pending + parts[0]
+        pending = parts.pop()  # "" after a piece's final newline, the last line of the text's last piece
+        yield from parts
+    yield pending
 
 
 def _slice_bounds(n_blocks: int, slices: int) -> np.ndarray:
@@ -196,6 +216,12 @@ class ExactDedupHash(DedupPhase[ExactDedupPlan]):
         batch_text = min(BATCH_BYTES, min(BATCH, items) * work.text_bytes / max(all_items, 1))
         return int(64 * min(items, self.spill_records) + batch_text + 8 * work.documents_per_task)
 
+    #: a long page's items (paragraphs normalised, as UTF-8) up to `BATCH_BYTES` at a time, one
+    #: normalised copy of the page in document mode (measured in paragraph mode: 18, 70 and 156
+    #: MB over 2, 8 and 30 MB pages, docs/scale.md "Large records")
+    document_factor = 6.0
+    document_fixed = 32 << 20
+
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
         bounds = _slice_bounds(p.n_blocks, p.slices)
@@ -245,11 +271,17 @@ class ExactDedupHash(DedupPhase[ExactDedupPlan]):
                         "(the dedup order key needs source and offset)"
                     )
                 doc_keys.append(src << OFFSET_BITS | off)
-                for para, norm in _paragraphs(doc.text, p.config.granularity):
+                long = len(doc.text) >= CHUNK_CHARS
+                for para, norm in _iter_paragraphs(doc.text, p.config.granularity):
                     item = norm.encode("utf-8")
                     items.append(item)
                     batch_bytes += len(item)
                     meta.append((src, off, para))
+                    if long and batch_bytes >= BATCH_BYTES:  # a long page's items a batch at a time
+                        batch_bytes = 0
+                        flush()
+                        if held >= self.spill_records:
+                            spill()
                 # a batch of whole documents is bounded by its text too (65,536 pages were ~400 MB)
                 if len(items) >= min(BATCH, self.spill_records) or batch_bytes >= BATCH_BYTES:
                     batch_bytes = 0
@@ -430,7 +462,14 @@ class ExactDedupFilter(DedupFilterPhase[ExactDedupPlan]):
 
     def memory_bytes(self, work: Workload) -> int:
         """Its documents' duplicates, 28 bytes each: bounded by the task's items (all duplicates)."""
-        return int(28 * estimated_items(work, self.params.config.granularity) / max(work.tasks, 1))
+        return int(
+            28 * estimated_items(work, self.params.config.granularity) / max(work.tasks, 1)
+        ) + super().memory_bytes(work)
+
+    #: a page with paragraphs removed: its lines, and the text made of the rest (a new string, up
+    #: to 4 bytes a character; measured: 21, 80 and 315 MB over 2, 8 and 30 MB pages)
+    document_factor = 11.0
+    document_fixed = 8 << 20
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
@@ -459,23 +498,35 @@ class ExactDedupFilter(DedupFilterPhase[ExactDedupPlan]):
         paras = self._paras(self._keys(doc)) if len(self._dups) else None
         if not paras:
             return True
-        self._check_hashes(doc, paras)
         config = self.params.config
+        lines = doc.text.split("\n") if config.granularity != "document" else None
+        self._check_hashes(doc, paras, lines)
         if config.granularity == "document":
             return False, "exact_duplicate"
-        lines = doc.text.split("\n")
         doc.text = "\n".join(line for i, line in enumerate(lines) if i not in paras)
+        del lines
         self.stat_update("paragraphs_removed", value=len(paras))
-        # words as the Gopher filters count them: ICU's for zh/ja/th/lo/km/my pages
-        n_words = len(split_words(doc.text, doc.metadata.get("language"))) if config.min_doc_words else 0
+        # words as the Gopher filters count them: ICU's for zh/ja/th/lo/km/my pages (a long
+        # page's a piece at a time)
+        n_words = 0
+        if config.min_doc_words:
+            language = doc.metadata.get("language")
+            if len(doc.text) < CHUNK_CHARS:
+                n_words = len(split_words(doc.text, language))
+            else:
+                n_words = sum(map(len, word_chunks(doc.text, language)))
         if len(doc.text.strip()) < max(config.min_doc_chars, 1) or n_words < config.min_doc_words:
             return False, "exact_duplicate_paragraphs"
         return True
 
-    def _check_hashes(self, doc: Document, paras: dict[int, tuple[int, int]]) -> None:
-        """The text to remove is the text that was found duplicate, or the task stops."""
-        items = dict(_paragraphs(doc.text, self.params.config.granularity))
-        found = [items.get(p) for p in paras]
+    def _check_hashes(self, doc: Document, paras: dict[int, tuple[int, int]], lines: list[str] | None) -> None:
+        """The text to remove is the text that was found duplicate, or the task stops. Only the
+        paragraphs to remove are normalised (`lines`: the document's, None for whole documents)."""
+        if lines is None:
+            norm = normalize(doc.text) or None
+            found = [norm if p == -1 else None for p in paras]
+        else:
+            found = [(normalize(lines[p]) if 0 <= p < len(lines) else "") or None for p in paras]
         ok = None not in found and hash128([t.encode("utf-8") for t in found]).tolist() == [
             list(h) for h in paras.values()
         ]

@@ -54,7 +54,7 @@ from pydantic import Field, model_validator
 from gristmill.core.configlib import Strict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import BASE_TASK_BYTES, GlobalStep, StageContext, Workload
+from gristmill.core.step import BASE_TASK_BYTES, DOCUMENT_BYTES_PER_BYTE, GlobalStep, StageContext, Workload
 from gristmill.core.working_copy import staged
 from gristmill.dedup.lsh import (
     band_keys,
@@ -66,7 +66,7 @@ from gristmill.dedup.lsh import (
     sort_records,
     sorted_band_edges,
 )
-from gristmill.dedup.minhash import MinHasher
+from gristmill.dedup.minhash import EMPTY, MinHasher
 from gristmill.dedup.order import (
     OFFSET_BITS,
     DocKeys,
@@ -76,12 +76,16 @@ from gristmill.dedup.order import (
     order_key,
 )
 from gristmill.dedup.phase import DedupFilterPhase, DedupPhase
-from gristmill.dedup.text import jaccard, shingle_hashes, shingles, words
+from gristmill.dedup.text import jaccard, shingle_chunks, shingle_hashes, shingles, words
+from gristmill.text.words import CHUNK_CHARS
 
 BAND_REC = np.dtype([("key", "<u8"), ("src", "<u4"), ("offset", "<i8")])
 #: bytes a buckets task holds per record of its pair (33.3 measured; tests/dedup/test_buckets.py bounds it by 36)
 BUCKET_BYTES_PER_RECORD = 36
 BATCH_DOCS = 256
+#: characters of text a signature batch holds: it closes once it reaches this (256 web pages are
+#: ~1.3M characters)
+BATCH_CHARS = 4_000_000
 _SCAN_RECORDS = 1 << 20  # records read at a time when a task scans a whole band file
 #: documents whose band records a signature task holds before writing them as a sorted part
 #: (20 bytes x bands each: ~18 MB at 14 bands; then the argsort of one band at a time)
@@ -139,8 +143,19 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
 
     def memory_bytes(self, work: Workload) -> int:
         """Band records of up to `spill_docs` documents (20 bytes x bands, three copies while a
-        part is sorted and written), 8 bytes per document of order keys."""
-        return int(60 * self.params.bands * min(work.documents_per_task, self.spill_docs) + 8 * work.documents_per_task)
+        part is sorted and written), 8 bytes per document of order keys, a batch of documents
+        (up to `BATCH_CHARS` characters) and their words and shingles."""
+        return int(
+            60 * self.params.bands * min(work.documents_per_task, self.spill_docs)
+            + 8 * work.documents_per_task
+            + (DOCUMENT_BYTES_PER_BYTE + 20) * BATCH_CHARS
+        )
+
+    #: a long page is shingled a `CHUNK_CHARS` piece at a time (its words, hashes, signature
+    #: temporaries: bounded by the piece, the fixed part); what grows with it is the casefolded
+    #: page only (measured: 26, 64 and 90 MB over 2, 8 and 30 MB pages, docs/scale.md "Large records")
+    document_factor = 2.0
+    document_fixed = 56 << 20
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
@@ -155,9 +170,30 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
 
         def flush():
             nonlocal held
-            x, counts = shingle_hashes([words(d.text, d.metadata.get("language")) for d in batch], p.config.ngram)
+            long = [len(d.text) >= CHUNK_CHARS for d in batch]
+            x, counts = shingle_hashes(
+                [words(d.text, d.metadata.get("language")) for d, lg in zip(batch, long) if not lg], p.config.ngram
+            )
+            if any(long):  # a long page's signature from its shingles a piece at a time (min of mins)
+                short_sig = hasher.signatures_flat(x, counts[counts > 0])
+                del x
+                all_counts, sigs, k = [], [], 0
+                short_counts = iter(counts.tolist())
+                for d, lg in zip(batch, long):
+                    if lg:
+                        row, c = _long_signature(hasher, d.text, p.config.ngram, d.metadata.get("language"))
+                    else:
+                        c = next(short_counts)
+                        row = short_sig[k] if c else None
+                        k += 1 if c else 0
+                    all_counts.append(c)
+                    if c:
+                        sigs.append(row)
+                counts = np.array(all_counts, dtype=np.int64)
+                sig = np.stack(sigs) if sigs else np.empty((0, p.config.num_perm), np.uint64)
+            else:
+                sig = hasher.signatures_flat(x, counts[counts > 0])
             keep = counts > 0  # no words: never a near duplicate
-            sig = hasher.signatures_flat(x, counts[keep])
             rec = np.empty((int(keep.sum()), bands), dtype=BAND_REC)
             rec["key"] = band_keys(sig, bands, rows)
             docs = [d for d, k in zip(batch, keep) if k]
@@ -186,11 +222,14 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
             out.clear()
             held, part = 0, part + 1
 
+        batch_chars = 0
         for doc in data:
             batch.append(doc)
+            batch_chars += len(doc.text)
             self.stat_update("documents")
             self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
-            if len(batch) == BATCH_DOCS:
+            if len(batch) == BATCH_DOCS or batch_chars >= BATCH_CHARS:
+                batch_chars = 0
                 with self.track_time():
                     flush()
                     if held >= self.spill_docs:
@@ -209,6 +248,16 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
             )
         return
         yield
+
+
+def _long_signature(hasher: MinHasher, text: str, ngram: int, language: str | None) -> tuple[np.ndarray, int]:
+    """(MinHash signature, shingles) of a long text, a piece of its shingles at a time: the
+    signature is the minimum over shingles, so that of the parts' minima."""
+    sig, count = np.full(hasher.num_perm, EMPTY, dtype=np.uint64), 0
+    for x in shingle_chunks(text, ngram, language):
+        np.minimum(sig, hasher.signatures_flat(x, np.array([len(x)]))[0], out=sig)
+        count += len(x)
+    return sig, count
 
 
 def _lower_bound(keys, x: int) -> int:
@@ -338,6 +387,11 @@ class NearDedupShingles(DedupPhase[NearDedupPlan]):
         super().__init__(params, step_id=step_id)
         self.spill_shingles = SPILL_SHINGLES
 
+    #: a candidate's shingle set: a long page's pieces' sets, merged (8 bytes a shingle, a few
+    #: copies while sorted; measured: 32, 76 and 223 MB over 2, 8 and 30 MB pages)
+    document_factor = 8.0
+    document_fixed = 24 << 20
+
     def memory_bytes(self, work: Workload) -> int:
         """(candidate, shard) pairs of its documents (16 bytes), one edge shard while reading
         them, held shingles up to `spill_shingles` (8 bytes, twice while written)."""
@@ -413,10 +467,14 @@ class NearDedupVerify(DedupPhase[NearDedupPlan]):
     step_name = "near_dedup_verify"
 
     def memory_bytes(self, work: Workload) -> int:
-        """The shingle sets of its shard's candidates (8 bytes per shingle) and its edges."""
+        """The shingle sets of its shard's candidates (8 bytes per shingle) and its edges; the
+        largest document's set among them (a shingle per `TEXT_BYTES_PER_SHINGLE` of text)."""
         candidates = CANDIDATE_SHARE * work.documents / max(work.tasks, 1)
         shingles = work.text_bytes / max(work.documents, 1) / TEXT_BYTES_PER_SHINGLE
-        return int(candidates * (8 * shingles + 48))
+        return int(candidates * (8 * shingles + 48) + 8 * work.max_document_bytes / TEXT_BYTES_PER_SHINGLE)
+
+    #: comparing a pair: np.intersect1d of two sets concatenates and sorts them
+    document_factor = 6.0
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
@@ -485,8 +543,8 @@ class NearDedupFilter(DedupFilterPhase[NearDedupPlan]):
     step_name = "near_dedup_filter"
 
     def memory_bytes(self, work: Workload) -> int:
-        """The order keys its documents lost to dedup: 8 bytes each."""
-        return int(8 * CANDIDATE_SHARE * work.documents_per_task)
+        """The order keys its documents lost to dedup: 8 bytes each; what every filter holds."""
+        return int(8 * CANDIDATE_SHARE * work.documents_per_task) + super().memory_bytes(work)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         self._ords = DocKeys(self.params.signature_folder, NearDedupSignature.step_name)

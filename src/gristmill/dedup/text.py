@@ -14,11 +14,17 @@ w_i .. w_{i+n-1} hashes to fmix64(sum_k M_k h(w_{i+k}) mod 2^64), M_k fixed odd 
 constants (one per position, so word order counts) and fmix64 murmur3's finaliser; a text of
 1..n-1 words is one shingle (the same sum over its words), an empty one has none. Distinct
 n-grams collide with probability ~2^-64, so the Jaccard of shingle sets is that of n-gram sets.
+
+Long texts (`CHUNK_CHARS` characters and more) are shingled a piece at a time
+(`shingle_chunks`: the words of `text_chunks` pieces, each piece's shingles with the last n-1
+words of the one before), so a page of megabytes never has all its words or shingle hashes in
+memory at once; the shingles are those of the whole text, in the same order.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from itertools import chain
 
 import numpy as np
@@ -26,12 +32,14 @@ import xxhash
 
 from gristmill.text.words import (
     ASTRAL_CHARS,
+    CHUNK_CHARS,
     IDEOGRAPHIC_CHARS,
     PUNCTUATION_SET,
     SYLLABIC_CHARS,
     UNSPACED_LANGUAGES,
     WORD_TOKEN,
     split_words,
+    text_chunks,
 )
 
 _DELETE = str.maketrans("", "", "".join(PUNCTUATION_SET))
@@ -143,10 +151,31 @@ def shingles(text: str, n: int = 5, language: str | None = None) -> np.ndarray:
 
     Words are `words(text, language)`; a text of 1..n-1 words is one shingle; an empty one has none.
     """
+    if len(text) >= CHUNK_CHARS:
+        parts = [np.unique(h) for h in shingle_chunks(text, n, language)]
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
     w = words(text, language)
     if not w:
         return np.empty(0, dtype=np.uint64)
     return np.unique(shingle_hashes([w], n)[0])
+
+
+def shingle_chunks(text: str, n: int = 5, language: str | None = None, size: int | None = None) -> Iterator[np.ndarray]:
+    """`shingle_hashes([words(text, language)], n)[0]` in consecutive parts (concatenated, the
+    same array), from the text a `text_chunks` piece at a time: each piece's words after the
+    last n-1 words of the pieces before, so the n-grams across a cut are made once."""
+    carry: list[str] = []
+    made = False
+    for piece in text_chunks(text, size):
+        w = carry + words(piece, language)
+        if len(w) >= n:
+            yield shingle_hashes([w], n)[0]
+            made = True
+            carry = w[len(w) - n + 1 :] if n > 1 else []
+        else:
+            carry = w
+    if not made and carry:  # fewer than n words in all: one shingle of them
+        yield shingle_hashes([carry], n)[0]
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:

@@ -14,6 +14,9 @@ characters — and scores the document as one line.)
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterator
+
+from gristmill.text.words import CHUNK_CHARS, line_chunks
 
 UNICODE_PUNCT = {
     "，": ",",
@@ -94,9 +97,14 @@ def normalize(line: str) -> str:
 
 def normalize_lines(text: str) -> list[str]:
     """The document's non-empty normalised lines: the units KenLM scores."""
-    out = []
-    for line in text.split("\n"):
-        line = normalize(line)
-        if line:
-            out.append(line)
-    return out
+    return list(iter_normalized_lines(text))
+
+
+def iter_normalized_lines(text: str) -> Iterator[str]:
+    """`normalize_lines(text)` one line at a time; a long text's lines are split a piece at a
+    time (`line_chunks`), so no list of its raw lines is held."""
+    for piece in line_chunks(text) if len(text) >= CHUNK_CHARS else (text,):
+        for line in piece.split("\n"):
+            line = normalize(line)
+            if line:
+                yield line

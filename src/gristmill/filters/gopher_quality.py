@@ -5,6 +5,11 @@ Faster in two ways: words come from our regex tokenizer instead of spaCy (see wo
 the per-word statistics are computed once per distinct word (a Counter, built in C) rather
 than once per occurrence in several list comprehensions and a numpy mean.
 
+Long pages (`CHUNK_CHARS` characters and more) are counted a piece at a time (`word_chunks`,
+`line_chunks`): only the distinct words and their counts are held, not a list of every word
+(~60 bytes a word, 13 bytes per byte of a 30 MB page); the counts, and so the decisions, are
+those of the whole text.
+
 Other languages: stop words are the page's language's (`stopwordsiso`, the stopwords-iso
 lists, MIT), English keeping datatrove's list; a language with no list skips the stop-word
 rule. Thresholds per language come from `per_language` (see `pipeline calibrate`).
@@ -22,7 +27,14 @@ from pydantic import Field
 
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
 from gristmill.core.filter import Filter, FilterResult
-from gristmill.text.words import PUNCTUATION_CHARS, split_words
+from gristmill.text.words import (
+    CHUNK_CHARS,
+    PUNCTUATION_CHARS,
+    line_chunks,
+    split_words,
+    text_chunks,
+    word_chunks,
+)
 
 _starts_with_bullet = methodcaller("startswith", ("•", "-"))
 _ends_with_ellipsis = methodcaller("endswith", ("...", "…"))
@@ -105,6 +117,11 @@ class GopherQuality(Filter):
             "others; a language without a list skips the rule)",
         )
 
+    #: a long page's distinct words and their counts, and a piece's words at a time (measured:
+    #: 30, 44 and 53 MB over 2, 8 and 30 MB pages, docs/scale.md "Large records")
+    document_factor = 1.0
+    document_fixed = 40 << 20
+
     def __init__(self, config: Config | None = None, /, **kwargs):
         super().__init__(config, **kwargs)
         # stop words by language, filled on first use of each (the lists are per config: a
@@ -124,12 +141,16 @@ class GopherQuality(Filter):
         language = doc.metadata.get("language")
         text = doc.text
         # the lid label picks ICU words for Chinese, Japanese, Thai, Lao, Khmer and Burmese pages
-        words = split_words(text, language)
-        n_words = len(words)
+        if len(text) < CHUNK_CHARS:
+            counts = Counter(split_words(text, language))
+        else:  # a long page: its distinct words only, never a list of them all
+            counts = Counter()
+            for words in word_chunks(text, language):
+                counts.update(words)
+        n_words = counts.total()
 
         # One pass over distinct words: "symbol words" consist only of punctuation and count
         # towards neither the document length nor the mean word length.
-        counts = Counter(words)
         n_content = content_chars = n_alpha = 0
         for word, count in counts.items():
             if word.strip(PUNCTUATION_CHARS):
@@ -158,21 +179,31 @@ class GopherQuality(Filter):
         if c.max_symbol_word_ratio and (text.count("...") + text.count("…")) / n_words > c.max_symbol_word_ratio:
             return False, "gopher_too_many_ellipsis"
 
-        # per line, at C speed: map/sum over str methods instead of a generator
-        lines = text.splitlines()
-        if c.max_bullet_lines_ratio:
-            bullets = sum(map(_starts_with_bullet, map(str.lstrip, lines)))
-            if bullets / len(lines) > c.max_bullet_lines_ratio:
+        # per line, at C speed: map/sum over str methods instead of a generator; a long page's
+        # lines a piece at a time
+        if c.max_bullet_lines_ratio or c.max_ellipsis_lines_ratio:
+            n_lines = bullets = ellipses = 0
+            for piece in line_chunks(text) if len(text) >= CHUNK_CHARS else (text,):
+                lines = piece.splitlines()
+                n_lines += len(lines)
+                if c.max_bullet_lines_ratio:
+                    bullets += sum(map(_starts_with_bullet, map(str.lstrip, lines)))
+                if c.max_ellipsis_lines_ratio:
+                    ellipses += sum(map(_ends_with_ellipsis, map(str.rstrip, lines)))
+                del lines
+            if c.max_bullet_lines_ratio and bullets / n_lines > c.max_bullet_lines_ratio:
                 return False, "gopher_too_many_bullets"
-        if c.max_ellipsis_lines_ratio:
-            ellipses = sum(map(_ends_with_ellipsis, map(str.rstrip, lines)))
-            if ellipses / len(lines) > c.max_ellipsis_lines_ratio:
+            if c.max_ellipsis_lines_ratio and ellipses / n_lines > c.max_ellipsis_lines_ratio:
                 return False, "gopher_too_many_end_ellipsis"
 
         if c.max_non_alpha_words_ratio:
             if c.alpha_words == "whitespace":
-                spaced = text.split()
-                ratio = sum(any(map(str.isalpha, w)) for w in spaced) / len(spaced) if spaced else 0.0
+                n_spaced = n_lettered = 0
+                for piece in text_chunks(text) if len(text) >= CHUNK_CHARS else (text,):
+                    spaced = piece.split()
+                    n_spaced += len(spaced)
+                    n_lettered += sum(any(map(str.isalpha, w)) for w in spaced)
+                ratio = n_lettered / n_spaced if n_spaced else 0.0
             else:
                 ratio = n_alpha / n_words
             if ratio < c.max_non_alpha_words_ratio:

@@ -3,6 +3,15 @@
 datatrove's LanguageFilter takes no model path (it downloads lid.176.bin from the web); this
 step takes a local path or URL, predicts a batch of documents per call (fastText's C++ loop
 instead of one Python call per document), and records `language` and `language_score`.
+
+Long texts: fastText reads the whole line it is given (its word and character n-gram ids, ~80
+bytes a word, after a copy of the text with newlines as spaces: ~10 bytes per byte of a 30 MB
+page). A text longer than `max_chars` characters (default 1,000,000; Common Crawl's pages are
+cut at 1 MiB of HTML, so real pages are shorter) is predicted on `SAMPLE_WINDOWS` evenly spaced
+windows of it, `max_chars` characters in all, each cut at spaces or newlines so no word is
+split: the average of fastText's word vectors over the sample estimates the one over the whole
+text. Documents shorter than that are predicted as before; sampled ones are counted in stats
+(`long_text_sampled`).
 """
 
 from __future__ import annotations
@@ -15,13 +24,37 @@ from datatrove.data import Document
 from pydantic import Field
 
 from gristmill.core import storage
-from gristmill.core.configlib import FilterConfig, Fraction
+from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig, Fraction
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
-from gristmill.core.step import BuildContext
+from gristmill.core.step import BuildContext, Workload
 from gristmill.filters.model_check import Checked, ModelError, check_fasttext, unchanged  # noqa: F401 (re-exported)
 
 LABEL_PREFIX = "__label__"
+#: windows a text longer than `max_chars` is predicted on
+SAMPLE_WINDOWS = 8
+MAX_CHARS = 1_000_000
+
+
+def sample_text(text: str, max_chars: int) -> str:
+    """`text`, or for a longer one `SAMPLE_WINDOWS` evenly spaced windows of it, `max_chars`
+    characters in all, each cut inside at a space or newline (no word split) and joined by
+    newlines."""
+    if len(text) <= max_chars:
+        return text
+    width = max(max_chars // SAMPLE_WINDOWS, 1)
+    step = (len(text) - width) / max(SAMPLE_WINDOWS - 1, 1)
+    windows = []
+    for i in range(SAMPLE_WINDOWS):
+        start = int(i * step)
+        w = text[start : start + width]
+        if start > 0:  # drop the word the window's start cut
+            cut = min((j for j in (w.find(" "), w.find("\n")) if j >= 0), default=len(w))
+            w = w[cut + 1 :]
+        if start + width < len(text):  # and the one its end cut
+            w = w[: max(w.rfind(" "), w.rfind("\n"), 0)]
+        windows.append(w)
+    return "\n".join(windows)
 
 
 def load_fasttext(path: str | Path | Checked):
@@ -45,7 +78,7 @@ class LangId(ModelFilter):
         # one model, one keep-list; `per_language: {zh: {min_score: 0.5}}` sets the score a page
         # labelled zh needs (FineWeb-2 uses a threshold per language: lid confidence is lower for
         # languages close to another, and for pages that mix scripts)
-        language_fixed: ClassVar[tuple[str, ...]] = ("model", "languages")
+        language_fixed: ClassVar[tuple[str, ...]] = ("model", "languages", "max_chars")
 
         model: str = Field("models/lid.176.ftz", description="fastText LID model: path or http(s) URL")
         languages: list[str] | None = Field(["en"], description="languages to keep; null keeps all")
@@ -53,6 +86,12 @@ class LangId(ModelFilter):
             0.65,
             description="minimum probability of the top language (per language: "
             "`per_language: {zh: {min_score: 0.5}}`)",
+        )
+        max_chars: int = Field(
+            MAX_CHARS,
+            ge=1000,
+            description="a longer text is predicted on evenly spaced windows of this many characters in all",
+            json_schema_extra=OMIT_DEFAULT,
         )
 
     @classmethod
@@ -79,14 +118,25 @@ class LangId(ModelFilter):
     def load_model(self):
         return load_fasttext(self.checked)
 
+    def memory_bytes(self, work: Workload) -> int:
+        """The model and a batch (`ModelFilter.memory_bytes`), and a long text's sample:
+        `max_chars` characters, with newlines as spaces, and fastText's n-gram ids of it."""
+        return super().memory_bytes(work) + 24 * self.config.max_chars
+
     def score_batch(self, docs: list[Document]) -> None:
         # lid.176 reads one line; newlines would end the input early.
-        labels, scores = self.model.predict([d.text.replace("\n", " ") for d in docs], k=1)
+        labels, scores = self.model.predict([self._text(d).replace("\n", " ") for d in docs], k=1)
         for doc, label, score in zip(docs, labels, scores):
             lang = label[0][len(LABEL_PREFIX) :] if label else "unknown"
             doc.metadata["language"] = lang  # picks the Config `filter` gets
             doc.metadata["language_score"] = float(score[0]) if len(score) else 0.0
             self.stat_update(f"lang_{lang}")
+
+    def _text(self, doc: Document) -> str:
+        if len(doc.text) <= self.config.max_chars:
+            return doc.text
+        self.stat_update("long_text_sampled")
+        return sample_text(doc.text, self.config.max_chars)
 
     def filter(self, doc: Document, config: Config) -> FilterResult:
         if self.languages is not None and doc.metadata["language"] not in self.languages:

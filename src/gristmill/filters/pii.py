@@ -313,6 +313,10 @@ def replace_pii(text: str, doc_id: str, c: PII.Config) -> Replaced:
 
 class PII(Filter):
     yaml_name = "pii"
+    #: the text with its addresses replaced, a new string (up to 4 bytes a character), and the
+    #: matches (measured: 7, 44 and 167 MB over pages of 2, 8 and 30 MB)
+    document_factor = 6.0
+    document_fixed = 4 << 20
 
     class Config(FilterConfig):
         """datatrove's PIIFormatter parameter names and defaults, so that configs carry over."""

@@ -4,6 +4,10 @@ Scores each document with a binary fastText classifier and keeps it if the proba
 `label` (default `__label__hq`, DCLM's and `pipeline quality train`'s) is at least `min_score`.
 Predicts a batch of documents per call, like `langid`. The document's newlines are replaced by
 spaces, as the classifier's training text was (fastText reads one line per example).
+
+A text longer than `max_chars` characters is scored on evenly spaced windows of it, as `langid`
+does (`langid.sample_text`; counted in stats as `long_text_sampled`): fastText would otherwise
+hold ~10 bytes per byte of a huge page.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import pyarrow as pa
 from datatrove.data import Document
 from pydantic import Field
 
-from gristmill.core.configlib import FilterConfig, Fraction
+from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig, Fraction
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
-from gristmill.filters.langid import load_fasttext
+from gristmill.core.step import Workload
+from gristmill.filters.langid import MAX_CHARS, load_fasttext, sample_text
 from gristmill.filters.model_check import ModelError, check_fasttext
 
 
@@ -44,11 +49,17 @@ class Quality(ModelFilter):
     score_bins = LINEAR_01
 
     class Config(FilterConfig):
-        language_fixed: ClassVar[tuple[str, ...]] = ("model", "label")  # one classifier per step
+        language_fixed: ClassVar[tuple[str, ...]] = ("model", "label", "max_chars")  # one classifier per step
 
         model: str = Field("models/quality/en.bin", description="fastText classifier (`pipeline quality train`)")
         label: str = Field("__label__hq", description="label whose probability is the quality score")
         min_score: Fraction = Field(0.5, description="drop documents whose probability of `label` is lower")
+        max_chars: int = Field(
+            MAX_CHARS,
+            ge=1000,
+            description="a longer text is scored on evenly spaced windows of this many characters in all",
+            json_schema_extra=OMIT_DEFAULT,
+        )
 
     def __init__(self, config: Config | None = None, /, **kwargs):
         super().__init__(config, **kwargs)
@@ -67,9 +78,19 @@ class Quality(ModelFilter):
     def load_model(self):
         return load_fasttext(self.checked)
 
+    def memory_bytes(self, work: Workload) -> int:
+        """The model and a batch (`ModelFilter.memory_bytes`), and a long text's sample (as langid)."""
+        return super().memory_bytes(work) + 24 * self.config.max_chars
+
     def score_batch(self, docs: list[Document]) -> None:
-        for doc, score in zip(docs, label_scores(self.model, [d.text for d in docs], self.label)):
+        for doc, score in zip(docs, label_scores(self.model, [self._text(d) for d in docs], self.label)):
             doc.metadata["quality_score"] = score
+
+    def _text(self, doc: Document) -> str:
+        if len(doc.text) <= self.config.max_chars:
+            return doc.text
+        self.stat_update("long_text_sampled")
+        return sample_text(doc.text, self.config.max_chars)
 
     def filter(self, doc: Document, config: Config) -> FilterResult:
         return True if doc.metadata["quality_score"] >= config.min_score else (False, "low_quality_score")

@@ -15,7 +15,7 @@ import functools
 import glob
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
 from gristmill.core.warc_reader import WarcReader
 from gristmill.core.wet_reader import WetReader
+from gristmill.pipeline.cc_stream import stream_memory_bytes
 from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.pipeline.staging import plan_root
 
@@ -39,6 +40,7 @@ __all__ = [
     "Stage",
     "build_steps",
     "estimate_memory",
+    "stage_memory",
     "input_bytes",
     "input_traffic",
     "make_fetcher",
@@ -147,6 +149,21 @@ def _input_path(fetcher: Fetcher, listed: bool, source: str):
     return fetcher.open(source)
 
 
+def _streamed(fetcher: Fetcher, listed: bool, source: str) -> bool:
+    """Whether `_input_path` gives a task a `cc_stream.RemoteStream` over `source`."""
+    if listed and source.startswith("s3://"):
+        return True
+    return fetcher.cache == "none" and source.startswith(REMOTE)
+
+
+def stream_bytes(fetcher: Fetcher, listed: bool, sources: list[str]) -> int:
+    """What the reader's streams add to a task (`cc_stream.stream_memory_bytes`, the most of any
+    source: a task reads one file at a time); 0 when every file is read from disk."""
+    return max(
+        (stream_memory_bytes(s, fetcher.read_bytes) for s in sources if _streamed(fetcher, listed, s)), default=0
+    )
+
+
 _NOT_FILES = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISCHR, "a character device"),
@@ -230,6 +247,11 @@ class MemoryEstimate:
     limit_setting: str
     #: the step that holds the most, and the setting that bounds it
     largest: Step | None
+    #: the part of `bytes` that comes from the largest document a task may meet
+    #: (`input.max_record_bytes`): the estimate minus the same estimate for empty documents
+    record_bytes: int = 0
+    #: `input.max_record_bytes`, for the message
+    max_record_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -237,11 +259,16 @@ class MemoryEstimate:
 
     def message(self) -> str:
         gb = 1 << 30
-        hint = (
-            f"; {self.largest.name} holds the most: raise {self.largest.memory_setting}"
-            if self.largest is not None
-            else ""
-        )
+        if self.record_bytes and self.bytes - self.record_bytes <= self.limit:
+            # the documents' size is what does not fit: the setting to lower is the record limit
+            hint = (
+                f"; {self.record_bytes / gb:.2f} GB of it for documents up to input.max_record_bytes "
+                f"({self.max_record_bytes / (1 << 20):g} MiB): lower input.max_record_bytes"
+            )
+        elif self.largest is not None:
+            hint = f"; {self.largest.name} holds the most: raise {self.largest.memory_setting}"
+        else:
+            hint = ""
         return (
             f"stage {self.stage.label}: a task is estimated to need {self.bytes / gb:.2f} GB "
             f"({self.stage.work.documents:.3g} documents over {self.stage.tasks} tasks), more than the "
@@ -275,15 +302,26 @@ def _task_memory_limit(cfg: RunConfig, stage: Stage) -> tuple[int, str]:
     ), f"this machine's memory / {min(ex.workers, stage.tasks)} workers"
 
 
+def stage_memory(stage: Stage, work: Workload) -> tuple[int, Step | None]:
+    """(peak bytes of one task, the step holding the most) for `work`: what every step holds
+    throughout (`Step.memory_bytes`), plus the largest of what one needs while it works on a
+    document (`Step.document_bytes`: a stage's steps work on one document at a time)."""
+    steps = [s for s in stage.pipeline if isinstance(s, Step)]
+    held = [(s.memory_bytes(work), s) for s in steps]
+    largest = max(held, key=lambda x: x[0])[1] if held else None
+    per_document = max((s.document_bytes(work) for s in steps), default=0)
+    return BASE_TASK_BYTES + sum(b for b, _ in held) + per_document, largest
+
+
 def estimate_memory(cfg: RunConfig, stages: list[Stage]) -> list[MemoryEstimate]:
-    """Each stage's per-task memory from its steps' models (`Step.memory_bytes`) and what it is
-    given (`Stage.work`), against the memory a task has."""
+    """Each stage's per-task memory from its steps' models and what it is given (`Stage.work`,
+    with the largest document `input.max_record_bytes`), against the memory a task has."""
     out = []
     for stage in stages:
-        held = [(s.memory_bytes(stage.work), s) for s in stage.pipeline if isinstance(s, Step)]
-        largest = max(held, key=lambda x: x[0])[1] if held else None
+        total, largest = stage_memory(stage, stage.work)
+        without, _ = stage_memory(stage, replace(stage.work, max_document_bytes=0.0))
         limit, where = _task_memory_limit(cfg, stage)
-        out.append(MemoryEstimate(stage, BASE_TASK_BYTES + sum(b for b, _ in held), limit, where, largest))
+        out.append(MemoryEstimate(stage, total, limit, where, largest, total - without, cfg.input.max_record_bytes))
     return out
 
 
@@ -308,11 +346,17 @@ class PlanContext:
 
     def workload(self, tasks: int) -> Workload:
         """The documents a stage is given, estimated before anything runs: every document read,
-        as if no filter dropped any (memory estimates are upper bounds)."""
+        as if no filter dropped any (memory estimates are upper bounds), the largest as long as
+        the longest record the reader keeps (`input.max_record_bytes`)."""
         if self.input_size is None:
             self.input_size = input_bytes(self.cfg, self._sources())
         gb = self.input_size / 1e9
-        return Workload(gb * DOCUMENTS_PER_GB, self.input_size * TEXT_PER_COMPRESSED_BYTE, tasks)
+        return Workload(
+            gb * DOCUMENTS_PER_GB,
+            self.input_size * TEXT_PER_COMPRESSED_BYTE,
+            tasks,
+            max_document_bytes=self.cfg.input.max_record_bytes,
+        )
 
     def task_memory_bytes(self, stage_name: str, tasks: int) -> int:
         probe = Stage(0, stage_name, self.run_dir, [], tasks, self.cfg.executor.workers)
@@ -377,8 +421,13 @@ class PlanContext:
         """The first step of a stage: the WET (or WARC) reader before any stage, then the last output."""
         if self.documents is None:
             inp = self.cfg.input
-            resolve = functools.partial(_input_path, self.fetcher, inp.commoncrawl is None)
-            common = {"resolve": resolve, "limit": inp.limit, "max_record_bytes": inp.max_record_bytes}
+            listed = inp.commoncrawl is None
+            common = {
+                "resolve": functools.partial(_input_path, self.fetcher, listed),
+                "limit": inp.limit,
+                "max_record_bytes": inp.max_record_bytes,
+                "stream_bytes": stream_bytes(self.fetcher, listed, self._sources()),
+            }
             if inp.format == "warc":
                 return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
             return WetReader(self._sources(), **common)

@@ -1,8 +1,10 @@
 """`pipeline plan`: what a run will cost, per stage, before anything runs.
 
 Two sources, kept apart in the output:
-- memory per task from the steps' memory models (`Step.memory_bytes`, evaluated on the input
-  size as `pipeline run` does before it starts), and the limit each task has;
+- memory per task from the steps' memory models (`Step.memory_bytes` and `Step.document_bytes`,
+  evaluated on the input size and the largest record, `input.max_record_bytes`, as `pipeline
+  run` does before it starts), the part of it the largest record accounts for, and the limit
+  each task has;
 - CPU-hours, disk and wall time from the scale benchmark's measurements
   (`scale_calibration.json`, written by `benchmarks/scale_run.py --write-calibration`; a default
   measured on generated Common Crawl ships in this package): for each stage, a line through its
@@ -132,6 +134,8 @@ class StageProjection:
     estimate_bytes: int
     limit_bytes: int
     limit_setting: str
+    #: the part of `estimate_bytes` for documents as long as `input.max_record_bytes`
+    record_bytes: int = 0
     #: compressed input bytes the stage downloads (Common Crawl from a server or bucket)
     ingress_bytes: float = 0.0
     #: disk of the download cache the stage fills (`cache: keep`); 0 when it streams
@@ -168,7 +172,9 @@ def project(
             traffic = {"ingress_bytes": t.ingress, "cache_bytes": t.cache, "traffic_note": t.note}
         if m is None:
             out.append(
-                StageProjection(stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting, **traffic)
+                StageProjection(
+                    stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting, e.record_bytes, **traffic
+                )
             )
             continue
         cpu = m.cpu[0] * stage.tasks / m.tasks + m.cpu[1] * gb
@@ -180,9 +186,10 @@ def project(
         rss = m.rss_mb
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
         at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
+        wall = cpu / max(at_once, 1)
         out.append(
             StageProjection(
-                stage, m, cpu, rss, disk, cpu / max(at_once, 1), e.bytes, e.limit, e.limit_setting, **traffic
+                stage, m, cpu, rss, disk, wall, e.bytes, e.limit, e.limit_setting, e.record_bytes, **traffic
             )
         )
     return out
@@ -231,7 +238,11 @@ def render(
     projections: list[StageProjection], gb: float, cores: int | None, slurm: bool
 ) -> tuple[list[str], list[list[str]], list[str]]:
     """(header, rows, footer lines) of the projection table."""
-    header = ["stage", "tasks", "CPU-h", "wall", "mem/task", "limit", "measured", "disk", "ingress", "cache", "from"]
+    max_record_bytes = max((p.stage.work.max_document_bytes for p in projections if p.stage.work), default=0)
+    header = [
+        "stage", "tasks", "CPU-h", "wall", "mem/task", "largest record", "limit", "measured", "disk", "ingress",
+        "cache", "from",
+    ]  # fmt: skip
     rows = []
     for p in projections:
         flag = "" if p.fits else " ✗"
@@ -242,6 +253,7 @@ def render(
                 "—" if p.cpu_s is None else _fmt_h(p.cpu_s / 3600),
                 _fmt_s(p.wall_s),
                 _fmt_mb(p.estimate_bytes / 1e6) + flag,
+                _fmt_mb(p.record_bytes / 1e6),
                 _fmt_mb(p.limit_bytes / 1e6),
                 "—" if p.model is None else _fmt_mb(p.rss_mb),
                 _fmt_mb(p.disk_mb),
@@ -257,9 +269,10 @@ def render(
     where = "every task of a stage at once (Slurm)" if slurm and cores is None else f"{cores or 1} cores"
     footer = [
         f"input: {gb:,.0f} GB of compressed WET (~{gb * 300_000:.3g} documents at 300k per GB)",
-        "mem/task: the steps' memory models (upper bounds; ✗: over the limit); measured: the largest "
-        "task's peak RSS in the calibration run of the same stage (config: from); CPU-h, wall and disk: "
-        "lines through the calibration runs",
+        "mem/task: the steps' memory models (upper bounds; ✗: over the limit); largest record: the part of "
+        f"mem/task for documents as long as input.max_record_bytes ({max_record_bytes / (1 << 20):g} MiB); "
+        "measured: the largest task's peak RSS in the calibration run of the same stage (config: from); "
+        "CPU-h, wall and disk: lines through the calibration runs",
         f"total: {_fmt_h(cpu / 3600)} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
         f"(stage folders, token shards included)",
     ]
@@ -276,8 +289,14 @@ def render(
         )
     over = [p for p in projections if not p.fits]
     for p in over:
+        fix = (
+            "; lower input.max_record_bytes"
+            if p.record_bytes and p.estimate_bytes - p.record_bytes <= p.limit_bytes
+            else ""
+        )
         footer.append(
-            f"✗ {p.stage.label}: needs ~{_fmt_mb(p.estimate_bytes / 1e6)} per task, "
-            f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}"
+            f"✗ {p.stage.label}: needs ~{_fmt_mb(p.estimate_bytes / 1e6)} per task "
+            f"({_fmt_mb(p.record_bytes / 1e6)} of it for the largest record), "
+            f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}{fix}"
         )
     return header, rows, footer

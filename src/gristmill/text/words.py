@@ -21,6 +21,14 @@ symbol and alphabetic words, stop words, n-gram repetition):
 
 No token ever contains whitespace, which the repetition filter relies on (see there).
 
+Long texts (`CHUNK_CHARS` and more: pages of megabytes) can be split a piece at a time:
+`text_chunks` cuts a text right after a space or newline that a letter or digit follows, where
+neither the regex's tokens nor ICU's words continue, so the words of the pieces, one after the
+other, are the words of the text (`word_chunks`); `line_chunks` cuts after newlines only. The
+filters that can count words or lines without holding them all use these (a list of a 30 MB
+page's words holds ~60 bytes per word), and `split_words` does not keep such a text's words
+for the next caller.
+
 Pages whose language label (fastText lid.176, `doc.metadata["language"]`) is one of
 `UNSPACED_LANGUAGES` (zh, ja, th, lo, km, my) get real words in those scripts instead of
 characters: ICU's word break iterator (`icu4py`, which bundles ICU 78.3 and its dictionaries)
@@ -36,6 +44,7 @@ scanned for script (that scan would cost English pages ~10%).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import regex
 from datatrove.utils.text import PUNCTUATION_SET
@@ -48,6 +57,10 @@ __all__ = [
     "split_sentences",
     "split_paragraphs",
     "split_lines",
+    "CHUNK_CHARS",
+    "text_chunks",
+    "line_chunks",
+    "word_chunks",
 ]
 
 #: every punctuation character as one string, for `word.strip(PUNCTUATION_CHARS)`: the result
@@ -121,8 +134,16 @@ _PARAGRAPH_BREAK = re.compile(r"\n{2,}")
 
 # The Gopher filters run one after the other on the same text: keep the last split, with the
 # language it was split for (None: the regex). The text is held, so `is` cannot match a new
-# string at a recycled address.
+# string at a recycled address. Texts of CHUNK_CHARS and more are not kept: their callers split
+# them a piece at a time, and a kept list would outlive the document's visit to them.
 _last: tuple[str, str | None, list[str]] = ("", None, [])
+
+#: texts this long or longer are split a piece of about this many characters at a time by the
+#: callers that can (`text_chunks`); shorter ones in one go, as before
+CHUNK_CHARS = 1 << 20
+# a place to cut: right after a space or newline that a letter or digit follows
+_CUT = re.compile(r"(?<=[ \n])[^\W_]")
+_LINE_CUT = re.compile(r"(?<=\n)")
 
 # icu4py builds an ICU BreakIterator per text (its API has no setText), so no iterator can be
 # kept per language; ICU itself caches the compiled rules and dictionaries, so that a new one
@@ -194,8 +215,45 @@ def split_words(text: str, language: str | None = None) -> list[str]:
     if last[0] is text and last[1] == language:
         return last[2]
     words = WORD_TOKEN.findall(text) if language is None else _split_unspaced(text, language)
-    _last = (text, language, words)
+    if len(text) < CHUNK_CHARS:
+        _last = (text, language, words)
     return words
+
+
+def _chunks(text: str, size: int | None, cut: re.Pattern) -> Iterator[str]:
+    size = CHUNK_CHARS if size is None else size
+    start, n = 0, len(text)
+    while n - start > size:
+        m = cut.search(text, start + size)
+        if m is None:
+            break
+        yield text[start : m.start()]
+        start = m.start()
+    yield text[start:] if start else text
+
+
+def text_chunks(text: str, size: int | None = None) -> Iterator[str]:
+    """`text` in consecutive pieces of at least `size` (default `CHUNK_CHARS`) characters (the
+    last may be shorter), each cut right after a space or newline that a letter or digit
+    follows: no regex token spans whitespace, and ICU breaks a word before a letter that
+    follows whitespace, so the words of the pieces are the text's words. A stretch of more than
+    `size` characters without such a place stays in one piece."""
+    return _chunks(text, size, _CUT)
+
+
+def line_chunks(text: str, size: int | None = None) -> Iterator[str]:
+    """`text` in consecutive pieces of at least `size` characters, each cut right after a newline:
+    the pieces' lines (str.splitlines, "\\n"-splits) are the text's."""
+    return _chunks(text, size, _LINE_CUT)
+
+
+def word_chunks(text: str, language: str | None = None, size: int | None = None) -> Iterator[list[str]]:
+    """`split_words(text, language)` a `text_chunks` piece at a time: the lists, one after the
+    other, are the text's words; none is kept for the next caller."""
+    if language not in UNSPACED_LANGUAGES:
+        language = None
+    for piece in text_chunks(text, size):
+        yield WORD_TOKEN.findall(piece) if language is None else _split_unspaced(piece, language)
 
 
 def split_sentences(text: str) -> list[str]:

@@ -19,7 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from gristmill.tokenize.tokenizer import GPT2_PATTERN, unicode_to_bytes
+
+#: texts this long (characters) or longer are encoded alone into numpy arrays (tiktoken)
+LONG_CHARS = 1 << 20
 
 
 @dataclass
@@ -92,16 +97,39 @@ def hf_encode_batch(tok, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in fast(list(texts), add_special_tokens=False)]
 
 
-def compare(tok, encoding, texts: Sequence[str], batch: int = 256) -> tuple[int, int | None]:
-    """(documents compared, index of the first whose ids differ or None)."""
-    for start in range(0, len(texts), batch):
-        chunk = list(texts[start : start + batch])
+#: bytes HF's encodings (ids, tokens, offsets, masks) and their ids as Python lists hold per byte
+#: of text: measured 44 on a batch of 256 web pages, 133 on one 5 MB page (4 bytes a character),
+#: 150 on the engine check's 1 MiB batches of 2 MB pages' heads
+HF_BYTES_PER_BYTE = 160
+#: bytes of text (UTF-8) `compare` encodes with both engines at a time
+COMPARE_BATCH_BYTES = 1 << 20
+
+
+def compare(
+    tok, encoding, texts: Sequence[str], batch: int = 256, max_bytes: int = COMPARE_BATCH_BYTES
+) -> tuple[int, int | None]:
+    """(documents compared, index of the first whose ids differ or None). Batches of `batch`
+    texts and at most `max_bytes` of UTF-8, a longer text alone (HF holds `HF_BYTES_PER_BYTE`
+    per byte); each text is read from `texts` when its batch is made."""
+    start, n = 0, len(texts)
+    while start < n:
+        chunk, held = [], 0
+        while start + len(chunk) < n and len(chunk) < batch:
+            text = texts[start + len(chunk)]
+            size = len(text.encode("utf-8"))
+            if chunk and held + size > max_bytes:
+                break  # read again for the next batch
+            chunk.append(text)
+            held += size
+        del text
         hf = hf_encode_batch(tok, chunk)
         tk = encoding.encode_ordinary_batch(chunk, num_threads=1)
         for i, (a, b) in enumerate(zip(hf, tk)):
             if a != b:
-                return len(texts), start + i
-    return len(texts), None
+                return n, start + i
+        start += len(chunk)
+        del chunk, hf, tk
+    return n, None
 
 
 class Encoder:
@@ -124,10 +152,23 @@ class Encoder:
 
         return cls(Tokenizer.from_file(str(path)), engine, threads)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        if self.encoding is not None:
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int] | np.ndarray]:
+        """Each text's ids. With tiktoken, a text of `LONG_CHARS` or more is encoded alone into
+        a numpy array (4 bytes a token; a Python list of a 30 MB page's ~7M ids holds ~36 bytes
+        a token): the same ids (ordinary text, no special token recognised)."""
+        if self.encoding is None:
+            return hf_encode_batch(self.tok, texts)
+        long = [i for i, t in enumerate(texts) if len(t) >= LONG_CHARS]
+        if not long:
             return self.encoding.encode_ordinary_batch(list(texts), num_threads=self.threads)
-        return hf_encode_batch(self.tok, texts)
+        out: list = [None] * len(texts)
+        short = [i for i, t in enumerate(texts) if len(t) < LONG_CHARS]
+        encoded = self.encoding.encode_ordinary_batch([texts[i] for i in short], num_threads=self.threads)
+        for i, ids in zip(short, encoded):
+            out[i] = ids
+        for i in long:
+            out[i] = self.encoding.encode_to_numpy(texts[i], allowed_special=set(), disallowed_special=())
+        return out
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(map(int, ids)), skip_special_tokens=False)

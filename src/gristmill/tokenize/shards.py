@@ -75,14 +75,23 @@ def shuffle_key(doc_id: str, seed: int) -> int:
     return xxhash.xxh3_64_intdigest(doc_id.encode("utf-8"), seed=seed)
 
 
-def tokens_array(token_lists: list[list[int]], eos_id: int, dtype: pa.DataType) -> pa.LargeListArray:
+def tokens_array(token_lists: list, eos_id: int, dtype: pa.DataType) -> pa.LargeListArray:
     """One list per document, each followed by EOS, built from flat numpy buffers."""
     lengths = np.fromiter((len(t) + 1 for t in token_lists), dtype=np.int64, count=len(token_lists))
     offsets = np.zeros(len(token_lists) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    eos = (eos_id,)
-    flat = itertools.chain.from_iterable(itertools.chain.from_iterable((t, eos) for t in token_lists))
-    values = np.fromiter(flat, dtype=dtype.to_pandas_dtype(), count=int(offsets[-1]))
+    np_dtype = dtype.to_pandas_dtype()
+    if not any(isinstance(t, np.ndarray) for t in token_lists):
+        eos = (eos_id,)
+        flat = itertools.chain.from_iterable(itertools.chain.from_iterable((t, eos) for t in token_lists))
+        values = np.fromiter(flat, dtype=np_dtype, count=int(offsets[-1]))
+    else:  # a long document's ids come as an array (tiktoken's uint32): copied in, not iterated
+        values = np.empty(int(offsets[-1]), dtype=np_dtype)
+        for t, a, b in zip(token_lists, offsets[:-1].tolist(), offsets[1:].tolist()):
+            if isinstance(t, np.ndarray) and t.size and int(t.max()) > np.iinfo(np_dtype).max:
+                raise OverflowError(f"token id {int(t.max())} does not fit {np_dtype.__name__}")
+            values[a : b - 1] = t
+            values[b - 1] = eos_id
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, type=dtype))
 
 

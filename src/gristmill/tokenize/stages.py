@@ -29,11 +29,14 @@ from __future__ import annotations
 import heapq
 import json
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import regex
 import xxhash
 from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
@@ -59,22 +62,37 @@ def hash_sample(docs, budget_bytes: int) -> list[str]:
     return [text for _, text in hash_sample_entries(docs, budget_bytes)]
 
 
-def hash_sample_entries(docs, budget_bytes: int) -> list[tuple[str, str]]:
-    """(id, text) of `hash_sample`'s documents, in hash order (ascending key, then id)."""
-    heap: list[tuple[int, str, str, int]] = []  # (-key, id, text, bytes): a max-heap on key
+def hash_sample_entries(docs, budget_bytes: int, encoded: bool = False) -> list[tuple[str, str | bytes]]:
+    """(id, text) of `hash_sample`'s documents, in hash order (ascending key, then id); with
+    `encoded`, each text as its UTF-8 bytes. The sample is held as UTF-8 (a str holds up to 4
+    bytes a character: a page with one emoji), so it takes its `budget_bytes`, plus the one
+    document that may take it past."""
+    heap: list[tuple[int, str, bytes]] = []  # (-key, id, UTF-8 text): a max-heap on key
     total = 0
     for doc in docs:
-        size = len(doc.text.encode("utf-8"))
-        heapq.heappush(heap, (-_sample_key(doc), doc.id or "", doc.text, size))
-        total += size
-        while len(heap) > 1 and total - heap[0][3] >= budget_bytes:
-            total -= heapq.heappop(heap)[3]
-    return [(i, text) for _, i, text, _ in sorted(heap, key=lambda e: (-e[0], e[1]))]
+        text = doc.text.encode("utf-8")
+        # ties on (key, id) compare the texts: UTF-8 bytes sort as their code points
+        heapq.heappush(heap, (-_sample_key(doc), doc.id or "", text))
+        total += len(text)
+        del text
+        while len(heap) > 1 and total - len(heap[0][2]) >= budget_bytes:
+            total -= len(heapq.heappop(heap)[2])
+    entries = sorted(heap, key=lambda e: (-e[0], e[1]))
+    heap.clear()
+    return [(i, t if encoded else t.decode("utf-8")) for _, i, t in entries]
 
 
 SAMPLE_SCHEMA = pa.schema([("key", pa.uint64()), ("id", pa.string()), ("text", pa.string())])
 #: rows per row group of a task's sample: the tokenizer task holds one group of every task's file
 SAMPLE_ROW_GROUP = 16
+#: ... and at most this much text (UTF-8) in a group, or one longer document alone
+SAMPLE_ROW_GROUP_BYTES = 4 << 20
+#: characters of text an encode batch holds: it closes once it reaches this (1,000 web pages are
+#: ~5M characters)
+ENCODE_BATCH_CHARS = 8_000_000
+#: texts compared between tiktoken and HF when choosing the engine: this many bytes of each at
+#: most (HF's encodings of a whole 30 MB page hold ~140 bytes per byte: `encode.HF_BYTES_PER_BYTE`)
+COMPARE_BYTES = 1 << 20
 
 
 class TokenizerSampleStep(Step):
@@ -90,30 +108,56 @@ class TokenizerSampleStep(Step):
     memory_setting = "tokenize.tokenizer.sample_bytes"
 
     def memory_bytes(self, work: Workload) -> int:
-        """The sample, as Python strings in a heap (up to 4 bytes per character: one emoji makes a
-        Latin page's string 4x its UTF-8), then as an Arrow table written: ~9x `sample_bytes` (or
-        its share of the text; fitted to the scale runs' peak RSS)."""
-        return int(9 * min(self.sample_bytes, work.text_bytes / max(work.tasks, 1)))
+        """The sample (`sample_bytes`, or its share of the text), held as UTF-8 in a heap, then as
+        an Arrow table written: ~3x (was ~9x as Python strings, fitted to the scale runs' peak
+        RSS); plus the document that may take it past `sample_bytes`, as long as the largest."""
+        return int(3 * min(self.sample_bytes, work.text_bytes / max(work.tasks, 1)))
+
+    #: the document that may take the sample past `sample_bytes`: its UTF-8 in the heap, then in
+    #: the Arrow table and the Parquet writer (measured: 8.3 bytes per byte of a 30 MB page)
+    document_factor = 9.0
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
-            entries = hash_sample_entries(data or [], self.sample_bytes)
+            entries = hash_sample_entries(data or [], self.sample_bytes, encoded=True)
             out = self.stage_folder / "output" / f"sample_{rank:05d}.parquet"
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp")
-            keys = [_sample_key(Document(text=t, id=i)) for i, t in entries]
-            pq.write_table(
-                pa.table(
-                    {"key": keys, "id": [e[0] for e in entries], "text": [e[1] for e in entries]}, schema=SAMPLE_SCHEMA
-                ),
-                tmp,
-                compression="zstd",
-                row_group_size=SAMPLE_ROW_GROUP,
+            keys = [xxhash.xxh3_64_intdigest(TRAIN_SALT + (i.encode("utf-8") if i else t)) for i, t in entries]
+            table = pa.table(
+                {
+                    "key": pa.array(keys, pa.uint64()),
+                    "id": pa.array([e[0] for e in entries], pa.string()),
+                    # the UTF-8 bytes as Arrow strings, no copy through Python str
+                    "text": pa.array([e[1] for e in entries], pa.binary()).view(pa.string()),
+                },
+                schema=SAMPLE_SCHEMA,
             )
+            del entries
+            with pq.ParquetWriter(tmp, SAMPLE_SCHEMA, compression="zstd") as writer:
+                groups = _groups(pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False))
+                for a, b in groups:
+                    writer.write_table(table.slice(a, b - a), row_group_size=b - a)
+                if not groups:
+                    writer.write_table(table)
             os.replace(tmp, out)
-        self.stat_update("documents", value=len(entries))
+        self.stat_update("documents", value=table.num_rows)
         return
         yield
+
+
+def _groups(sizes) -> list[tuple[int, int]]:
+    """[a, b) row ranges of the sample's row groups: `SAMPLE_ROW_GROUP` rows, fewer where that
+    would take a group's text past `SAMPLE_ROW_GROUP_BYTES` (a longer document alone)."""
+    out, a, held = [], 0, 0
+    for i, size in enumerate(sizes.tolist()):
+        if i > a and (i - a >= SAMPLE_ROW_GROUP or held + size > SAMPLE_ROW_GROUP_BYTES):
+            out.append((a, i))
+            a, held = i, 0
+        held += size
+    if a < len(sizes):
+        out.append((a, len(sizes)))
+    return out
 
 
 def _sample_rows(path: Path):
@@ -157,12 +201,23 @@ class TokenizerStep(Step):
     bounded_work = True  # reads at most sample_bytes of the tasks' samples, however large the run
 
     def memory_bytes(self, work: Workload) -> int:
-        """The sample (`sample_bytes` of text, ~3x as Python strings in a heap), training on it
-        (the HF trainer's word counts: ~4x the sample), the tokenizer, and one row group of every
-        sample task's file while they are merged."""
+        """The sample (`sample_bytes` of text, held as UTF-8 in a heap), training on it (the HF
+        trainer's word counts: ~4x the sample; its own pool and the pieces in work,
+        `TRAINER_BYTES`), the tokenizer, one row group of every sample task's file while they
+        are merged (16 documents or `SAMPLE_ROW_GROUP_BYTES`), and the engine check's batch."""
+        from gristmill.tokenize.encode import COMPARE_BATCH_BYTES, HF_BYTES_PER_BYTE
+
+        train = bool(self.params.get("train"))
         sample = min(self.params["sample_bytes"], work.text_bytes)
-        groups = self.sample_tasks * SAMPLE_ROW_GROUP * work.text_bytes / max(work.documents, 1)
-        return int((7 if self.params.get("train") else 4) * sample + groups + (64 << 20))
+        group = min(SAMPLE_ROW_GROUP * work.text_bytes / max(work.documents, 1), SAMPLE_ROW_GROUP_BYTES)
+        # the engine check encodes a batch with HF (up to COMPARE_BATCH_BYTES of text)
+        check = HF_BYTES_PER_BYTE * COMPARE_BATCH_BYTES if self.params["engine"] != "hf" else 0
+        trainer = TRAINER_BYTES if train else 0
+        return int((5 if train else 2) * sample + self.sample_tasks * group + check + trainer + (64 << 20))
+
+    #: the document that may take the sample past `sample_bytes` (its UTF-8 and a row group of
+    #: it), then decoded (as Python holds it), fed to the trainer in pieces (`training_pieces`)
+    document_factor = 8.0
 
     @property
     def output(self) -> Path:
@@ -177,11 +232,13 @@ class TokenizerStep(Step):
             docs = (
                 read_samples(self.sample_folder, p["sample_bytes"]) if self.sample_folder is not None else (data or [])
             )
-            sample = hash_sample(docs, p["sample_bytes"])
+            # the sample as UTF-8, each text decoded when the trainer or the check reads it
+            sample = [t for _, t in hash_sample_entries(docs, p["sample_bytes"], encoded=True)]
             self.stat_update("documents", value=len(sample))
-            self.stat_update("bytes", value=sum(len(t.encode("utf-8")) for t in sample))
+            self.stat_update("bytes", value=sum(map(len, sample)))
             if train:
-                tok = tokenizer.train(sample, train["vocab_size"], train["min_frequency"], length=len(sample))
+                texts = (piece for t in sample for piece in training_pieces(t.decode("utf-8")))
+                tok = tokenizer.train(texts, train["vocab_size"], train["min_frequency"], length=len(sample))
             else:
                 tok = tokenizer.load(p["path"], p.get("pattern"))
             info = tokenizer.special_ids(
@@ -192,7 +249,7 @@ class TokenizerStep(Step):
                 fast = encode.tiktoken_from_hf(tok)
                 reason = fast.reason
                 if fast.encoding is not None:
-                    check = sample[: p["check_docs"]]
+                    check = _Heads(sample[: p["check_docs"]], COMPARE_BYTES)
                     checked, bad = encode.compare(tok, fast.encoding, check)
                     if bad is None:
                         engine = "tiktoken"
@@ -220,6 +277,58 @@ class TokenizerStep(Step):
         yield  # a generator that emits nothing: the executor drains it
 
 
+#: characters of a text the BPE trainer is given at a time (`training_pieces`)
+TRAINING_PIECE_CHARS = 1 << 16
+#: what the BPE trainer holds beyond its word counts: its thread pool, the pieces its threads
+#: work on (~150 bytes per byte of a piece each), the alphabet (measured: 88 MB over the sample
+#: on 12 MB of 2 MB pages in 64K pieces, 2 threads)
+TRAINER_BYTES = 96 << 20
+#: where GPT-2's pre-tokenizer splits whatever surrounds the place: after a letter and before a
+#: character that is not one, or after a digit and before one that is not (no pre-token runs
+#: on across such a place: ` ?\p{L}+` and ` ?\p{N}+` end there, contractions end in a letter),
+#: so a pre-token starts there, and none of the pattern looks behind
+_CUT = regex.compile(r"(?<=\p{L})(?=\P{L})|(?<=\p{N})(?=\P{N})")
+
+
+def training_pieces(text: str, size: int = TRAINING_PIECE_CHARS) -> Iterator[str]:
+    """`text` in pieces of about `size` characters for the BPE trainer, each cut where the
+    trained tokenizer's pre-tokenizer (GPT-2's regex) splits anyway (`_CUT`), so the trainer
+    counts the same words, in the same order. HF's trainer holds ~100-150 bytes per byte of the
+    text it works on, per thread (its normalised and pre-tokenised copies with offsets): 2.6 GB
+    for one 30 MB page; on 12 MB of 2 MB pages with 2 threads, 309 MB over its start in pieces
+    of 1M characters, 99 MB (mostly fixed) in pieces of 64K (measured). A stretch of `size`
+    characters with no such place (one word, number, or run of other characters that long) is
+    cut where it ends: the only case where the counts differ from the whole text's, and what
+    bounds the trainer's memory whatever the text."""
+    start, n = 0, len(text)
+    while n - start > size:
+        m = _CUT.search(text, start + size, min(start + 2 * size, n))
+        end = m.start() if m is not None else start + size
+        yield text[start:end]
+        start = end
+    yield text[start:] if start else text
+
+
+class _Heads(Sequence):
+    """UTF-8 texts as str, each its first `max_bytes` bytes (less a character cut there),
+    decoded when read."""
+
+    def __init__(self, encoded: list[bytes], max_bytes: int):
+        self.encoded, self.max_bytes = encoded, max_bytes
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        t = self.encoded[i]
+        if len(t) <= self.max_bytes:
+            return t.decode("utf-8")
+        # the texts are valid UTF-8 (encoded from str): only a character cut at the end is left out
+        return t[: self.max_bytes].decode("utf-8", errors="ignore")
+
+
 class EncodeStep(Step):
     """Encode this task's documents in batches; write `<output>/<bucket>/<rank>.arrow` (intermediate)."""
 
@@ -233,11 +342,32 @@ class EncodeStep(Step):
         self.tokenizer_folder = Path(tokenizer_folder)
         self.seed, self.val_fraction, self.threads, self.batch_docs = seed, val_fraction, threads, batch_docs
         self.buckets = buckets
+        #: the engine expected at planning (the tokenizer stage decides it): for the memory model
+        self.engine_hint = "tiktoken"
 
     def memory_bytes(self, work: Workload) -> int:
-        """The tokenizer, one batch (its texts, token ids, the buckets' Arrow buffers: ~10x the
-        batch's text, fitted to the scale runs' peak RSS)."""
-        return int(10 * self.batch_docs * work.text_bytes / max(work.documents, 1) + (64 << 20))
+        """The tokenizer, one batch (`batch_docs` documents or `ENCODE_BATCH_CHARS` characters:
+        its texts, token ids, the buckets' Arrow buffers: ~10x the batch's text with tiktoken,
+        fitted to the scale runs' peak RSS; HF's encodings: `HF_BYTES_PER_BYTE`)."""
+        from gristmill.tokenize.encode import HF_BYTES_PER_BYTE
+
+        batch = min(self.batch_docs * work.text_bytes / max(work.documents, 1), ENCODE_BATCH_CHARS)
+        return int((HF_BYTES_PER_BYTE if self.engine_hint == "hf" else 10) * batch + (64 << 20))
+
+    #: a document of `encode.LONG_CHARS` or more encoded alone: tiktoken's ids as a numpy array
+    #: (its buffer and the array: 8 bytes a token), the tokens column with its EOS and the
+    #: Arrow batch (measured: 54, 76 and 164 MB over 2, 8 and 30 MB pages, docs/scale.md "Large
+    #: records"); with HF, its encodings and ids of the whole text (`encode.HF_BYTES_PER_BYTE`:
+    #: HF's tokenizers may normalise or match added tokens across any cut, so no cut is safe)
+    document_factor = 5.0
+    document_fixed = 48 << 20
+
+    def document_bytes(self, work: Workload) -> int:
+        from gristmill.tokenize.encode import HF_BYTES_PER_BYTE
+
+        if self.engine_hint != "hf" or not work.max_document_bytes:
+            return super().document_bytes(work)
+        return int(self.document_fixed + HF_BYTES_PER_BYTE * work.max_document_bytes)
 
     @property
     def output(self) -> Path:
@@ -270,11 +400,14 @@ class EncodeStep(Step):
             self.stat_update("tokens", value=writer.tokens - before)
             batch.clear()
 
+        chars = 0
         try:
             for doc in data or []:
                 batch.append(doc)
-                if len(batch) >= self.batch_docs:
+                chars += len(doc.text)
+                if len(batch) >= self.batch_docs or chars >= ENCODE_BATCH_CHARS:
                     flush()
+                    chars = 0
             if batch:
                 flush()
         except BaseException:  # the encoder or a step before failed: no half-written bucket file is left
@@ -344,6 +477,10 @@ class ShardStep(Step):
         return int(
             55 * work.documents / max(work.tasks, 1) + 4 * self.shard_tokens + work.text_bytes / max(work.tasks, 1)
         )
+
+    #: a shard closes after the document that brings it to `shard_tokens`: one more document's
+    #: tokens, gathered and written (at most a token per byte, 4 bytes each, twice)
+    document_factor = 8.0
 
     @property
     def output(self) -> Path:
@@ -475,22 +612,32 @@ class Tokenize(GlobalStep):
     Config = TokenizeConfig
     last_step = "it tokenizes the run's final documents"
 
-    def check_source(self) -> None:
-        """Fail before the run starts on a tokenizer that cannot be loaded (names the config key)."""
-        from gristmill.tokenize import tokenizer
+    def check_source(self) -> str:
+        """Fail before the run starts on a tokenizer that cannot be loaded (names the config key).
+        Returns the engine the encode tasks will most likely use (for their memory model): the
+        tokenizer stage decides it, tiktoken when it gives HF's ids; a trained byte-level BPE
+        always can."""
+        from gristmill.tokenize import encode, tokenizer
 
         src = self.config.tokenizer
+        if src.engine != "auto":
+            engine = src.engine
+        else:
+            engine = "tiktoken"
         if src.path is None:
-            return
+            return engine
         try:
             tok = tokenizer.load(src.path, src.pattern)
             tokenizer.special_ids(tok, src.eos_token, src.bos_token, src.pad_token, where=src.path)
         except tokenizer.TokenizerError as e:
             raise ConfigError(f"tokenize.tokenizer.path: {e}") from None
+        if src.engine == "auto" and encode.tiktoken_from_hf(tok).encoding is None:
+            engine = "hf"
+        return engine
 
     def stages(self, ctx: StageContext) -> None:
         cfg = self.config
-        self.check_source()
+        engine = self.check_source()
         sample = ctx.stage(
             "tokenizer_sample",
             [ParquetReader(ctx.documents), TokenizerSampleStep(cfg.tokenizer.sample_bytes)],
@@ -514,6 +661,7 @@ class Tokenize(GlobalStep):
             ],
             tasks=cfg.tasks,
         )
+        enc.pipeline[1].engine_hint = engine
         plan = ctx.stage(
             "shard_plan", [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens)], tasks=1
         )
