@@ -146,8 +146,8 @@ def ray_cluster(request):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def config(run_dir: Path, wet_files, lid_model, executor: dict, later_steps: bool = True) -> dict:
-    cfg = curate_config(run_dir, wet_files, lid_model, workers=2)
+def config(run_dir: Path, wet_files, lid_model, executor: dict, later_steps: bool = True, copies: int = 1) -> dict:
+    cfg = curate_config(run_dir, wet_files, lid_model, workers=2, copies=copies)
     cfg["executor"] = executor
     if later_steps:
         cfg["steps"] += LATER_STEPS
@@ -371,9 +371,11 @@ def test_a_task_that_raises_fails_the_stage_in_one_line_after_the_others_end(
     assert rd.completed_tasks(tmp_path / "run" / "01_curate") == 1  # task 0 ran to its end
 
 
-def test_sigterm_cancels_the_stage_tasks_and_a_rerun_completes(tmp_path, wet_files, lid_model, local_run, ray_cluster):
+def test_sigterm_cancels_the_stage_tasks_and_a_rerun_completes(tmp_path, wet_files, lid_model, ray_cluster):
     run_dir = tmp_path / "run"
-    cfg = config(run_dir, wet_files, lid_model, on_ray(ray_cluster), later_steps=False)
+    # copies of the larger sample, so that both tasks work for seconds: with the 43-record file
+    # one task could end before it was seen running on a loaded machine
+    cfg = config(run_dir, wet_files, lid_model, on_ray(ray_cluster), later_steps=False, copies=4)
     cmd = Command(tmp_path, cfg)
     tasks = [task_process(run_dir, rank, running=lambda: cmd.proc.poll() is None) for rank in (0, 1)]
     assert None not in tasks, cmd.output()
@@ -388,7 +390,9 @@ def test_sigterm_cancels_the_stage_tasks_and_a_rerun_completes(tmp_path, wet_fil
     assert no_task_process_left(run_dir) == []  # ray.cancel(force=True) reached them, stopped as they were
     assert cmd.leftovers() == []
     run(from_dict(cfg))
-    assert files_bytes(run_dir / "01_curate") == files_bytes(local_run / "01_curate")
+    local = tmp_path / "local"
+    run(from_dict({**cfg, "run_dir": str(local), "executor": {"type": "local", "tasks": 2, "workers": 2}}))
+    assert files_bytes(run_dir / "01_curate") == files_bytes(local / "01_curate")
 
 
 @pytest.mark.parametrize("how", ["nothing listens", "a wrong token"])
