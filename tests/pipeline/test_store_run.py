@@ -283,7 +283,11 @@ def _small(run_dir: str, wets: list[str], lid: str, scratch: Path, **input_extra
         "run_dir": run_dir,
         "executor": {"type": "local", "tasks": 2, "workers": 1},  # one at a time: task 0, then task 1
         "input": {"paths": wets, **input_extra},
-        "steps": [{"langid": {"model": lid, "languages": ["en"]}}, {"exact_dedup": {"granularity": "document"}}],
+        # a Bloom filter sized for the samples' pages: the default (100M items) is a 274 MB object
+        "steps": [
+            {"langid": {"model": lid, "languages": ["en"]}},
+            {"exact_dedup": {"granularity": "document", "capacity": 100_000}},
+        ],
         "storage": {"scratch_dir": str(scratch)},
     }
 
