@@ -118,18 +118,26 @@ def test_saved_filter_dedups_a_second_crawl(dedup_corpus, tmp_path):
     assert new_unique <= kept2 and len(kept1) > 900
 
 
-def _earlier_filter(tmp_path, tasks: int = 3):
-    """An earlier run's filter/ folder of `tasks` slices, copied where a user would keep it."""
+@pytest.fixture(scope="module")
+def earlier_run_filter(tmp_path_factory):
+    """An earlier run's filter/ folder of 3 slices, made once for the tests below: each damages
+    a copy of it (`_earlier_filter`)."""
+    tmp = tmp_path_factory.mktemp("earlier")
     rows = [(f"d{i}", f"document number {i} with some text") for i in range(60)]
-    _write(tmp_path / "crawl1", rows, "crawl1")
-    st = run_on_parquet("exact_dedup", {"capacity": 50_000}, tmp_path / "crawl1", tmp_path / "r1", tasks=tasks)
+    _write(tmp / "crawl1", rows, "crawl1")
+    st = run_on_parquet("exact_dedup", {"capacity": 50_000}, tmp / "crawl1", tmp / "r1", tasks=3)
+    return st[1].folder / "filter"
+
+
+def _earlier_filter(earlier_run_filter, tmp_path):
+    """The earlier run's filter/ folder, copied where a user would keep it."""
     saved = tmp_path / "saved_filter"
-    shutil.copytree(st[1].folder / "filter", saved)
+    shutil.copytree(earlier_run_filter, saved)
     return saved
 
 
-def test_partial_filter_from_is_refused_when_planned_naming_the_missing_slice(tmp_path):
-    saved = _earlier_filter(tmp_path)
+def test_partial_filter_from_is_refused_when_planned_naming_the_missing_slice(earlier_run_filter, tmp_path):
+    saved = _earlier_filter(earlier_run_filter, tmp_path)
     (saved / "slice_00001.bloom").unlink()
     (saved / "slice_00001.bloom.json").unlink()
     _write(tmp_path / "crawl2", [("x", "a new document")], "crawl2")
@@ -145,15 +153,15 @@ def test_partial_filter_from_is_refused_when_planned_naming_the_missing_slice(tm
     assert not (tmp_path / "r2").exists()  # refused before any stage folder was made
 
 
-def test_bit_file_without_its_metadata_is_refused(tmp_path):
-    saved = _earlier_filter(tmp_path)
+def test_bit_file_without_its_metadata_is_refused(earlier_run_filter, tmp_path):
+    saved = _earlier_filter(earlier_run_filter, tmp_path)
     (saved / "slice_00002.bloom.json").unlink()
     with pytest.raises(ValueError, match=r"slice_00002.bloom without its .bloom.json"):
         filter_slices(saved)
 
 
-def test_truncated_slice_is_refused_naming_file_and_sizes(tmp_path):
-    saved = _earlier_filter(tmp_path)
+def test_truncated_slice_is_refused_naming_file_and_sizes(earlier_run_filter, tmp_path):
+    saved = _earlier_filter(earlier_run_filter, tmp_path)
     bits = saved / "slice_00002.bloom"
     expected = bits.stat().st_size
     with open(bits, "r+b") as f:  # a copy cut short, as by a full disk or an interrupted rsync
@@ -165,8 +173,8 @@ def test_truncated_slice_is_refused_naming_file_and_sizes(tmp_path):
         BloomFilter.open(bits)  # never numpy's "mmap length is greater than file size"
 
 
-def test_partial_filter_from_stops_pipeline_run_before_any_stage(tmp_path, wet_files):
-    saved = _earlier_filter(tmp_path)
+def test_partial_filter_from_stops_pipeline_run_before_any_stage(earlier_run_filter, tmp_path, wet_files):
+    saved = _earlier_filter(earlier_run_filter, tmp_path)
     (saved / "slice_00000.bloom").unlink()  # the bits gone, the metadata left
     cfg = {
         "run_dir": str(tmp_path / "run"),

@@ -1,4 +1,5 @@
-"""Fixtures for pipeline tests: a Common-Crawl-like mirror served over loopback HTTP.
+"""Fixtures for pipeline tests: a Common-Crawl-like mirror served over loopback HTTP, and the
+demo run (`configs/crawl.yaml` on the real samples) made once for every module that reads one.
 
 The HTTP server supports Range requests and injects faults per path (S3 SlowDown, 429,
 a connection dropped mid-body, ignoring Range), and records every request it saw.
@@ -8,15 +9,21 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import re
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 from loguru import logger
 
 from gristmill.pipeline.commoncrawl import Fetcher
+
+from ..conftest import REPO, made_once
 
 C14 = "CC-MAIN-2014-10"
 C17 = "CC-MAIN-2017-30"
@@ -128,3 +135,49 @@ def log_lines():
 
 def hits(srv, rel):
     return [r for r in srv.requests if r[0] == "/" + rel]
+
+
+# --- the demo run ------------------------------------------------------------------------------
+
+
+def _absolute_models(node):
+    """The demo config names its models relative to the repo root; the tests may run elsewhere."""
+    if isinstance(node, dict):
+        return {k: _absolute_models(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_absolute_models(v) for v in node]
+    if isinstance(node, str) and node.startswith("models/"):
+        return str(REPO / node)
+    return node
+
+
+def demo_config(shared_data: Path, run_dir: str | Path) -> dict:
+    """`configs/crawl.yaml` as `make demo` runs it on the two WET samples, without training."""
+    data = _absolute_models(yaml.safe_load((REPO / "configs" / "crawl.yaml").read_text()))
+    data.pop("train")
+    data["run_dir"] = str(run_dir)
+    data["input"] = {"paths": [str(shared_data / "cc" / "wet" / "*.warc.wet.gz")]}
+    return data
+
+
+@pytest.fixture(scope="session")
+def demo_run_dir(tmp_path_factory, shared_data, lid_model, kenlm_model, quality_model) -> Path:
+    """The run directory of `pipeline run` on `demo_config` (seven filters, paragraph exact dedup,
+    near dedup, token shards: every kind of stage), made once per test run and read by the
+    journey, run-directory and object-storage tests: the same demo run, not one per module.
+    Read-only to its users: a test that changes it works on a copy."""
+
+    def make(folder: Path) -> None:
+        config = folder / "crawl.yaml"
+        config.write_text(yaml.safe_dump(demo_config(shared_data, folder / "crawl"), sort_keys=False))
+        path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
+        res = subprocess.run(
+            [sys.executable, "-m", "gristmill.cli", "run", str(config)],
+            env={**os.environ, "PYTHONPATH": path},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    return made_once(tmp_path_factory, "demo-crawl", make) / "crawl"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,33 +28,20 @@ from gristmill.pipeline.stats import (
     merge_run,
 )
 
+from .conftest import demo_config
 from .test_report import _chromium
 
-REPO = Path(__file__).resolve().parents[2]
 #: steps of a stage that move documents between steps, never decide about them
 PLUMBING = ("read_parquet", "write_parquet")
 
 
-def _absolute_models(node):
-    """The demo config names its models relative to the repo root; the tests may run elsewhere."""
-    if isinstance(node, dict):
-        return {k: _absolute_models(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_absolute_models(v) for v in node]
-    if isinstance(node, str) and node.startswith("models/"):
-        return str(REPO / node)
-    return node
-
-
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, shared_data, lid_model, kenlm_model, quality_model):
-    """`configs/crawl.yaml` as `make demo` runs it, without training."""
-    data = _absolute_models(yaml.safe_load((REPO / "configs" / "crawl.yaml").read_text()))
-    data["input"] = {"paths": [str(shared_data / "cc" / "wet" / "*.warc.wet.gz")]}
-    run_dir = tmp_path_factory.mktemp("demo") / "crawl"
-    cfg = from_dict(data, ["train=null"], str(run_dir))
-    merged = run(cfg)
-    return cfg, run_dir, merged
+def demo_run(demo_run_dir, shared_data):
+    """`configs/crawl.yaml` as `make demo` runs it, without training: the config, the run
+    directory (the session's demo run, conftest `demo_run_dir`: read, never written) and its
+    merged stats."""
+    cfg = from_dict(demo_config(shared_data, demo_run_dir))
+    return cfg, demo_run_dir, json.loads((demo_run_dir / "stats.json").read_text())
 
 
 def _expected_steps(cfg) -> list[str]:
@@ -241,7 +229,7 @@ def test_report_chart_shows_the_journey_and_folds_the_stages_in_chromium(demo_ru
     assert " open" not in stages[: stages.index(">")]
 
 
-def test_notebook_api_journey(demo_run):
+def test_notebook_api_journey(demo_run, tmp_path):
     from gristmill import stats
 
     cfg, run_dir, merged = demo_run
@@ -260,7 +248,10 @@ def test_notebook_api_journey(demo_run):
     assert svg.startswith("<svg") and "read_parquet" not in svg and rows[-1].step in svg
     with pytest.raises(KeyError, match="xx"):
         s.journey_for("xx")
-    assert merge_run(run_dir)["run_dir"] == str(run_dir)
+    copy = tmp_path / "crawl"  # merge_run writes the merged files: on a copy of the shared run
+    shutil.copytree(run_dir, copy)
+    assert merge_run(copy)["run_dir"] == str(copy)
+    assert json.loads((copy / "stats.json").read_text())["stages"] == merged["stages"]
 
 
 def test_tokenization_as_a_yaml_step_is_its_row_by_step_id(demo_run, tmp_path):

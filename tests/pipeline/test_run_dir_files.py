@@ -24,12 +24,10 @@ import pyarrow as pa
 import pytest
 from datatrove.data import Document
 
-from gristmill.config import from_dict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.messages import os_error_line as cli_error_line
 from gristmill.core.parquet_io import ParquetWriter
 from gristmill.pipeline import run_dir as rd
-from gristmill.pipeline.runner import run
 from gristmill.tokenize.shards import BucketedWriter, finish_tokens
 
 from .test_run import config
@@ -79,17 +77,10 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, wet_files, lid_model) -> Path:
-    """A finished run like the demo's: filters, paragraph exact dedup, near dedup, token shards."""
-    run_dir = tmp_path_factory.mktemp("demo") / "run"
-    cfg = config(run_dir, wet_files, lid_model, output={"dropped_sample": 0.2})
-    cfg["steps"] += [
-        {"exact_dedup": {"granularity": "paragraph", "capacity": 100000, "min_doc_words": 50}},
-        {"near_dedup": {"threshold": 0.8}},
-        {"tokenize": {"tokenizer": {"train": {"vocab_size": 512}}, "shard_tokens": 32768, "val_fraction": 0.05}},
-    ]
-    run(from_dict(cfg))
-    return run_dir
+def demo_run(demo_run_dir) -> Path:
+    """A finished demo run: filters, paragraph exact dedup, near dedup, token shards (the
+    session's, pipeline conftest `demo_run_dir`: every test here reads it or works on a copy)."""
+    return demo_run_dir
 
 
 def _read_everything(run_dir: Path, elsewhere: Path) -> None:

@@ -208,7 +208,8 @@ def test_input_directory_is_an_error(tmp_path, wet_files, lid_model):
 
 def test_per_language_applies_to_the_final_output_after_dedup(tmp_path, wet_files, lid_model):
     cfg = config(tmp_path / "pl", wet_files, lid_model, output={"per_language": True, "dropped_sample": 0.0})
-    cfg["steps"] = [{"langid": {"model": str(lid_model), "languages": None}}, {"exact_dedup": {}}]
+    # a Bloom filter sized for the sample's pages: the default (100M items) is a 274 MB file
+    cfg["steps"] = [{"langid": {"model": str(lid_model), "languages": None}}, {"exact_dedup": {"capacity": 100_000}}]
     stages = run(from_dict(cfg))["stages"]
     final = tmp_path / "pl" / stages[-1]["label"] / "output"
     folders = {p.name for p in final.iterdir() if p.is_dir()}

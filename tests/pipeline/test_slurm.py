@@ -50,7 +50,9 @@ def _restart_when_idle(script: Path, env: dict) -> None:
     """slurmctld reads MaxArraySize when it starts (`scontrol reconfigure` reports the new value
     but still takes arrays of the old size); stopping cancels every job, so wait for an empty
     queue first: the cluster is shared by whoever runs Slurm tests on this machine."""
-    assert _wait_for(lambda: not subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip(), 600)
+    assert _wait_for(
+        lambda: not subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip(), 600, poll=2.0
+    )
     stop = script.with_name("stop-local-slurm.sh")
     subprocess.run(["bash", str(stop)], capture_output=True, text=True, timeout=300, check=True)
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600, env=env)
@@ -125,7 +127,9 @@ def test_failed_task_cancels_downstream_and_rerun_finishes_only_it(
     assert [s["tasks_completed"] for s in merged["stages"]] == [s["tasks_completed"] for s in local["stages"]]
 
 
-def _wait_for(predicate, timeout=300, poll=1.0):
+def _wait_for(predicate, timeout=300, poll=0.25):
+    """True once `predicate()` is, polled every `poll` seconds: a step of the test follows the
+    job within a quarter second of what it waits for (a checkpoint, a line of its log)."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -151,18 +155,23 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     from gristmill.pipeline import run_dir as rd
     from gristmill.pipeline.slurm_state import wait_until_gone
 
+    # a checkpoint every 5 steps, the kill after the first, the preemption a checkpoint or two
+    # after the resume (near step 17): 50 steps leave the signal some 30 steps to arrive in
+    train_steps = 50
     run_dir = tmp_path / "run"
     cfg = from_dict(
         {
             "run_dir": str(run_dir),
-            "executor": SLURM,
+            # one task a stage: here the data stages only feed the training job (their arrays
+            # of several tasks are the other tests'), and each task is a job of its own
+            "executor": {**SLURM, "tasks": 1},
             "input": {"paths": [str(p) for p in wet_files]},
             "steps": [{"langid": {"model": str(lid_model)}}],
             "output": {"dropped_sample": 0},
             "tokenize": {"tokenizer": {"train": {"vocab_size": 1024}}, "shard_tokens": 100000, "val_fraction": 0.05},
             "train": {
                 "preset": "tiny",
-                "steps": 80,
+                "steps": train_steps,
                 "nproc": 2,
                 "preempt_grace_s": 10,
                 "set": ["checkpoint.every=5", "checkpoint.keep=50", "log.progress=false", "log.tensorboard=false"],
@@ -178,10 +187,10 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     first = rd.read_jobs(run_dir)["train"]
     assert _wait_for(lambda: ckpts.is_dir() and saved_steps(), timeout=600)
     subprocess.run(["scancel", first], check=True)
-    wait_until_gone([first])
+    wait_until_gone([first], poll_s=0.25)
     assert not rd.training_complete(run_dir)
     killed_at = max(saved_steps())
-    assert killed_at < 80
+    assert killed_at < train_steps
     assert [s.state for s in stage_statuses(run_dir)][-1] == "failed: training did not finish"
 
     run(cfg)  # resubmits the training job only: the data stages are complete
@@ -192,13 +201,13 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     assert _wait_for(lambda: log.is_file() and "resumed from" in log.read_text(), timeout=300)
     assert _wait_for(lambda: max(saved_steps()) > killed_at + 5)
     subprocess.run(["scancel", "--signal=USR1", "--batch", second], check=True)
-    wait_until_gone([second], poll_s=1, on_poll=lambda: _release_requeue_hold(second))
+    wait_until_gone([second], poll_s=0.25, on_poll=lambda: _release_requeue_hold(second))
     text = log.read_text()
     assert "SIGUSR1: checkpoint and requeue" in text and "preempted: checkpoint of step" in text
     assert "(restart 1)" in text and text.count("resumed from") == 2
     assert rd.training_complete(run_dir)
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
-    assert summary["steps"] == 80
+    assert summary["steps"] == train_steps
     assert [s.state for s in stage_statuses(run_dir)][-1] == "complete"
 
 
@@ -234,12 +243,13 @@ def cancel_jobs_of(tmp_path):
 def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
     tmp_path, wet_files, lid_model, slurm_cluster, cancel_jobs_of
 ):
-    """12 tasks a stage on a cluster of MaxArraySize 5 (the config says 1001: the cluster's limit
-    wins): arrays of 5, 5 and 2 tasks, submitted side by side; the next stage waits afterok on
-    all three. One task of the first array cancelled: everything after it is cancelled (afterok
+    """7 tasks a stage on a cluster of MaxArraySize 5 (the config says 1001: the cluster's limit
+    wins): arrays of 5 and 2 tasks, submitted side by side; the next stage waits afterok on
+    both. One task of the first array cancelled: everything after it is cancelled (afterok
     on the last array alone would have let it run), and a re-run submits that one task and the
-    stages after it; the result equals a local run."""
-    tasks = 2 * MAX_ARRAY_SIZE + 2
+    stages after it; the result equals a local run. Two arrays, one full and one not, are the
+    smallest wide stage: every task is a Slurm job here and a local task in the reference run."""
+    tasks = MAX_ARRAY_SIZE + 2
     executor = {**SLURM, "tasks": tasks, "slurm": {**SLURM["slurm"], "max_array_size": 1001}}
     cfg = _wide_cfg(tmp_path / "run", wet_files, lid_model, executor)
     cancel_jobs_of(tmp_path / "run")
@@ -247,7 +257,7 @@ def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
     jobs = json.loads((tmp_path / "run" / "slurm_jobs.json").read_text())
     assert list(jobs) == ["01_curate", "02_exact_dedup_hash", "03_exact_dedup_find", "04_exact_dedup_filter"]
     arrays = {label: ids.split(":") for label, ids in jobs.items()}
-    assert [len(a) for a in arrays.values()] == [1, 3, 3, 3]
+    assert [len(a) for a in arrays.values()] == [1, 2, 2, 2]
     queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T"], capture_output=True, text=True).stdout.split("\n")
     print("\n".join(line for line in queued if line.split("_")[0] in {j for a in arrays.values() for j in a}))
     hash_arrays = arrays["02_exact_dedup_hash"]
@@ -257,7 +267,7 @@ def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
             print(label, j, info[j]["ArrayTaskId"], info[j]["Dependency"])
             # every array of the stage before, afterok: "afterok:101_*(unfulfilled),afterok:102_*(...)"
             assert sorted(re.findall(r"afterok:(\d+)_\*", info[j]["Dependency"])) == sorted(arrays[before]), info[j]
-    assert [info[j]["ArrayTaskId"] for j in hash_arrays] == ["0-4", "0-4", "0-1"]
+    assert [info[j]["ArrayTaskId"] for j in hash_arrays] == ["0-4", "0-1"]
     assert all(info[j]["JobState"] == "PENDING" for j in hash_arrays)  # curate has not finished
 
     # cancel rank 1 of the hash stage (task 1 of its first array) while it waits for curate
@@ -279,7 +289,7 @@ def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
     assert json.loads((run_dir / "02_exact_dedup_hash" / "ranks_to_run.json").read_text()) == [1]
     rerun = json.loads((run_dir / "slurm_jobs.json").read_text())
     assert rerun["01_curate"] == "-1" and len(rerun["02_exact_dedup_hash"].split(":")) == 1
-    assert [len(rerun[k].split(":")) for k in ("03_exact_dedup_find", "04_exact_dedup_filter")] == [3, 3]
+    assert [len(rerun[k].split(":")) for k in ("03_exact_dedup_find", "04_exact_dedup_filter")] == [2, 2]
     completions = run_dir / "02_exact_dedup_hash" / "completions"
     assert {n: (completions / n).stat().st_mtime_ns for n in done} == done  # the others did not run again
     assert [s.state for s in stage_statuses(run_dir)] == ["complete"] * 4

@@ -84,15 +84,14 @@ def _write(path: Path, data: dict) -> str:
     return str(path)
 
 
-def _crawl(run_dir: str, wet: str, models: dict[str, str], scratch: Path | None = None) -> dict:
-    """configs/crawl.yaml on one WET file (43 pages: the whole demo in well under a minute a run
-    on an idle machine), its models as given, without training."""
+def _crawl(run_dir: str, wet: str, models: dict[str, str], scratch: Path) -> dict:
+    """configs/crawl.yaml on the WET files `wet` matches, its models as given, without training
+    (pipeline conftest `demo_config`, whose run on local disk it is compared with)."""
     data = yaml.safe_load((REPO / "configs" / "crawl.yaml").read_text())
     data.pop("train")
     data["run_dir"] = run_dir
     data["input"] = {"paths": [wet]}
-    if scratch is not None:
-        data["storage"] = {"scratch_dir": str(scratch)}
+    data["storage"] = {"scratch_dir": str(scratch)}
     for entry in data["steps"]:
         ((name, params),) = entry.items()
         if name == "langid":
@@ -136,20 +135,18 @@ def _one_line(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo(s3, uploaded, shared_data, lid_model, kenlm_model, quality_model, tmp_path_factory):
-    """configs/crawl.yaml twice: on local disk (local input and models), and with its input,
-    models, run directory and token shards on the server."""
+def demo(s3, uploaded, demo_run_dir, tmp_path_factory):
+    """configs/crawl.yaml twice: on local disk (local input and models: the session's demo run,
+    pipeline conftest `demo_run_dir`, read only), and with its input (both WET files), models,
+    run directory and token shards on the server."""
     tmp = tmp_path_factory.mktemp("s3demo")
-    local_models = {"lid": str(lid_model), "kenlm": str(kenlm_model), "quality": str(quality_model)}
     env = _env(s3)
-    local_cfg = _crawl(str(tmp / "local"), str(shared_data / WET_2017), local_models)
-    local = _cli(env, "run", _write(tmp / "local.yaml", local_cfg))
-    assert local.returncode == 0, local.stderr
     scratch = tmp / "scratch"
-    remote_cfg = _write(tmp / "s3.yaml", _crawl(f"s3://{BUCKET}/demo", uploaded["wet17"], uploaded, scratch))
+    wet = f"s3://{BUCKET}/wet/*.warc.wet.gz"  # the two samples, as the demo's local glob finds them
+    remote_cfg = _write(tmp / "s3.yaml", _crawl(f"s3://{BUCKET}/demo", wet, uploaded, scratch))
     remote = _cli(env, "run", remote_cfg)
     assert remote.returncode == 0, remote.stderr
-    return {"tmp": tmp, "local": tmp / "local", "remote": remote, "config": remote_cfg, "env": env, "scratch": scratch}
+    return {"local": demo_run_dir, "remote": remote, "config": remote_cfg, "env": env, "scratch": scratch}
 
 
 def test_demo_on_s3_writes_the_same_documents_and_token_shards(s3, demo, shared_data):
@@ -171,7 +168,7 @@ def test_demo_on_s3_writes_the_same_documents_and_token_shards(s3, demo, shared_
             assert remote[key] == local[key], key
             continue
         sourced += 1
-        assert set(b.column("source").to_pylist()) <= {demo_source(s3)}, key
+        assert set(b.column("source").to_pylist()) <= demo_sources(), key
         assert a.drop(["source"]).equals(b.drop(["source"])), key
     assert sourced >= 4
     # the merged stats say the same, stage by stage and step by step (but for what reading over the
@@ -186,12 +183,13 @@ def test_demo_on_s3_writes_the_same_documents_and_token_shards(s3, demo, shared_
         ]
 
     assert counters(ours) == counters(theirs)
-    assert ours["stages"][0]["steps"][0]["counters"]["download_bytes"] == (shared_data / WET_2017).stat().st_size
+    downloaded = sum((shared_data / wet).stat().st_size for wet in (WET_2014, WET_2017))
+    assert ours["stages"][0]["steps"][0]["counters"]["download_bytes"] == downloaded
     assert ours["run_dir"] == f"s3://{BUCKET}/demo"
 
 
-def demo_source(s3) -> str:
-    return f"s3://{BUCKET}/wet/{Path(WET_2017).name}"
+def demo_sources() -> set[str]:
+    return {f"s3://{BUCKET}/wet/{Path(wet).name}" for wet in (WET_2014, WET_2017)}
 
 
 def test_the_secret_key_is_in_nothing_the_run_writes_or_prints(s3, demo):
@@ -257,9 +255,10 @@ def test_megatron_export_writes_to_s3_from_tokens_on_s3(s3, demo, tmp_path):
     out = f"s3://{BUCKET}/megatron/demo"
     res = _cli(demo["env"], "tokens", "export", f"s3://{BUCKET}/demo", "--format", "megatron", "-o", out)
     assert res.returncode == 0, res.stderr
-    assert f"--data-path {out}/train" in res.stderr
+    # every split of the demo's shards (both WET files give it a validation split), one prefix each
+    assert f"--train-data-path {out}/train --valid-data-path {out}/val" in res.stderr
     objects = _objects(s3, "megatron/demo")
-    assert sorted(objects) == ["train.bin", "train.idx"]  # no temporary object left
+    assert sorted(objects) == ["train.bin", "train.idx", "val.bin", "val.idx"]  # no temporary object left
     local = tmp_path / "meg"
     res = _cli(demo["env"], "tokens", "export", str(demo["local"]), "--format", "megatron", "-o", str(local))
     assert res.returncode == 0, res.stderr
@@ -268,11 +267,12 @@ def test_megatron_export_writes_to_s3_from_tokens_on_s3(s3, demo, tmp_path):
         (tmp_path / name).write_bytes(data)
     from gristmill.tokenize import open_tokens
 
-    ours = list(open_tokens(demo["local"]).documents("train"))
-    ds = megatron.IndexedDataset(str(tmp_path / "train"))
-    assert len(ds) == len(ours) > 0
-    for i, doc in enumerate(ours):
-        assert ds[i].tolist() == doc.tolist()
+    for split in ("train", "val"):
+        ours = list(open_tokens(demo["local"]).documents(split))
+        ds = megatron.IndexedDataset(str(tmp_path / split))
+        assert len(ds) == len(ours) > 0, split
+        for i, doc in enumerate(ours):
+            assert ds[i].tolist() == doc.tolist()
 
 
 # --- resume after a killed task -------------------------------------------------------------------------
@@ -283,7 +283,11 @@ def _small(run_dir: str, wets: list[str], lid: str, scratch: Path, **input_extra
         "run_dir": run_dir,
         "executor": {"type": "local", "tasks": 2, "workers": 1},  # one at a time: task 0, then task 1
         "input": {"paths": wets, **input_extra},
-        "steps": [{"langid": {"model": lid, "languages": ["en"]}}, {"exact_dedup": {"granularity": "document"}}],
+        # a Bloom filter sized for the samples' pages: the default (100M items) is a 274 MB object
+        "steps": [
+            {"langid": {"model": lid, "languages": ["en"]}},
+            {"exact_dedup": {"granularity": "document", "capacity": 100_000}},
+        ],
         "storage": {"scratch_dir": str(scratch)},
     }
 
@@ -504,6 +508,8 @@ def test_store_failures_are_one_line_naming_the_url(s3, uploaded, lid_model, tmp
         run_dir = "s3://no-such-bucket/failing"
     else:
         env["AWS_ENDPOINT_URL_S3"] = f"http://127.0.0.1:{_closed_port()}"
+        # botocore's own retries (5 attempts, backed off: some 14 s) end in the same line as one
+        env["AWS_MAX_ATTEMPTS"] = "1"
     res = _cli(env, "run", _write(tmp_path / "c.yaml", _tiny(run_dir, uploaded, str(lid_model), tmp_path)))
     assert res.returncode == 1
     line = _one_line(res.stderr)

@@ -562,7 +562,8 @@ def warc_config(run_dir: Path, paths: list[Path], lid_model: Path, tasks: int) -
                 }
             },
             {"gopher_repetition": {"dup_line_frac": None, "dup_para_frac": None, "top_n_grams": [], "dup_n_grams": []}},
-            {"exact_dedup": {}},
+            # a filter sized for the sample's pages: the default (100M items) is a 274 MB file a run
+            {"exact_dedup": {"capacity": 100_000}},
             {"near_dedup": {}},
         ],
         "output": {"dropped_sample": 0.0},
