@@ -148,6 +148,14 @@ class Command:
             time.sleep(0.05)
         pytest.fail(f"the command ended before task {rank} was seen running:\n{self.output()}")
 
+    def hold_both_tasks(self) -> None:
+        """Tasks 0 and 1 seen working, then stopped (SIGSTOP), so that neither can finish before
+        the signal a test sends next: on a loaded machine the test process can be descheduled
+        for seconds between seeing the tasks and signalling, long enough for the run to end.
+        The supervisor's stop sends SIGCONT after SIGTERM; PR_SET_PDEATHSIG's SIGKILL needs none."""
+        for rank in (0, 1):
+            os.kill(self.task_pid(rank), signal.SIGSTOP)
+
 
 def one_line(text: str) -> str:
     return " ".join(text.split())
@@ -229,7 +237,7 @@ def test_failed_task_names_its_error(tmp_path, wet_files, lid_model):
 @pytest.mark.parametrize("how", ["SIGTERM to the command", "Ctrl-C to the terminal's process group"])
 def test_interrupted_run_leaves_no_process(tmp_path, wet_files, lid_model, clean, how):
     cmd = Command(tmp_path, config(tmp_path / "run", wet_files, lid_model, workers=2, copies=8))
-    cmd.task_pid(0), cmd.task_pid(1)  # both tasks are working
+    cmd.hold_both_tasks()  # both tasks were working
     if how.startswith("SIGTERM"):
         os.kill(cmd.proc.pid, signal.SIGTERM)
         expected, name = 128 + signal.SIGTERM, "SIGTERM"
@@ -256,7 +264,7 @@ def test_describe_exit_words():
 def test_command_killed_by_sigkill_takes_its_tasks_with_it(tmp_path, wet_files, lid_model):
     """No handler runs on SIGKILL: the tasks die with their parent (PR_SET_PDEATHSIG)."""
     cmd = Command(tmp_path, config(tmp_path / "run", wet_files, lid_model, workers=2, copies=8))
-    cmd.task_pid(0), cmd.task_pid(1)
+    cmd.hold_both_tasks()
     os.kill(cmd.proc.pid, signal.SIGKILL)
     assert cmd.wait() == -signal.SIGKILL
     assert cmd.leftovers() == []
