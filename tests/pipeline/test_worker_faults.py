@@ -101,15 +101,22 @@ class Command:
         self.cfg_path.write_text(json.dumps(cfg))
         self.log_path = tmp_path / f"{name}.log"
         self.run_dir = Path(cfg["run_dir"])
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gristmill.cli", "run", str(self.cfg_path)],
-                env={**os.environ, "COLUMNS": "400", **(env or {})},
-                stdout=log,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        # As a terminal's foreground job: Ctrl-C not ignored. A test process started in the
+        # background by a shell ignores SIGINT, and an ignored signal stays ignored across exec
+        # (the command would then rightly ignore Ctrl-C); one it handles is reset to the default.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with open(self.log_path, "w") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "gristmill.cli", "run", str(self.cfg_path)],
+                    env={**os.environ, "COLUMNS": "400", **(env or {})},
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def wait(self) -> int:
         try:
