@@ -76,6 +76,16 @@ def _member(head: str, payload: bytes) -> bytes:
     return isal_zlib.compress(head.encode() + payload + b"\r\n\r\n", 1, 31)
 
 
+def _warcinfo(date: str, rng: random.Random, description: str) -> bytes:
+    """The file's first member, its warcinfo record, as Common Crawl's files begin."""
+    info = f"isPartOf: {CRAWL}\r\npublisher: Common Crawl\r\ndescription: {description} (make_large_records)\r\n\r\n"
+    return _member(
+        f"WARC/1.0\r\nWARC-Type: warcinfo\r\nWARC-Date: {date}\r\nWARC-Record-ID: <urn:uuid:{_uuid(rng)}>\r\n"
+        f"Content-Type: application/warc-fields\r\nContent-Length: {len(info)}\r\n\r\n",
+        info.encode(),
+    )
+
+
 def write(
     path: Path, records: int, size: int, *, mutate: float = 0.0, seed: int = 0, pages: list[str] | None = None
 ) -> list[int]:
@@ -84,16 +94,9 @@ def write(
     rng = random.Random(seed)
     vocab = sorted({w for p in pages for w in p.split() if w.isalpha()})
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(1716000000 + seed))
-    info = f"isPartOf: {CRAWL}\r\npublisher: Common Crawl\r\ndescription: large records (make_large_records)\r\n\r\n"
     sizes = []
     with open(path, "wb") as f:
-        f.write(
-            _member(
-                f"WARC/1.0\r\nWARC-Type: warcinfo\r\nWARC-Date: {date}\r\nWARC-Record-ID: <urn:uuid:{_uuid(rng)}>\r\n"
-                f"Content-Type: application/warc-fields\r\nContent-Length: {len(info)}\r\n\r\n",
-                info.encode(),
-            )
-        )
+        f.write(_warcinfo(date, rng, "large records"))
         for n in range(records):
             payload = record_text(pages, size, rng, mutate, vocab)
             digest = hashlib.sha1(payload).hexdigest()
@@ -166,16 +169,9 @@ def write_warc(
     rng = random.Random(seed)
     vocab = sorted({w for p in pages for w in p.split() if w.isalpha()})
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(1716000000 + seed))
-    info = f"isPartOf: {CRAWL}\r\npublisher: Common Crawl\r\ndescription: large pages (make_large_records)\r\n\r\n"
     sizes = []
     with open(path, "wb") as f:
-        f.write(
-            _member(
-                f"WARC/1.0\r\nWARC-Type: warcinfo\r\nWARC-Date: {date}\r\nWARC-Record-ID: <urn:uuid:{_uuid(rng)}>\r\n"
-                f"Content-Type: application/warc-fields\r\nContent-Length: {len(info)}\r\n\r\n",
-                info.encode(),
-            )
-        )
+        f.write(_warcinfo(date, rng, "large pages"))
         for n in range(records):
             url = f"http://large-{seed}-{n}.example.com/page"
             request = f"GET /page HTTP/1.1\r\nHost: large-{seed}-{n}.example.com\r\n\r\n".encode()
