@@ -126,6 +126,13 @@ def _gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
+def _poll_until_reported(proc: task_zygote.ForkedProcess, timeout: float = 10) -> None:
+    """Poll the handle until the zygote has reported its exit (at most `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _wait_gone(*pids: int, timeout: float = 10) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not all(_gone(p) for p in pids):
@@ -177,9 +184,7 @@ def test_a_running_task_does_not_hold_another_tasks_status_pipe():
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         os.close(r1)
-    deadline = time.monotonic() + 10
-    while first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _poll_until_reported(first)
     assert first.returncode == -signal.SIGKILL and not first.lost
 
 
@@ -277,9 +282,7 @@ def test_a_retired_zygote_keeps_its_running_task_to_the_end(monkeypatch):
     finally:
         os.killpg(task.pid, signal.SIGKILL)
         os.close(r)
-    deadline = time.monotonic() + 10
-    while task.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _poll_until_reported(task)
     assert task.returncode == -signal.SIGKILL
     assert old.proc.wait(timeout=10) is not None  # then the old zygote ends
 
@@ -366,9 +369,7 @@ def test_killing_the_zygote_kills_its_tasks(fresh_state, log_lines):
     _facts(r)
     os.close(r)
     os.kill(zygote.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while task.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _poll_until_reported(task)
     assert task.returncode == -signal.SIGKILL and task.lost
     assert _wait_gone(task.pid) == []
     assert task_zygote.shared() is None  # from now on tasks start with exec
