@@ -27,14 +27,13 @@ from gristmill.filters.url_filter import (
     BLOCKLIST_TARBALL,
     DATATROVE_ASSETS,
     DATATROVE_REASONS,
-    HEADER_BYTES,
-    LookupFileError,
     UrlFilter,
     blocklist_entries,
     datatrove_word_list,
     normalize_host,
     url_key,
 )
+from gristmill.filters.url_lookup import HEADER_BYTES, LookupFileError
 
 REPO = Path(__file__).resolve().parents[2]
 # datatrove's URLFilter reads tldextract's `registered_domain`, deprecated since tldextract 5.3
