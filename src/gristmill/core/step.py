@@ -18,6 +18,7 @@ Steps that only exist inside a stage (the readers, dedup's phases) set `step_nam
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -234,11 +235,18 @@ class StageContext(BuildContext, Protocol):
         """The memory one task of such a stage may use (config or Slurm settings)."""
 
 
+@functools.cache
+def _plugin_modules() -> tuple[str, ...]:
+    """The modules named by installed `gristmill.steps` entry points, found once per process:
+    finding them reads the metadata of every installed distribution (~5 ms in a full
+    environment), and checking a config or a calibration table asks for the steps thousands of
+    times."""
+    return tuple(ep.value for ep in entry_points(group="gristmill.steps"))
+
+
 def registered_steps() -> dict[str, type[Step]]:
     """YAML step name → step class: gristmill's own modules, entry points, and any module
     already imported that defines a step (a test's, a notebook's)."""
-    for module in STEP_MODULES:
+    for module in (*STEP_MODULES, *_plugin_modules()):
         importlib.import_module(module)
-    for ep in entry_points(group="gristmill.steps"):
-        importlib.import_module(ep.value)
     return dict(sorted(_REGISTRY.items()))
