@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gristmill import __version__
-from gristmill.config import ConfigError, load
+from gristmill.core.configlib import ConfigError
 from gristmill.core.messages import format_bytes, os_error_line, printable
 
 
@@ -43,6 +43,8 @@ def safe(value: object) -> Text:
 
 
 def cmd_validate(args, console: Console) -> int:
+    from gristmill.config import load  # all the steps' modules: only the commands that read a config
+
     cfg = load(args.config, args.set, args.run_dir)
     console.print(f"[green]ok[/] {args.config}: {len(cfg.specs)} steps, run_dir {cfg.run_dir}")
     for spec in cfg.specs:
@@ -70,6 +72,7 @@ def cmd_steps(args, console: Console) -> int:
 
 
 def cmd_run(args, console: Console) -> int:
+    from gristmill.config import load  # all the steps' modules: only the commands that read a config
     from gristmill.pipeline.runner import StageFailed, run
 
     cfg = load(args.config, args.set, args.run_dir)
@@ -357,6 +360,8 @@ def cmd_plan(args, console: Console) -> int:
 
     if args.gb is not None and args.files is not None:
         raise ValueError("give --gb or --files, not both")
+    from gristmill.config import load  # all the steps' modules: only the commands that read a config
+
     cfg = load(args.config, args.set, args.run_dir)
     stages, size = plan_for_size(cfg, args.gb, args.files)
     calibration = load_calibration(args.calibration)
@@ -531,12 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     from gristmill.tokenize.cli import add_parsers as add_token_parsers
 
     add_token_parsers(sub)  # tokenizer train, tokens inspect, tokens export
-    from gristmill.filters.kenlm_train import add_parser as add_kenlm_parser
-    from gristmill.filters.quality_train import add_parser as add_quality_parser
+    from gristmill.filters.train_cli import add_kenlm_parser, add_quality_parser
 
     add_kenlm_parser(sub)  # kenlm train
     add_quality_parser(sub)  # quality train
-    from gristmill.pipeline.calibrate import add_parser as add_calibrate_parser
+    from gristmill.pipeline.calibrate_cli import add_parser as add_calibrate_parser
 
     add_calibrate_parser(sub)  # calibrate
     from gristmill.trainer.cli import add_parsers as add_train_parsers

@@ -30,7 +30,7 @@ def udhr_zip(shared_data) -> Path:
 
 @pytest.fixture(scope="module")
 def references(udhr_zip) -> dict[str, list[str]]:
-    return {lang: chunks(text) for lang, text in read_udhr(udhr_zip, LANGS).items()}
+    return {lang: chunks(text) for lang, text in read_udhr(udhr_zip, LANGS, 64 << 20).items()}
 
 
 @pytest.fixture(scope="module")

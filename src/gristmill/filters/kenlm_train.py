@@ -243,39 +243,3 @@ def _train_from_args(args, console) -> None:
         seed=args.seed,
         log=console.print,
     )
-
-
-def add_parser(sub) -> None:
-    """`pipeline kenlm train ...` (registered by cli.py)."""
-    k = sub.add_parser("kenlm", help="KenLM perplexity models")
-    ksub = k.add_subparsers(dest="kenlm_command", required=True)
-    t = ksub.add_parser("train", help="train a pruned, quantised KenLM binary (CCNet normalisation)")
-    t.add_argument("inputs", nargs="+", help="text files (a paragraph per line), WET files, or Parquet files/folders")
-    t.add_argument("--output", "-o", required=True, help="model path, e.g. models/kenlm/en.arpa.bin")
-    t.add_argument("--order", type=int, default=5)
-    t.add_argument(
-        "--prune",
-        type=int,
-        nargs="+",
-        default=[0, 0, 1],
-        help="lmplz --prune thresholds per order (default: drop singleton 3-grams and up)",
-    )
-    t.add_argument("--memory", "-S", default="20%", help="lmplz/build_binary memory, e.g. 2G or 20%%")
-    t.add_argument("--heldout", type=float, default=0.1, help="fraction of documents held out for evaluation")
-    t.add_argument(
-        "--detokenize",
-        choices=["none", "wikitext"],
-        default="none",
-        help="undo WikiText's tokenisation of text files first",
-    )
-    t.add_argument(
-        "--cutoff-sample",
-        nargs="+",
-        metavar="PATH",
-        help="documents to compute bucket cut-offs on, CCNet-style (default: the held-out part)",
-    )
-    t.add_argument("--percentiles", type=float, nargs=2, default=[30, 60], metavar=("HEAD", "MIDDLE"))
-    t.add_argument("--quantize", type=int, default=8, help="build_binary -q (probability bits)")
-    t.add_argument("--backoff-bits", type=int, default=8, help="build_binary -b (backoff bits)")
-    t.add_argument("--seed", type=int, default=0, help="chooses the held-out part")
-    t.set_defaults(func=cmd_kenlm_train)

@@ -230,37 +230,3 @@ def cmd_quality_train(args, console) -> int:
         log=console.print,
     )
     return 0
-
-
-def add_parser(sub) -> None:
-    """`pipeline quality train ...` (registered by cli.py)."""
-    q = sub.add_parser("quality", help="fastText quality classifiers")
-    qsub = q.add_subparsers(dest="quality_command", required=True)
-    t = qsub.add_parser("train", help="train a hq/lq fastText classifier; report held-out AUC, P/R/F1")
-    t.add_argument("--positives", nargs="+", required=True, help="reference text: text files or Parquet files/folders")
-    t.add_argument("--negatives", nargs="+", required=True, help="crawl documents: WET files or a run's output Parquet")
-    t.add_argument("--output", "-o", required=True, help="model path, e.g. models/quality/en.bin")
-    t.add_argument(
-        "--detokenize",
-        choices=["none", "wikitext"],
-        default="none",
-        help="undo WikiText's tokenisation of the positives' text files",
-    )
-    t.add_argument("--min-words", type=int, default=20, help="ignore shorter documents (headings, menus)")
-    t.add_argument("--max-per-class", type=int)
-    t.add_argument("--heldout", type=float, default=0.2)
-    t.add_argument("--threshold", type=float, default=0.5, help="score for the reported precision/recall")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--thread", type=int, default=1, help="fastText threads (>1 is faster but not reproducible)")
-    t.add_argument("--epoch", type=int, default=10)
-    t.add_argument("--lr", type=float, default=0.2)
-    t.add_argument("--dim", type=int, default=64)
-    t.add_argument("--word-ngrams", type=int, default=2)
-    t.add_argument("--min-count", type=int, default=2)
-    t.add_argument(
-        "--bucket",
-        type=int,
-        default=100_000,
-        help="hash buckets for word n-grams (fastText's 2M default makes a 500 MB model)",
-    )
-    t.set_defaults(func=cmd_quality_train)

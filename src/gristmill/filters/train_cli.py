@@ -1,0 +1,87 @@
+"""`pipeline kenlm train` and `pipeline quality train`: their arguments. The commands themselves
+are kenlm_train.py and quality_train.py, imported when one runs: they load KenLM, fastText and
+the filters' modules (datatrove), which every other `pipeline` command would pay for at start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+def _run(module: str, name: str):
+    """The command `name` of `module`, imported when it runs."""
+
+    def command(args, console) -> int:
+        return getattr(importlib.import_module(module), name)(args, console)
+
+    return command
+
+
+def add_kenlm_parser(sub) -> None:
+    """`pipeline kenlm train ...`: kenlm_train.cmd_kenlm_train."""
+    k = sub.add_parser("kenlm", help="KenLM perplexity models")
+    ksub = k.add_subparsers(dest="kenlm_command", required=True)
+    t = ksub.add_parser("train", help="train a pruned, quantised KenLM binary (CCNet normalisation)")
+    t.add_argument("inputs", nargs="+", help="text files (a paragraph per line), WET files, or Parquet files/folders")
+    t.add_argument("--output", "-o", required=True, help="model path, e.g. models/kenlm/en.arpa.bin")
+    t.add_argument("--order", type=int, default=5)
+    t.add_argument(
+        "--prune",
+        type=int,
+        nargs="+",
+        default=[0, 0, 1],
+        help="lmplz --prune thresholds per order (default: drop singleton 3-grams and up)",
+    )
+    t.add_argument("--memory", "-S", default="20%", help="lmplz/build_binary memory, e.g. 2G or 20%%")
+    t.add_argument("--heldout", type=float, default=0.1, help="fraction of documents held out for evaluation")
+    t.add_argument(
+        "--detokenize",
+        choices=["none", "wikitext"],
+        default="none",
+        help="undo WikiText's tokenisation of text files first",
+    )
+    t.add_argument(
+        "--cutoff-sample",
+        nargs="+",
+        metavar="PATH",
+        help="documents to compute bucket cut-offs on, CCNet-style (default: the held-out part)",
+    )
+    t.add_argument("--percentiles", type=float, nargs=2, default=[30, 60], metavar=("HEAD", "MIDDLE"))
+    t.add_argument("--quantize", type=int, default=8, help="build_binary -q (probability bits)")
+    t.add_argument("--backoff-bits", type=int, default=8, help="build_binary -b (backoff bits)")
+    t.add_argument("--seed", type=int, default=0, help="chooses the held-out part")
+    t.set_defaults(func=_run("gristmill.filters.kenlm_train", "cmd_kenlm_train"))
+
+
+def add_quality_parser(sub) -> None:
+    """`pipeline quality train ...`: quality_train.cmd_quality_train."""
+    q = sub.add_parser("quality", help="fastText quality classifiers")
+    qsub = q.add_subparsers(dest="quality_command", required=True)
+    t = qsub.add_parser("train", help="train a hq/lq fastText classifier; report held-out AUC, P/R/F1")
+    t.add_argument("--positives", nargs="+", required=True, help="reference text: text files or Parquet files/folders")
+    t.add_argument("--negatives", nargs="+", required=True, help="crawl documents: WET files or a run's output Parquet")
+    t.add_argument("--output", "-o", required=True, help="model path, e.g. models/quality/en.bin")
+    t.add_argument(
+        "--detokenize",
+        choices=["none", "wikitext"],
+        default="none",
+        help="undo WikiText's tokenisation of the positives' text files",
+    )
+    t.add_argument("--min-words", type=int, default=20, help="ignore shorter documents (headings, menus)")
+    t.add_argument("--max-per-class", type=int)
+    t.add_argument("--heldout", type=float, default=0.2)
+    t.add_argument("--threshold", type=float, default=0.5, help="score for the reported precision/recall")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--thread", type=int, default=1, help="fastText threads (>1 is faster but not reproducible)")
+    t.add_argument("--epoch", type=int, default=10)
+    t.add_argument("--lr", type=float, default=0.2)
+    t.add_argument("--dim", type=int, default=64)
+    t.add_argument("--word-ngrams", type=int, default=2)
+    t.add_argument("--min-count", type=int, default=2)
+    t.add_argument(
+        "--bucket",
+        type=int,
+        default=100_000,
+        help="hash buckets for word n-grams (fastText's 2M default makes a 500 MB model)",
+    )
+    t.set_defaults(func=_run("gristmill.filters.quality_train", "cmd_quality_train"))
