@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from gristmill.trainer import checkpoint as ckpt
-from gristmill.trainer.train import InputError, train
+from gristmill.trainer.train import InputError, main, train
 
 from .conftest import STEPS, losses, tiny_cfg
 
@@ -301,35 +301,35 @@ CONTENT_FAULTS = [
 
 
 @pytest.mark.parametrize("fault", CONTENT_FAULTS, ids=lambda f: f.__name__.strip("_"))
-def test_checkpoint_that_does_not_fit_the_run_is_one_line(baseline, token_dir, tmp_path, fault):
-    """Checksums consistent, contents wrong: `pipeline train` stops with one line naming the
-    checkpoint and what is wrong, exit code 2, before any step, and deletes nothing."""
+def test_checkpoint_that_does_not_fit_the_run_is_one_line(baseline, token_dir, tmp_path, capsys, fault):
+    """Checksums consistent, contents wrong: the rank stops with one line naming the checkpoint
+    and what is wrong, exit code 2, before any step, and deletes nothing. Run through the rank's
+    own entry point (`train.main`, what torchrun starts under `pipeline train`) in this process:
+    that `pipeline train` passes the rank's line and exit code 2 on unchanged is checked through
+    the command by test_no_intact_checkpoint_is_one_error."""
     out = tmp_path / "run"
     shutil.copytree(baseline, out)
     want = fault(out, token_dir)
     steps = 3 if fault is _beyond_steps else STEPS
     seq_len = 16 if fault is _other_seq_len else 32
-    before = _files(out / "checkpoints")
-    res = subprocess.run(
+    before, logged = _files(out / "checkpoints"), _lines(out)
+    capsys.readouterr()
+    code = main(
         [
-            sys.executable,
-            "-m",
-            "gristmill.cli",
-            "train",
             "tiny",
             "--out",
             str(out),
             *("--set", f"data.tokens={token_dir}", "--set", f"steps={steps}", "--set", f"data.seq_len={seq_len}"),
             *("--set", "checkpoint.every=3", "--set", "log.progress=false", "--set", "log.tensorboard=false"),
-        ],
-        capture_output=True,
-        text=True,
+        ]
     )
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {out}/checkpoints/"), res.stderr
+    res = capsys.readouterr()
+    assert code == 2, res.out + res.err
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {out}/checkpoints/"), res.err
     assert re.search(want, lines[0]), lines[0]
-    assert "Traceback" not in res.stdout + res.stderr and "trained" not in res.stdout
+    assert "Traceback" not in res.out + res.err and "trained" not in res.out
+    assert _lines(out) == logged  # no step trained
     assert _files(out / "checkpoints") == before
 
 
