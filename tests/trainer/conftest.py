@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -174,3 +175,41 @@ def baseline(token_dir, tmp_path_factory) -> Path:
         assert summary["steps"] == STEPS
 
     return made_once(tmp_path_factory, "trainer-baseline", make) / "full"
+
+
+def two_rank_section():
+    """A crawl YAML's `train:` section of STEPS steps on two ranks (torchrun, gloo), checkpoints at
+    steps 3 and 6, both blocks in one FSDP2 unit."""
+    from gristmill.config import TrainSection
+
+    return TrainSection(
+        preset="tiny",
+        steps=STEPS,
+        nproc=2,
+        set=[
+            "checkpoint.every=3",
+            "checkpoint.keep=3",
+            "eval.batches=0",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "data.seq_len=32",
+            "fsdp_unit_layers=2",
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def two_rank_run(token_dir, tmp_path_factory) -> Path:
+    """A run directory whose `train:` section (`two_rank_section`) trained on two ranks through
+    the pipeline hook: `tokens/` and `train/` (read-only: copy it)."""
+    from rich.console import Console
+
+    from gristmill.trainer.launch import after_pipeline
+
+    def make(folder: Path) -> None:
+        run_dir = folder / "run"
+        shutil.copytree(token_dir, run_dir / "tokens")
+        with one_torch_thread():
+            assert after_pipeline(two_rank_section(), run_dir, Console(stderr=True)) == 0
+
+    return made_once(tmp_path_factory, "trainer-two-ranks", make) / "run"
