@@ -26,14 +26,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 VOCAB = 32000
 SMOKE_VOCAB = 4096
 
 
 def measure_size(size: str, micros: list[int], acs: list[str], vocab: int) -> list[dict]:
     """Predicted and measured peak of every (ac, micro-batch) of one size, in this process."""
+    import torch
+
     from gristmill.trainer.config import load as load_config
     from gristmill.trainer.optim import clip_and_guard
     from gristmill.trainer.parallel import init_distributed
@@ -92,6 +92,14 @@ def measure_size(size: str, micros: list[int], acs: list[str], vocab: int) -> li
     return rows
 
 
+def cuda_available() -> bool:
+    # torch is imported where it is used, not at the top: the parent process only starts one
+    # process per size and reads their rows (~2 CPU s of imports saved there)
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def table(rows: list[dict]) -> list[str]:
     out = [
         "| size | ac | micro-batch | predicted GiB | measured GiB | predicted / measured |",
@@ -121,7 +129,7 @@ def main() -> None:
     vocab = VOCAB
     if args.smoke:
         args.sizes, args.micro, vocab = "tiny", "1,2", SMOKE_VOCAB
-    elif not torch.cuda.is_available():
+    elif not cuda_available():
         p.error("no CUDA GPU: the figures are GPU figures (--smoke runs the CPU path at the tiny preset)")
     micros = [int(x) for x in args.micro.split(",")]
     acs = args.ac.split(",")

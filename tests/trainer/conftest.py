@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +18,33 @@ import pytest
 from tests.conftest import made_once
 
 EOS = 1
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch's CPU ops on one thread, in this process and in the trainings it starts (torchrun's
+    ranks take OMP_NUM_THREADS): the tiny model gains nothing from a second thread, whose
+    spin-waiting costs several times the step itself on this shared 2-core machine (2 test
+    workers). Every training of these tests runs so, so runs compared bit for bit still match."""
+    import torch
+
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    with one_torch_thread():
+        yield
 
 
 def _sha(path: Path) -> str:
@@ -139,7 +170,46 @@ def baseline(token_dir, tmp_path_factory) -> Path:
     from gristmill.trainer.train import train
 
     def make(folder: Path) -> None:
-        summary = train(tiny_cfg(token_dir, STEPS), folder / "full")
+        with one_torch_thread():  # made before the tests' own fixture applies
+            summary = train(tiny_cfg(token_dir, STEPS), folder / "full")
         assert summary["steps"] == STEPS
 
     return made_once(tmp_path_factory, "trainer-baseline", make) / "full"
+
+
+def two_rank_section():
+    """A crawl YAML's `train:` section of STEPS steps on two ranks (torchrun, gloo), checkpoints at
+    steps 3 and 6, both blocks in one FSDP2 unit."""
+    from gristmill.config import TrainSection
+
+    return TrainSection(
+        preset="tiny",
+        steps=STEPS,
+        nproc=2,
+        set=[
+            "checkpoint.every=3",
+            "checkpoint.keep=3",
+            "eval.batches=0",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "data.seq_len=32",
+            "fsdp_unit_layers=2",
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def two_rank_run(token_dir, tmp_path_factory) -> Path:
+    """A run directory whose `train:` section (`two_rank_section`) trained on two ranks through
+    the pipeline hook: `tokens/` and `train/` (read-only: copy it)."""
+    from rich.console import Console
+
+    from gristmill.trainer.launch import after_pipeline
+
+    def make(folder: Path) -> None:
+        run_dir = folder / "run"
+        shutil.copytree(token_dir, run_dir / "tokens")
+        with one_torch_thread():
+            assert after_pipeline(two_rank_section(), run_dir, Console(stderr=True)) == 0
+
+    return made_once(tmp_path_factory, "trainer-two-ranks", make) / "run"

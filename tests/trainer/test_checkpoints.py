@@ -17,9 +17,9 @@ import pytest
 from rich.console import Console
 
 from gristmill.trainer import checkpoint as ckpt
-from gristmill.trainer.train import InputError, train
+from gristmill.trainer.train import InputError, main, train
 
-from .conftest import STEPS, losses, tiny_cfg
+from .conftest import STEPS, losses, tiny_cfg, two_rank_section
 
 SHARD = "__0_0.distcp"  # rank 0's DCP data file: the weights and the optimizer moments
 
@@ -141,30 +141,13 @@ def test_export_refuses_a_damaged_checkpoint_and_takes_the_intact_one(baseline, 
     assert "checkpoint step-00000006: __0_0.distcp sha256 mismatch; skipped" in capsys.readouterr().err
 
 
-def test_two_ranks_take_the_same_checkpoint(token_dir, tmp_path, capfd):
+def test_two_ranks_take_the_same_checkpoint(two_rank_run, tmp_path, capfd):
     """Rank 1 hashes __0_0.distcp (files are dealt to ranks in name order): rank 0 must learn of
     the mismatch, report it once, and both ranks resume from step 3."""
-    from gristmill.config import TrainSection
     from gristmill.trainer.launch import after_pipeline
 
     run_dir = tmp_path / "run"
-    shutil.copytree(token_dir, run_dir / "tokens")
-    section = TrainSection(
-        preset="tiny",
-        steps=STEPS,
-        nproc=2,
-        set=[
-            "checkpoint.every=3",
-            "checkpoint.keep=3",
-            "eval.batches=0",
-            "log.progress=false",
-            "log.tensorboard=false",
-            "data.seq_len=32",
-            "fsdp_unit_layers=2",
-        ],
-    )
-    console = Console(stderr=True)
-    assert after_pipeline(section, run_dir, console) == 0
+    shutil.copytree(two_rank_run, run_dir)  # STEPS steps on two ranks through the pipeline hook
     out = run_dir / "train"
     names = sorted(json.loads((out / "checkpoints" / "step-00000006" / ckpt.CHECKSUMS).read_text())["files"])
     assert names.index(SHARD) % 2 == 1 and "__1_0.distcp" in names  # checked by rank 1 of 2
@@ -172,7 +155,7 @@ def test_two_ranks_take_the_same_checkpoint(token_dir, tmp_path, capfd):
     _flip_byte(out / "checkpoints" / "step-00000006" / SHARD)
     before = _lines(out)
     capfd.readouterr()
-    assert after_pipeline(section, run_dir, console) == 0
+    assert after_pipeline(two_rank_section(), run_dir, Console(stderr=True)) == 0
     err = capfd.readouterr().err
     assert err.count("checkpoint step-00000006: __0_0.distcp sha256 mismatch; skipped") == 1, err
     again = _appended(out, before)
@@ -301,35 +284,35 @@ CONTENT_FAULTS = [
 
 
 @pytest.mark.parametrize("fault", CONTENT_FAULTS, ids=lambda f: f.__name__.strip("_"))
-def test_checkpoint_that_does_not_fit_the_run_is_one_line(baseline, token_dir, tmp_path, fault):
-    """Checksums consistent, contents wrong: `pipeline train` stops with one line naming the
-    checkpoint and what is wrong, exit code 2, before any step, and deletes nothing."""
+def test_checkpoint_that_does_not_fit_the_run_is_one_line(baseline, token_dir, tmp_path, capsys, fault):
+    """Checksums consistent, contents wrong: the rank stops with one line naming the checkpoint
+    and what is wrong, exit code 2, before any step, and deletes nothing. Run through the rank's
+    own entry point (`train.main`, what torchrun starts under `pipeline train`) in this process:
+    that `pipeline train` passes the rank's line and exit code 2 on unchanged is checked through
+    the command by test_no_intact_checkpoint_is_one_error."""
     out = tmp_path / "run"
     shutil.copytree(baseline, out)
     want = fault(out, token_dir)
     steps = 3 if fault is _beyond_steps else STEPS
     seq_len = 16 if fault is _other_seq_len else 32
-    before = _files(out / "checkpoints")
-    res = subprocess.run(
+    before, logged = _files(out / "checkpoints"), _lines(out)
+    capsys.readouterr()
+    code = main(
         [
-            sys.executable,
-            "-m",
-            "gristmill.cli",
-            "train",
             "tiny",
             "--out",
             str(out),
             *("--set", f"data.tokens={token_dir}", "--set", f"steps={steps}", "--set", f"data.seq_len={seq_len}"),
             *("--set", "checkpoint.every=3", "--set", "log.progress=false", "--set", "log.tensorboard=false"),
-        ],
-        capture_output=True,
-        text=True,
+        ]
     )
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {out}/checkpoints/"), res.stderr
+    res = capsys.readouterr()
+    assert code == 2, res.out + res.err
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {out}/checkpoints/"), res.err
     assert re.search(want, lines[0]), lines[0]
-    assert "Traceback" not in res.stdout + res.stderr and "trained" not in res.stdout
+    assert "Traceback" not in res.out + res.err and "trained" not in res.out
+    assert _lines(out) == logged  # no step trained
     assert _files(out / "checkpoints") == before
 
 

@@ -14,14 +14,13 @@ import time
 import pytest
 from rich.console import Console
 
+from gristmill.cli import main as cli_main
 from gristmill.dirlock import LockHeld, hold, read_holder
 
 
 def _train(out, tokens, steps: int) -> list[str]:
+    """`pipeline train`'s arguments."""
     return [
-        sys.executable,
-        "-m",
-        "gristmill.cli",
         "train",
         "tiny",
         "--out",
@@ -57,17 +56,26 @@ def _wait_for(predicate, proc, what: str) -> None:
     pytest.fail(f"never saw {what}")
 
 
-def test_second_training_into_the_same_directory_is_refused(token_dir, tmp_path):
+def test_second_training_into_the_same_directory_is_refused(token_dir, tmp_path, capsys):
     out = tmp_path / "out"
     # far more steps than it will run: it is still training when the second one starts
-    first = subprocess.Popen(_train(out, token_dir, 100_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "gristmill.cli", *_train(out, token_dir, 100_000)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         metrics = out / "metrics.jsonl"
         _wait_for(lambda: metrics.is_file() and len(_records(metrics)) >= 3, first, "three steps logged")
-        second = subprocess.run(_train(out, token_dir, 4), capture_output=True, text=True)
-        assert second.returncode == 2, second.stdout + second.stderr
-        lines = second.stderr.strip().splitlines()
-        assert len(lines) == 1, second.stderr
+        # the second command runs in this process (the `pipeline` entry point, without another
+        # interpreter's start-up): to the first one's lock it is another process all the same
+        capsys.readouterr()
+        code = cli_main(_train(out, token_dir, 4))
+        second = capsys.readouterr()
+        assert code == 2, second.out + second.err
+        lines = second.err.strip().splitlines()
+        assert len(lines) == 1, second.err
         assert lines[0].startswith(f"error: training output {out} is in use by pid {first.pid}"), lines[0]
         # the first one is still the only writer, and still training
         assert read_holder(out)["pid"] == first.pid

@@ -16,7 +16,7 @@ from gristmill.trainer import checkpoint as ckpt
 from gristmill.trainer.config import load as load_config
 from gristmill.trainer.train import NonFiniteLoss, lr_lambda, train
 
-from .conftest import STEPS
+from .conftest import STEPS, two_rank_section
 from .conftest import losses as _losses
 from .conftest import tiny_cfg as _cfg
 
@@ -132,34 +132,19 @@ def test_step_readout_is_read_one_step_late(baseline, token_dir, tmp_path):
     assert _losses(tmp_path) == _losses(baseline)
 
 
-def test_pipeline_hook_launches_torchrun_on_two_ranks_and_resumes_on_one(baseline, token_dir, tmp_path):
-    from gristmill.config import TrainSection
+def test_pipeline_hook_launches_torchrun_on_two_ranks_and_resumes_on_one(baseline, two_rank_run, tmp_path):
     from gristmill.trainer.launch import after_pipeline
 
-    run_dir = tmp_path / "run"
-    console = Console(stderr=True)
-    section = TrainSection(
-        preset="tiny",
-        steps=STEPS,
-        nproc=2,
-        set=[
-            "checkpoint.every=3",
-            "eval.batches=0",
-            "log.progress=false",
-            "data.seq_len=32",
-            "fsdp_unit_layers=2",  # both blocks in one FSDP2 unit
-            "stop_after=3",
-        ],
-    )
-    assert after_pipeline(section, run_dir, console) is None  # no tokens yet: skipped
-    shutil.copytree(token_dir, run_dir / "tokens")
-    assert after_pipeline(section, run_dir, console) == 0
-    out = run_dir / "train"
-    assert (out / "checkpoints" / "step-00000003" / "meta.json").is_file()
-    assert json.loads((out / "checkpoints" / "step-00000003" / "meta.json").read_text())["world_size"] == 2
-    cfg = _cfg(run_dir / "tokens", STEPS, "eval.batches=0")
-    train(cfg, out)  # world size 1 now
-    full, mixed = _losses(baseline), _losses(out)
+    # no tokens yet: skipped
+    assert after_pipeline(two_rank_section(), tmp_path / "no-tokens", Console(stderr=True)) is None
+    trained = two_rank_run / "train"  # STEPS steps on two ranks through the hook (torchrun)
+    assert json.loads((trained / "checkpoints" / "step-00000003" / "meta.json").read_text())["world_size"] == 2
+    out = tmp_path / "resumed"  # the two ranks' run as if it had stopped after step 3
+    shutil.copytree(trained / "checkpoints" / "step-00000003", out / "checkpoints" / "step-00000003")
+    train(_cfg(two_rank_run / "tokens", STEPS, "eval.batches=0"), out)  # world size 1 now
+    full, two, one = _losses(baseline), _losses(trained), _losses(out)
+    assert sorted(one) == [4, 5, 6]
+    mixed = {**{s: two[s] for s in (1, 2, 3)}, **one}
     for s in range(1, STEPS + 1):  # FSDP on 2 ranks sums gradients in another order: not bitwise
         assert mixed[s] == pytest.approx(full[s], rel=1e-5), s
 
