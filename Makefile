@@ -24,7 +24,8 @@ lint: $(STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# the C extension (src/gristmill/native/) is built by the install: rebuilt when its source changes
+$(STAMP): pyproject.toml $(wildcard src/gristmill/native/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench,megatron,ray]'

@@ -59,7 +59,8 @@ from isal import isal_zlib
 
 from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dedup.text import jaccard, shingle_hashes, words
-from gristmill.filters.langid import LABEL_PREFIX, load_fasttext
+from gristmill.filters.fasttext_native import load_classifier
+from gristmill.filters.langid import LABEL_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 # as in make_dedup_corpus.py (not imported from there: it imports the WET reader from one place only)
@@ -131,8 +132,8 @@ def load_sample(data: Path = DATA, lid_model: Path = LID_MODEL) -> Sample:
     ]
     if not recs:
         raise SystemExit(f"no WET conversion records under {data / 'cc' / 'wet'}")
-    labels, _ = load_fasttext(lid_model).predict([r.text.replace("\n", " ") for r in recs], k=1)
-    langs = [l[0][len(LABEL_PREFIX) :] if l else "unknown" for l in labels]
+    labels, _ = load_classifier(lid_model).predict_top([r.text for r in recs])
+    langs = [l[len(LABEL_PREFIX) :] if l else "unknown" for l in labels]
     by_lang: dict[str, list[str]] = {}
     for rec, lang in zip(recs, langs):
         pool = by_lang.setdefault(lang, [])

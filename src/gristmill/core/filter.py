@@ -172,13 +172,17 @@ class ModelFilter(Filter):
     def load_model(self):
         raise NotImplementedError
 
-    def memory_bytes(self, work: Workload) -> int:
-        """The model files (`self.checked`: one or a dict of them) twice over: loaded, then the
-        buffers of scoring a batch; KenLM binaries are memory-mapped, so this is an upper bound.
-        And what every filter holds (`Filter.memory_bytes`)."""
+    def model_bytes(self, work: Workload) -> int:
+        """What the loaded model holds: by default its files (`self.checked`: one or a dict of
+        them) twice over, loaded and the buffers of scoring a batch (KenLM binaries are
+        memory-mapped, so this is an upper bound)."""
         checked = getattr(self, "checked", None)
         files = checked.values() if isinstance(checked, dict) else [checked] if checked is not None else []
-        return sum(2 * c.size for c in files) + (8 << 20) + super().memory_bytes(work)
+        return sum(2 * c.size for c in files) + (8 << 20)
+
+    def memory_bytes(self, work: Workload) -> int:
+        """The model (`model_bytes`) and what every filter holds (`Filter.memory_bytes`)."""
+        return self.model_bytes(work) + super().memory_bytes(work)
 
     @property
     def model(self):

@@ -187,14 +187,15 @@ def fasttext_layout(path: Path) -> dict:
             w.take(9, "dictionary")  # int64 count, int8 entry type
         w.take(max(npruned, 0) * 8, "dictionary's pruning index")
         (quant_input,) = w.unpack("<?", "input matrix")
-        _walk_matrix(w, quant_input, "input matrix")
+        input_rows, _ = _walk_matrix(w, quant_input, "input matrix")
         (quant_output,) = w.unpack("<?", "output matrix")
         rows, cols = _walk_matrix(w, quant_input and quant_output, "output matrix")
         if cols != dim:
             raise ModelError(f"output matrix has {cols} columns, the header says dimension {dim}")
         if w.pos != size:
             raise ModelError(f"{size - w.pos:,} unexpected bytes after the output matrix (ends at byte {w.pos:,})")
-    return {"labels": nlabels, "words": nwords, "dim": dim}
+    # the matrices' rows: what they take decoded to float32 (`fasttext_native`)
+    return {"labels": nlabels, "words": nwords, "dim": dim, "input_rows": input_rows, "output_rows": rows}
 
 
 _FASTTEXT_TRIAL = r"""

@@ -2,8 +2,9 @@
 
 Scores each document with a binary fastText classifier and keeps it if the probability of
 `label` (default `__label__hq`, DCLM's and `pipeline quality train`'s) is at least `min_score`.
-Predicts a batch of documents per call, like `langid`. The document's newlines are replaced by
-spaces, as the classifier's training text was (fastText reads one line per example).
+Predicts a batch of documents per call, like `langid`, with the same predictor (fastText's
+probabilities bit for bit, `fasttext_native`). The document's newlines count as spaces, as in
+the classifier's training text (fastText reads one line per example).
 
 A text longer than `max_chars` characters is scored on evenly spaced windows of it, as `langid`
 does (`langid.sample_text`; counted in stats as `long_text_sampled`): fastText would otherwise
@@ -22,22 +23,14 @@ from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig, Fraction
 from gristmill.core.filter import FilterResult, ModelFilter
 from gristmill.core.scores import LINEAR_01
 from gristmill.core.step import Workload
-from gristmill.filters.langid import MAX_CHARS, load_fasttext, sample_text
+from gristmill.filters import fasttext_native
+from gristmill.filters.langid import MAX_CHARS, sample_text
 from gristmill.filters.model_check import ModelError, check_fasttext
 
 
 def prepare(text: str) -> str:
-    """The text a quality classifier sees, at training and at prediction."""
-    return text.replace("\n", " ")  # fastText's predict refuses newlines; other whitespace separates words
-
-
-def label_scores(model, texts: list[str], label: str) -> list[float]:
-    """Probability of `label` for each text (k=-1: every label, so a low score is still seen)."""
-    labels, probs = model.predict([prepare(t) for t in texts], k=-1)
-    out = []
-    for labs, ps in zip(labels, probs):
-        out.append(next((float(p) for lab, p in zip(labs, ps) if lab == label), 0.0))
-    return out
+    """The text a quality classifier is trained on (the predictor reads newlines as spaces)."""
+    return text.replace("\n", " ")  # fastText reads one line per example; other whitespace separates words
 
 
 class Quality(ModelFilter):
@@ -76,14 +69,15 @@ class Quality(ModelFilter):
         self.min_score = c.min_score
 
     def load_model(self):
-        return load_fasttext(self.checked)
+        return fasttext_native.load_classifier(self.checked)
 
-    def memory_bytes(self, work: Workload) -> int:
-        """The model and a batch (`ModelFilter.memory_bytes`), and a long text's sample (as langid)."""
-        return super().memory_bytes(work) + 24 * self.config.max_chars
+    def model_bytes(self, work: Workload) -> int:
+        """The predictor: its matrices, word cache and a text of `max_chars` (`fasttext_native`)."""
+        return fasttext_native.memory_bytes(self.checked, self.config.max_chars)
 
     def score_batch(self, docs: list[Document]) -> None:
-        for doc, score in zip(docs, label_scores(self.model, [self._text(d) for d in docs], self.label)):
+        # the probability of `label` as fastText's predict(k=-1) reports it
+        for doc, score in zip(docs, self.model.label_scores([self._text(d) for d in docs], self.label)):
             doc.metadata["quality_score"] = score
 
     def _text(self, doc: Document) -> str:

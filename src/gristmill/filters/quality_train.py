@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from gristmill.filters import fasttext_native
 from gristmill.filters.quality import prepare
 from gristmill.filters.train_corpus import is_heldout, iter_documents, text_hash
 
@@ -144,10 +145,10 @@ def train(
     tmp_model = Path(f"{output}.tmp")
     model.save_model(str(tmp_model))
 
-    from gristmill.filters.quality import label_scores
-
     held = split["heldout"]
-    scores = np.array(label_scores(model, [t for _, t in held], HQ)) if held else np.array([])
+    # scored as the quality step scores: the saved file, through gristmill's predictor
+    predictor = fasttext_native.Predictor(tmp_model)
+    scores = np.array(predictor.label_scores([t for _, t in held], HQ)) if held else np.array([])
     is_pos = np.array([label == HQ for label, _ in held], dtype=bool)
     p_scores, n_scores = scores[is_pos], scores[~is_pos]
     bins = np.linspace(0, 1, 11)
