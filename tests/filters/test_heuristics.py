@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import gzip
 import inspect
+import math
 import random
 import re
 from collections import Counter
 
-import numpy as np
 import pytest
 from datatrove.data import Document
 from datatrove.pipeline.filters import c4_filters, gopher_quality_filter, gopher_repetition_filter
@@ -25,12 +25,8 @@ from datatrove.pipeline.filters.gopher_repetition_filter import (
 from gristmill.filters import gopher_repetition
 from gristmill.filters.c4_lines import C4Lines
 from gristmill.filters.gopher_quality import GopherQuality
-from gristmill.filters.gopher_repetition import (
-    GopherRepetition,
-    _NGrams,
-    _repeated_chars_of_strings,
-    _top_chars_of_strings,
-)
+from gristmill.filters.gopher_repetition import GopherRepetition
+from gristmill.native._ngrams import Words
 from gristmill.text.words import split_lines, split_paragraphs, split_sentences, split_words
 
 
@@ -209,14 +205,22 @@ def test_long_documents_decide_as_whole_ones(texts, monkeypatch):
 
 
 def check_ngrams(words, ns):
-    """Both our ways (numpy for long documents, strings for short ones) against datatrove's."""
-    ngrams = _NGrams(words)
+    """Our counts (`Words`, with the words given whole and a few at a time) against datatrove's;
+    the early stop of a scan stops at or after the count that breaks the rule."""
+    whole, pieces = Words(words), Words()
+    for i in range(0, len(words), 7):
+        pieces.add(words[i : i + 7])
+    assert whole.count == pieces.count == len(words) and whole.distinct == len(set(words))
+    chars = sum(map(len, words)) or 1
     for n in ns:
         grams = get_n_grams(words, n)
         top = find_top_duplicate(grams) if grams else None
-        assert ngrams.top_chars(n) == _top_chars_of_strings(words, n) == top, n
+        assert whole.top_chars(n) == pieces.top_chars(n) == top, n
         repeated = find_all_duplicate(words, n)
-        assert ngrams.repeated_chars(n) == _repeated_chars_of_strings(words, n) == repeated, n
+        assert whole.repeated_chars(n, chars, math.inf) == pieces.repeated_chars(n, chars, math.inf) == repeated, n
+        for frac in (0.0, 0.05, 0.3):
+            stopped = whole.repeated_chars(n, chars, frac)
+            assert (stopped / chars > frac) == (repeated / chars > frac) and stopped <= repeated, (n, frac)
 
 
 def test_ngram_scores_match_datatrove_on_real_words(texts):
@@ -233,19 +237,22 @@ def test_ngram_scores_match_datatrove_on_repetitive_words():
         check_ngrams(words, range(1, 11))
 
 
-def test_ngrams_joined_equal_from_distinct_words_are_compared_as_strings(monkeypatch):
-    calls = []
-    fallback = gopher_repetition._repeated_chars_of_strings
-    monkeypatch.setattr(gopher_repetition, "_repeated_chars_of_strings", lambda *a: calls.append(a) or fallback(*a))
+def test_ngrams_joined_equal_from_distinct_words_are_compared_as_strings():
+    # ("so", "mean") and ("some", "an") both join to "somean": one n-gram to datatrove's scan
     words = "so mean a man x some an am an x".split()
-    # ("so", "mean") and ("some", "an") both join to "somean": one group of the numpy path, whose
-    # distinct word tuples are compared as strings (those pairs only), not every n-gram's string
-    check_ngrams(words, (2,))
-    assert find_all_duplicate(words, 2) > 0 and not calls
-    # a hash collision (here: every n-gram one key) still falls back to the strings
-    monkeypatch.setattr(_NGrams, "_char_keys", lambda self, n: np.zeros(len(self) - n + 1, np.uint64))
     check_ngrams(words, (2, 3))
-    assert calls
+    assert find_all_duplicate(words, 2) > 0
+    # characters of every width in one page: str objects of kinds 1, 2 and 4 compared
+    words = ["é", "a", "éa", "日本", "日", "本", "\U0001f600", "x\U0001f600", "x"] * 3
+    words += ["aé", "日本", "x\U0001f600"]
+    check_ngrams(words, range(1, 6))
+
+
+def test_words_are_refused_unless_str():
+    with pytest.raises(TypeError, match="expected str"):
+        Words(["a", b"b"])
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        Words(["a"]).top_chars(0)
 
 
 # --- tokenizer and splitters ---

@@ -42,7 +42,7 @@ from typing import Literal
 from gristmill.core.configlib import ConfigError
 from gristmill.filters.c4_lines import end_punctuation_for
 from gristmill.filters.gopher_quality import language_stop_words
-from gristmill.filters.gopher_repetition import _repeated_chars_of_strings, _top_chars_of_strings
+from gristmill.native._ngrams import Words
 from gristmill.pipeline.calibration_rules import (
     STEP_DEFAULTS,
     not_a_threshold,
@@ -231,7 +231,7 @@ def _dup_frac(split: Callable[[str], list[str]], chars: bool) -> Callable[[str, 
 # the n-gram arithmetic is gopher_repetition's own (datatrove's, checked against it there)
 def _top_ngram(n: int) -> Callable[[str, str], float | None]:
     def stat(text: str, lang: str) -> float | None:
-        top = _top_chars_of_strings(split_words(text, lang), n) if text else None
+        top = Words(split_words(text, lang)).top_chars(n) if text else None
         return top / len(text) if top is not None else None
 
     return stat
@@ -239,7 +239,9 @@ def _top_ngram(n: int) -> Callable[[str, str], float | None]:
 
 def _dup_ngrams(n: int) -> Callable[[str, str], float | None]:
     def stat(text: str, lang: str) -> float | None:
-        return _repeated_chars_of_strings(split_words(text, lang), n) / len(text) if text else None
+        if not text:
+            return None
+        return Words(split_words(text, lang)).repeated_chars(n, len(text), math.inf) / len(text)  # no early stop
 
     return stat
 
