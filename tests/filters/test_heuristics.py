@@ -22,12 +22,10 @@ from datatrove.pipeline.filters.gopher_repetition_filter import (
     get_n_grams,
 )
 
-from gristmill.filters import gopher_repetition
 from gristmill.filters.c4_lines import C4Lines
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
-from gristmill.native._ngrams import Words
-from gristmill.text.words import split_lines, split_paragraphs, split_sentences, split_words
+from gristmill.text.words import Words, page_words, split_lines, split_paragraphs, split_sentences, split_words
 
 
 def read_wet(path) -> list[str]:
@@ -190,10 +188,10 @@ def test_long_documents_decide_as_whole_ones(texts, monkeypatch):
         *(lambda p=p: C4Lines(**p) for p in [{}, {"max_word_length": 15, "filter_curly_bracket": False}]),
     ]
     whole = [decisions(make(), texts) for make in made]
-    from gristmill.filters import c4_lines, gopher_quality
+    from gristmill.filters import c4_lines
     from gristmill.text import words
 
-    for module in (words, gopher_quality, gopher_repetition, c4_lines):
+    for module in (words, c4_lines):  # the Gopher filters read long pages through `words`
         monkeypatch.setattr(module, "CHUNK_CHARS", 97)
     pieces = [decisions(make(), texts) for make in made]
     assert pieces == whole
@@ -293,12 +291,14 @@ def test_word_counts_on_real_documents_are_sane(texts):
     assert len(split_words(chinese)) > 3 * len(chinese.split())
 
 
-def test_split_words_reuses_only_the_same_text_object():
+def test_page_words_are_reused_only_for_the_same_text_object():
     text = "one two three"
-    first = split_words(text)
-    assert split_words(text) is first
+    first = page_words(text)
+    assert page_words(text) is first
     other = "".join(["one two ", "four"])
-    assert split_words(other) == ["one", "two", "four"]
+    assert page_words(other).words() == ["one", "two", "four"]
+    equal = "".join(["one two ", "three"])  # equal, but another object: split anew
+    assert page_words(equal) is not first and page_words(equal).words() == first.words()
 
 
 def test_sentences():

@@ -6,6 +6,7 @@ labels them before the filters run.
 
 from __future__ import annotations
 
+import random
 import sys
 from collections import Counter
 from unicodedata import category
@@ -13,13 +14,28 @@ from unicodedata import category
 import pytest
 from datatrove.data import Document
 
+from gristmill.core.documents import text_bytes
 from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.filters.c4_lines import C4Lines
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
 from gristmill.filters.langid import LangId
 from gristmill.text import words as words_mod
-from gristmill.text.words import PUNCTUATION_CHARS, UNSPACED_LANGUAGES, WORD_TOKEN, split_words
+from gristmill.text.words import (
+    PUNCTUATION_CHARS,
+    UNSPACED_LANGUAGES,
+    WORD_TOKEN,
+    Words,
+    line_counts,
+    line_duplicates,
+    page_words,
+    paragraph_duplicates,
+    spaced_word_counts,
+    split_lines,
+    split_paragraphs,
+    split_words,
+)
+from gristmill.text.words import _tokenize as tokenize
 
 UNSPACED = words_mod._UNSPACED_CHAR
 
@@ -117,12 +133,12 @@ def test_unspaced_words_count_as_alphabetic(labelled):
 
 def test_cache_is_per_language():
     text = "".join(["我们是", "中国人"])
-    regex_words = split_words(text)
-    assert split_words(text, "en") is regex_words  # any non-unspaced label shares the regex split
-    zh = split_words(text, "zh")
-    assert zh == ["我们", "是", "中国人"] and zh != regex_words
-    assert split_words(text, "zh") is zh
-    assert split_words(text) == list(text)
+    regex_words = page_words(text)
+    assert page_words(text, "en") is regex_words  # any non-unspaced label shares the regex split
+    zh = page_words(text, "zh")
+    assert zh.words() == ["我们", "是", "中国人"] == split_words(text, "zh") and zh is not regex_words
+    assert page_words(text, "zh") is zh
+    assert regex_words.words() == list(text) == split_words(text)
 
 
 def content_words(words):
@@ -233,6 +249,81 @@ def test_pieces_split_into_the_words_and_lines_of_the_whole_text(labelled, size)
 def test_long_texts_are_not_kept_for_the_next_caller(monkeypatch):
     monkeypatch.setattr(words_mod, "CHUNK_CHARS", 20)
     text = "a page longer than the limit"
-    assert split_words(text) is not split_words(text)  # split again: no list of it outlives the call
+    assert page_words(text) is not page_words(text)  # read again: none of it outlives the call
+    assert page_words(text).words() == split_words(text)  # in pieces, the same words
     short = "short page"
-    assert split_words(short) is split_words(short)
+    assert page_words(short) is page_words(short)
+
+
+# --- the C scanner is the regex -----------------------------------------------------------------
+
+
+def test_the_scanner_is_the_regex_on_the_sample(labelled):
+    for d in labelled:
+        assert tokenize(d.text) == WORD_TOKEN.findall(d.text), d.id
+        words = Words()
+        words.add_text(d.text)
+        assert words.words() == WORD_TOKEN.findall(d.text)
+
+
+def test_the_scanner_is_the_regex_on_every_code_point():
+    """Each code point alone, beside letters, digits, the number separators and the joiners, and
+    after a Thai letter: every class boundary of the five alternatives, in one text per block.
+    Every BMP code point (the classes are BMP tables); beyond it, where every character is a
+    token of its own unless \\d or \\s takes it, every decimal digit and space and every 61st
+    code point."""
+    context = "{0} a{0} {0}a 1{0} {0}1 1.{0} {0}.1 1,{0}2 a'{0} {0}-a a{0}'b \u0e01{0} {0}{0} "
+    astral = (chr(c) for c in range(0x10000, 0x110000))
+    points = [chr(c) for c in range(0x10000) if not 0xD800 <= c < 0xE000]
+    points += [p for p in astral if p.isdecimal() or p.isspace() or ord(p) % 61 == 0]
+    for i in range(0, len(points), 8192):
+        text = "".join(context.format(p) for p in points[i : i + 8192])
+        got, want = tokenize(text), WORD_TOKEN.findall(text)
+        assert got == want, next(((i, a, b) for a, b in zip(got, want) if a != b), (i, len(got), len(want)))
+
+
+def test_the_scanner_is_the_regex_on_random_text():
+    rng = random.Random(3)
+    pool = (
+        "0123456789.,'’-  \t\n\u00a0\u2003a é Ж ß ٣ ١٢ ๑๒ ๓ ก ั ้ ສ ក ႀ 中 の カ ー ﾞ 한 \u0301 \u200d "
+        "$ % ( ) … — ・ 。 \U0001d7ce \U0001d7cf \U00020000 \U0001f600 \U000104a0 \ufe0f ‐ ‑"
+    ).split(" ") + [" "]
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 40)))
+        assert tokenize(text) == WORD_TOKEN.findall(text), text
+        start, end = sorted(rng.randint(0, len(text)) for _ in range(2))
+        assert tokenize(text, start, end) == WORD_TOKEN.findall(text, start, end), (text, start, end)
+
+
+def test_spaced_word_counts_are_str_split_s():
+    rng = random.Random(5)
+    pool = ["a", "1", ".", " ", "\t", "\n", "\u3000", "\u00a0", "é", "中", "\U0001f600", "\x1c", "\x85", "-"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 30)))
+        spaced = text.split()
+        assert spaced_word_counts(text) == (len(spaced), sum(any(map(str.isalpha, w)) for w in spaced)), text
+
+
+def _find_duplicates(parts):
+    seen, dups, chars = set(), 0, 0
+    for p in parts:
+        if p in seen:
+            dups, chars = dups + 1, chars + len(p)
+        seen.add(p)
+    return len(parts), dups, chars
+
+
+def test_line_and_paragraph_counts_are_the_python_ones(labelled):
+    rng = random.Random(11)
+    pool = ["a", "b", "ab", " ", "\t", "\n", "\n", "\n\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x85", "\u2028",
+            "\u2029", "\u3000", "•", "-", "...", "…", ".", "é", "\U0001f600", "x y"]  # fmt: skip
+    texts = [d.text for d in labelled] + ["", "\n", "\n\n", "a\n", "\na", "\n\na\n\n", "  \n  ", "a\n\n\nb\n\nb"]
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(0, 60))) for _ in range(3000)]
+    for text in texts:
+        lines = text.splitlines()
+        bullets = sum(l.lstrip().startswith(("•", "-")) for l in lines)
+        ellipses = sum(l.rstrip().endswith(("...", "…")) for l in lines)
+        assert line_counts(text) == (len(lines), bullets, ellipses), text
+        assert paragraph_duplicates(text) == _find_duplicates(split_paragraphs(text)), text
+        assert line_duplicates(text) == _find_duplicates(split_lines(text)), text
+        assert text_bytes(text) == len(text.encode("utf-8")), text

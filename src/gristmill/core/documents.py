@@ -10,6 +10,12 @@ from __future__ import annotations
 import pyarrow as pa
 from datatrove.data import Document
 
+from gristmill.native._words import utf8_length
+
+#: a text's size in UTF-8 bytes, len(text.encode("utf-8")), counted without encoding a copy
+#: (every step counts the bytes in and out of every document it sees)
+text_bytes = utf8_length
+
 BASE_FIELDS: dict[str, pa.DataType] = {
     "text": pa.large_string(),
     "id": pa.string(),  # WARC-Record-ID

@@ -25,6 +25,7 @@ from pathlib import Path
 from datatrove.data import Document, DocumentsPipeline
 
 from gristmill.core.configlib import FilterConfig, Strict, language_configs
+from gristmill.core.documents import text_bytes
 from gristmill.core.parquet_io import ROW_GROUP_DOCS
 from gristmill.core.scores import LENGTH_BINS, ScoreRecorder
 from gristmill.core.sinks import SAMPLE_ROW_GROUP_BYTES, DroppedSampler
@@ -125,7 +126,7 @@ class Filter(Step):
         scores = ScoreRecorder(self.name, self.score_field, self.score_bins)
         try:
             for batch in batched_documents(data, self.batch_size):
-                sizes = [len(d.text.encode("utf-8")) for d in batch]
+                sizes = [text_bytes(d.text) for d in batch]
                 chars = [len(d.text) for d in batch]
                 with self.track_time():
                     results = self.filter_batch(batch)
@@ -133,7 +134,7 @@ class Filter(Step):
                     self.stat_update("total")
                     self.stat_update("bytes_in", value=size)
                     keep, reason = (result, None) if isinstance(result, bool) else result
-                    size_out = len(doc.text.encode("utf-8")) if keep else 0
+                    size_out = text_bytes(doc.text) if keep else 0
                     # after filtering: langid's own label counts for the documents it saw
                     scores.add(doc, length, keep, reason, size, size_out)
                     if keep:

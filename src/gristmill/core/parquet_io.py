@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 
-from gristmill.core.documents import documents_to_table, schema_for, table_to_documents
+from gristmill.core.documents import documents_to_table, schema_for, table_to_documents, text_bytes
 from gristmill.core.files import on_failure, remove_quietly
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
 from gristmill.core.working_copy import listed, staged
@@ -66,7 +66,7 @@ class ParquetFile:
 
     def add(self, doc: Document, size: int | None = None) -> None:
         """Buffer `doc` (`size`: its text's UTF-8 bytes, if known) for the current row group."""
-        size = len(doc.text.encode("utf-8")) if size is None else size
+        size = text_bytes(doc.text) if size is None else size
         if self.buffer and self.buffer_bytes + size > self.row_group_bytes:
             self.flush()  # the group would outgrow its bytes: the document starts the next one
         self.buffer.append(doc)
@@ -234,7 +234,7 @@ class ParquetWriter(Step):
             if out is None:
                 path = (self.folder / key if key else self.folder) / f"{rank:05d}.parquet"
                 out = files[key] = ParquetFile(path, self.schema, self.compression)
-            size = len(doc.text.encode("utf-8"))
+            size = text_bytes(doc.text)
             with self.track_time():
                 out.add(doc, size)
             written += 1

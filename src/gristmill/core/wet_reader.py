@@ -48,6 +48,7 @@ from isal import isal_zlib
 from loguru import logger
 
 from gristmill.core import storage
+from gristmill.core.documents import text_bytes
 from gristmill.core.messages import printable
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
 
@@ -559,7 +560,7 @@ class WetReader(Step):
                 self.stat_update(f"skipped_{event.type}")
             else:
                 self.stat_update("documents")
-                self.stat_update("bytes", value=len(event.text.encode("utf-8")))
+                self.stat_update("bytes", value=text_bytes(event.text))
                 meta = {k: getattr(event, k) for k in META}
                 doc = Document(text=event.text, id=event.record_id, metadata=meta)
                 # the document holds the text alone: a step that rewrites it (c4_lines) frees

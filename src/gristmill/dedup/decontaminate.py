@@ -74,6 +74,7 @@ from loguru import logger
 from pydantic import Field, field_validator, model_validator
 
 from gristmill.core.configlib import LID176_LABELS, FilterConfig, Strict, key_path_error
+from gristmill.core.documents import text_bytes
 from gristmill.core.files import on_failure
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.core.messages import format_bytes, printable
@@ -798,12 +799,12 @@ class Decontaminate(Filter):
         covered = np.cumsum(edges[:-1]) > 0
         spans = int(covered[0]) + int(np.count_nonzero(covered[1:] & ~covered[:-1]))
         cut = set(np.unique(np.repeat(np.arange(len(lines)), counts)[covered]).tolist())
-        before = len(doc.text.encode("utf-8"))
+        before = text_bytes(doc.text)
         doc.text = "".join(line for i, line in enumerate(lines) if i not in cut)
         self.stat_update("documents_cut")
         self.stat_update("spans_cut", value=spans)
         self.stat_update("lines_cut", value=len(cut))
-        self.stat_update("bytes_cut", value=before - len(doc.text.encode("utf-8")))
+        self.stat_update("bytes_cut", value=before - text_bytes(doc.text))
         if total - int(sum(counts[i] for i in cut)) < config.min_words_after_cut:
             return False, "too_short_after_cut"
         return True

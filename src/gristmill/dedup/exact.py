@@ -41,6 +41,7 @@ from pydantic import Field, field_validator
 
 from gristmill.core import storage
 from gristmill.core.configlib import Strict
+from gristmill.core.documents import text_bytes
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Workload
@@ -289,7 +290,7 @@ class ExactDedupHash(DedupPhase[ExactDedupPlan]):
                     if held >= self.spill_records:
                         spill()
             self.stat_update("documents")
-            self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
+            self.stat_update("bytes", value=text_bytes(doc.text))
         with self.track_time():
             flush()
             if held or part == 0:

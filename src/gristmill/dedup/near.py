@@ -52,6 +52,7 @@ from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import Strict
+from gristmill.core.documents import text_bytes
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import BASE_TASK_BYTES, DOCUMENT_BYTES_PER_BYTE, GlobalStep, StageContext, Workload
@@ -227,7 +228,7 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
             batch.append(doc)
             batch_chars += len(doc.text)
             self.stat_update("documents")
-            self.stat_update("bytes", value=len(doc.text.encode("utf-8")))
+            self.stat_update("bytes", value=text_bytes(doc.text))
             if len(batch) == BATCH_DOCS or batch_chars >= BATCH_CHARS:
                 batch_chars = 0
                 with self.track_time():

@@ -37,7 +37,6 @@ from gristmill.text.words import (
     PUNCTUATION_SET,
     SYLLABIC_CHARS,
     UNSPACED_LANGUAGES,
-    WORD_TOKEN,
     split_words,
     text_chunks,
 )
@@ -93,7 +92,7 @@ def words(text: str, language: str | None = None) -> list[str]:
             if w.isalnum():
                 out.append(w)
             elif w:
-                out += WORD_TOKEN.findall(w)
+                out += split_words(w)
     return out
 
 

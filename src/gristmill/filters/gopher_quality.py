@@ -1,14 +1,14 @@
 """Gopher's quality rules (Rae et al. 2021, https://arxiv.org/abs/2112.11446), as datatrove's
 GopherQualityFilter: same parameters, defaults, order of rules and drop reasons.
 
-Faster in two ways: words come from our regex tokenizer instead of spaCy (see words.py), and
-the per-word statistics are computed once per distinct word (a Counter, built in C) rather
-than once per occurrence in several list comprehensions and a numpy mean.
+Faster in two ways: words come from our tokenizer instead of spaCy (see words.py), and the
+per-word statistics are counted in C once per distinct word (`page_words`, shared with
+gopher_repetition) rather than once per occurrence in several list comprehensions and a numpy
+mean.
 
-Long pages (`CHUNK_CHARS` characters and more) are counted a piece at a time (`word_chunks`,
-`line_chunks`): only the distinct words and their counts are held, not a list of every word
-(~60 bytes a word, 13 bytes per byte of a 30 MB page); the counts, and so the decisions, are
-those of the whole text.
+Long pages (`CHUNK_CHARS` characters and more) are read a piece at a time (`page_words`,
+`line_chunks`): the page's words are held as numbers (4 bytes a word) and its distinct words,
+never as a list of str; the counts, and so the decisions, are those of the whole text.
 
 Other languages: stop words are the page's language's (`stopwordsiso`, the stopwords-iso
 lists, MIT), English keeping datatrove's list; a language with no list skips the stop-word
@@ -17,8 +17,6 @@ rule. Thresholds per language come from `per_language` (see `pipeline calibrate`
 
 from __future__ import annotations
 
-from collections import Counter
-from operator import methodcaller
 from typing import Literal
 
 from datatrove.data import Document
@@ -27,17 +25,7 @@ from pydantic import Field
 
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
 from gristmill.core.filter import Filter, FilterResult
-from gristmill.text.words import (
-    CHUNK_CHARS,
-    PUNCTUATION_CHARS,
-    line_chunks,
-    split_words,
-    text_chunks,
-    word_chunks,
-)
-
-_starts_with_bullet = methodcaller("startswith", ("•", "-"))
-_ends_with_ellipsis = methodcaller("endswith", ("...", "…"))
+from gristmill.text.words import line_counts, page_words, spaced_word_counts, split_words
 
 #: the languages whose default stop words are datatrove's English list (None: no langid label)
 _DATATROVE_STOP_WORDS = frozenset({"en", None})
@@ -140,24 +128,12 @@ class GopherQuality(Filter):
     def filter(self, doc: Document, c: Config) -> FilterResult:
         language = doc.metadata.get("language")
         text = doc.text
-        # the lid label picks ICU words for Chinese, Japanese, Thai, Lao, Khmer and Burmese pages
-        if len(text) < CHUNK_CHARS:
-            counts = Counter(split_words(text, language))
-        else:  # a long page: its distinct words only, never a list of them all
-            counts = Counter()
-            for words in word_chunks(text, language):
-                counts.update(words)
-        n_words = counts.total()
-
-        # One pass over distinct words: "symbol words" consist only of punctuation and count
-        # towards neither the document length nor the mean word length.
-        n_content = content_chars = n_alpha = 0
-        for word, count in counts.items():
-            if word.strip(PUNCTUATION_CHARS):
-                n_content += count
-                content_chars += len(word) * count
-            if word.isalpha() or any(map(str.isalpha, word)):  # all letters, or any letter
-                n_alpha += count
+        # the lid label picks ICU words for Chinese, Japanese, Thai, Lao, Khmer and Burmese pages;
+        # the words are numbered and counted once for both Gopher filters (`page_words`, in C):
+        # "symbol words" consist only of punctuation (PUNCTUATION_SET) and count towards neither
+        # the document length nor the mean word length; n_alpha counts words holding a letter
+        words = page_words(text, language)
+        n_words, n_content, content_chars, n_alpha = words.quality_counts()
 
         if c.min_doc_words and n_content < c.min_doc_words:
             return False, "gopher_short_doc"
@@ -179,30 +155,18 @@ class GopherQuality(Filter):
         if c.max_symbol_word_ratio and (text.count("...") + text.count("…")) / n_words > c.max_symbol_word_ratio:
             return False, "gopher_too_many_ellipsis"
 
-        # per line, at C speed: map/sum over str methods instead of a generator; a long page's
-        # lines a piece at a time
+        # of str.splitlines()'s lines, those starting with "•" or "-" once left-stripped, and those
+        # ending with "..." or "…" once right-stripped (counted in C, no list of the lines)
         if c.max_bullet_lines_ratio or c.max_ellipsis_lines_ratio:
-            n_lines = bullets = ellipses = 0
-            for piece in line_chunks(text) if len(text) >= CHUNK_CHARS else (text,):
-                lines = piece.splitlines()
-                n_lines += len(lines)
-                if c.max_bullet_lines_ratio:
-                    bullets += sum(map(_starts_with_bullet, map(str.lstrip, lines)))
-                if c.max_ellipsis_lines_ratio:
-                    ellipses += sum(map(_ends_with_ellipsis, map(str.rstrip, lines)))
-                del lines
+            n_lines, bullets, ellipses = line_counts(text)
             if c.max_bullet_lines_ratio and bullets / n_lines > c.max_bullet_lines_ratio:
                 return False, "gopher_too_many_bullets"
             if c.max_ellipsis_lines_ratio and ellipses / n_lines > c.max_ellipsis_lines_ratio:
                 return False, "gopher_too_many_end_ellipsis"
 
         if c.max_non_alpha_words_ratio:
-            if c.alpha_words == "whitespace":
-                n_spaced = n_lettered = 0
-                for piece in text_chunks(text) if len(text) >= CHUNK_CHARS else (text,):
-                    spaced = piece.split()
-                    n_spaced += len(spaced)
-                    n_lettered += sum(any(map(str.isalpha, w)) for w in spaced)
+            if c.alpha_words == "whitespace":  # str.split()'s words, and those holding a letter
+                n_spaced, n_lettered = spaced_word_counts(text)
                 ratio = n_lettered / n_spaced if n_spaced else 0.0
             else:
                 ratio = n_alpha / n_words
@@ -211,7 +175,7 @@ class GopherQuality(Filter):
 
         if c.min_stop_words:
             stop_words = self.stop_words_for(language, c)
-            if stop_words is not None and sum(w in counts for w in stop_words) < c.min_stop_words:
+            if stop_words is not None and words.present(stop_words) < c.min_stop_words:
                 return False, "gopher_enough_stop_words"
 
         return True

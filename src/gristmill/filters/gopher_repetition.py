@@ -10,80 +10,28 @@ datatrove's rules, including their quirks, which we keep so that decisions are i
   scan jumps past it (the n-grams it overlaps are neither counted nor remembered); n-grams are
   joined WITHOUT spaces, so ("ab", "c") repeats ("a", "bc").
 
-All fractions are of len(text). datatrove builds a string per n-gram and loops in Python once
-per word for each n; we number the page's words once and count its n-grams in C
-(`gristmill/native/ngrams.c`, `Words`), which compares candidates exactly (words for the
-" ".join-ed n-grams, characters for the "".join-ed ones), so the counts are datatrove's.
+All fractions are of len(text). datatrove builds a string per paragraph, line and n-gram and
+loops in Python once per word for each n; we count in C (`gristmill/native/words.c`): the
+paragraphs and lines in place (`paragraph_duplicates`, `line_duplicates`), the n-grams over the
+page's numbered words (`page_words`, shared with gopher_quality), comparing candidates exactly
+(words for the " ".join-ed n-grams, characters for the "".join-ed ones), so the counts are
+datatrove's.
 
-Long pages (`CHUNK_CHARS` characters and more) are read a piece at a time: paragraphs and lines
-as they come (only the distinct ones held), words into `Words` a piece at a time, without a list
-of them all. What a page costs is then 4 bytes per word, its distinct words, and a rule's n-gram
-table of up to 64 bytes per word (docs/scale.md "Large records"); the decisions are the whole
-text's. A scan of repeated n-grams stops once its count breaks the rule (the count only grows).
+Long pages (`CHUNK_CHARS` characters and more): no list of their lines or words is made; the
+words are numbered a piece at a time. What a page costs is then the distinct paragraphs' and
+lines' positions, 28 bytes per word and its distinct words, and a rule's n-gram table of up to
+64 bytes per word (docs/scale.md "Large records"); the decisions are the whole text's. A scan
+of repeated n-grams stops once its count breaks the rule (the count only grows).
 """
 
 from __future__ import annotations
-
-import re
-from collections.abc import Iterable, Iterator
 
 from datatrove.data import Document
 from pydantic import Field, field_validator
 
 from gristmill.core.configlib import FilterConfig
 from gristmill.core.filter import Filter, FilterResult
-from gristmill.native._ngrams import Words
-from gristmill.text.words import CHUNK_CHARS, line_chunks, split_lines, split_paragraphs, split_words, word_chunks
-
-_NON_SPACE = re.compile(r"\S")
-_PARAGRAPH_BREAK = re.compile(r"\n{2,}")  # as text.words.split_paragraphs
-
-
-def _duplicates(parts: Iterable[str]) -> tuple[int, int, int]:
-    """(elements, repeated elements, their characters): datatrove's find_duplicates, over the
-    parts as they come (only the distinct ones are held)."""
-    seen: set[str] = set()
-    n = dups = dup_chars = 0
-    for part in parts:
-        n += 1
-        if part in seen:
-            dups += 1
-            dup_chars += len(part)
-        else:
-            seen.add(part)
-    return n, dups, dup_chars
-
-
-def _paragraphs(text: str) -> Iterator[str]:
-    """split_paragraphs(text), one paragraph at a time, without a stripped copy of the text."""
-    m = _NON_SPACE.search(text)
-    if m is None:
-        yield ""
-        return
-    start, end = m.start(), len(text)
-    while text[end - 1].isspace():  # str.strip's whitespace (re's \s is the same set)
-        end -= 1
-    for m in _PARAGRAPH_BREAK.finditer(text, start, end):
-        yield text[start : m.start()]
-        start = m.end()
-    yield text[start:end]
-
-
-def _lines(text: str) -> Iterator[str]:
-    """split_lines(text), one line at a time: the "\\n"-split pieces, empty ones dropped but
-    the first and the last, read a `line_chunks` piece at a time."""
-    pending = None  # the last piece seen: yielded once it is known not to be the text's last
-    first = True
-    for chunk in line_chunks(text):
-        parts = chunk.split("\n")
-        if pending is not None:
-            parts[0] = pending + parts[0]  # never: a chunk ends right after a newline
-        pending = parts.pop()
-        for part in parts:
-            if first or part:
-                yield part
-            first = False
-    yield pending
+from gristmill.text.words import line_duplicates, page_words, paragraph_duplicates
 
 
 class GopherRepetition(Filter):
@@ -137,26 +85,20 @@ class GopherRepetition(Filter):
         if not text:
             return False, "empty"
         n_chars = len(text)
-        long = n_chars >= CHUNK_CHARS  # a long page: its parts a piece at a time, no list of them
-
-        n, dups, dup_chars = _duplicates(_paragraphs(text) if long else split_paragraphs(text))
+        # datatrove's find_duplicates over split_paragraphs and split_lines, counted in place
+        n, dups, dup_chars = paragraph_duplicates(text)
         if c.dup_para_frac and dups / n > c.dup_para_frac:
             return False, "dup_para_frac"
         if c.dup_para_char_frac and dup_chars / n_chars > c.dup_para_char_frac:
             return False, "dup_para_char_frac"
 
-        n, dups, dup_chars = _duplicates(_lines(text) if long else split_lines(text))
+        n, dups, dup_chars = line_duplicates(text)
         if c.dup_line_frac and dups / n > c.dup_line_frac:
             return False, "dup_line_frac"
         if c.dup_line_char_frac and dup_chars / n_chars > c.dup_line_char_frac:
             return False, "dup_line_char_frac"
 
-        words = Words()
-        if long:  # words as in gopher_quality, a piece at a time
-            for chunk in word_chunks(text, language):
-                words.add(chunk)
-        else:
-            words.add(split_words(text, language))
+        words = page_words(text, language)  # as gopher_quality's (made once for both); long: a piece at a time
         for n, max_frac in c.top_n_grams:
             top_chars = words.top_chars(n)
             if top_chars is not None and top_chars / n_chars > max_frac:

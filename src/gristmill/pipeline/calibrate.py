@@ -42,7 +42,6 @@ from typing import Literal
 from gristmill.core.configlib import ConfigError
 from gristmill.filters.c4_lines import end_punctuation_for
 from gristmill.filters.gopher_quality import language_stop_words
-from gristmill.native._ngrams import Words
 from gristmill.pipeline.calibration_rules import (
     STEP_DEFAULTS,
     not_a_threshold,
@@ -51,6 +50,7 @@ from gristmill.pipeline.calibration_rules import (
 from gristmill.text.words import (
     PUNCTUATION_CHARS,
     UNSPACED_LANGUAGES,
+    Words,
     split_lines,
     split_paragraphs,
     split_sentences,

@@ -46,13 +46,24 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import numpy as np
 import regex
 from datatrove.utils.text import PUNCTUATION_SET
+
+from gristmill.native import _words as _native
+from gristmill.native._words import Words, line_counts, spaced_word_counts, utf8_length
 
 __all__ = [
     "PUNCTUATION_SET",
     "PUNCTUATION_CHARS",
     "split_words",
+    "page_words",
+    "Words",
+    "spaced_word_counts",
+    "line_counts",
+    "utf8_length",
+    "paragraph_duplicates",
+    "line_duplicates",
     "UNSPACED_LANGUAGES",
     "split_sentences",
     "split_paragraphs",
@@ -96,6 +107,10 @@ _ALNUM = _bmp_class(rf"[[\p{{L}}\p{{N}}\p{{M}}]--{_IDEOGRAPHIC}--{_SYLLABIC}]")
 _SCRIPT_WORD_CHARS = _bmp_class(rf"[{_IDEOGRAPHIC}{_SYLLABIC}[[\p{{L}}\p{{M}}]&&[\p{{Common}}\p{{Inherited}}]]]")
 ASTRAL_CHARS = "\U00010000-\U0010ffff"
 
+#: What a word is: the tokens of this regex, as `re.findall` gives them. It is the specification;
+#: the tokenizer that runs is its C scanner (`gristmill/native/words.c`: the same five
+#: alternatives tried in the same order over the same character classes, 10x faster; tested
+#: equal to the regex on the sample and on every code point, tests/text/test_words.py).
 WORD_TOKEN = re.compile(
     rf"""
       \d+(?:[.,]\d+)+
@@ -106,6 +121,21 @@ WORD_TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
+
+
+def _class_table() -> bytes:
+    """The C scanner's classes of every BMP code point (bits: ALNUM 1, IDEOGRAPHIC 2, SYLLABIC 4,
+    MARK 8), from the class strings WORD_TOKEN is compiled from."""
+    every = "".join(map(chr, range(0x10000)))  # surrogates included: they are in no class
+    table = np.zeros(0x10000, dtype=np.uint8)
+    for bit, chars in ((1, _ALNUM), (2, IDEOGRAPHIC_CHARS), (4, SYLLABIC_CHARS), (8, _MARK)):
+        for m in re.finditer(f"[{chars}]+", every):
+            table[m.start() : m.end()] |= bit
+    return table.tobytes()
+
+
+_native.set_tables(_class_table(), PUNCTUATION_CHARS)
+_tokenize = _native.tokenize
 
 #: lid.176 labels of the languages written without spaces between words, segmented with ICU.
 #: (Korean is written with spaces: ICU and the regex agree exactly on it.)
@@ -132,11 +162,11 @@ _SENTENCE_BREAK = regex.compile(r"[.!?]+[\"'”’)\]]*(\s+)(?=[\"'“‘(\[]*\p
 
 _PARAGRAPH_BREAK = re.compile(r"\n{2,}")
 
-# The Gopher filters run one after the other on the same text: keep the last split, with the
-# language it was split for (None: the regex). The text is held, so `is` cannot match a new
-# string at a recycled address. Texts of CHUNK_CHARS and more are not kept: their callers split
-# them a piece at a time, and a kept list would outlive the document's visit to them.
-_last: tuple[str, str | None, list[str]] = ("", None, [])
+# The Gopher filters run one after the other on the same text: `page_words` keeps the last
+# page's Words, with the language it was split for (None: the regex). The text is held, so `is`
+# cannot match a new string at a recycled address. Texts of CHUNK_CHARS and more are not kept:
+# their callers read them a piece at a time, and a kept page would outlive the document's visit.
+_last: tuple[str, str | None, Words | None] = ("", None, None)
 
 #: texts this long or longer are split a piece of about this many characters at a time by the
 #: callers that can (`text_chunks`); shorter ones in one go, as before
@@ -175,7 +205,7 @@ def _split_unspaced(text: str, language: str) -> list[str]:
     handed to the regex by position, without copying.
     """
     breaker = _word_breaker()
-    findall, is_unspaced, has_space = WORD_TOKEN.findall, _UNSPACED_CHAR.search, _SPACE.search
+    findall, is_unspaced, has_space = _tokenize, _UNSPACED_CHAR.search, _SPACE.search
     has_other_char = _HAS_OTHER_CHAR.search
     words: list[str] = []
     pending = pos = 0  # text[pending:pos] is not tokenized yet
@@ -197,7 +227,7 @@ def _split_unspaced(text: str, language: str) -> list[str]:
             pending = end
         pos = end
     if pending < len(text):
-        words += findall(text, pending)
+        words += findall(text, pending, len(text))
     return words
 
 
@@ -205,16 +235,30 @@ def split_words(text: str, language: str | None = None) -> list[str]:
     """Words and punctuation/symbol tokens of `text` (see the module docstring).
 
     `language` is the page's lid label: one of UNSPACED_LANGUAGES selects ICU segmentation for
-    its script; anything else (None included) the regex alone.
-    The list may be shared with the previous caller on the same text: do not modify it.
+    its script; anything else (None included) the tokenizer alone (WORD_TOKEN's tokens).
     """
+    if language in UNSPACED_LANGUAGES:
+        return _split_unspaced(text, language)
+    return _tokenize(text)
+
+
+def page_words(text: str, language: str | None = None) -> Words:
+    """The words of `text` as `Words` (numbered, counted: what the Gopher filters count), made
+    once for the filters that run one after the other on a page (not kept for texts of
+    CHUNK_CHARS and more). A long text is read a `text_chunks` piece at a time: no list of its
+    words is ever made. Do not add to the result."""
     global _last
     if language not in UNSPACED_LANGUAGES:
         language = None
     last = _last
     if last[0] is text and last[1] == language:
         return last[2]
-    words = WORD_TOKEN.findall(text) if language is None else _split_unspaced(text, language)
+    words = Words()
+    for piece in text_chunks(text) if len(text) >= CHUNK_CHARS else (text,):
+        if language is None:
+            words.add_text(piece)
+        else:
+            words.add(_split_unspaced(piece, language))
     if len(text) < CHUNK_CHARS:
         _last = (text, language, words)
     return words
@@ -253,7 +297,7 @@ def word_chunks(text: str, language: str | None = None, size: int | None = None)
     if language not in UNSPACED_LANGUAGES:
         language = None
     for piece in text_chunks(text, size):
-        yield WORD_TOKEN.findall(piece) if language is None else _split_unspaced(piece, language)
+        yield _tokenize(piece) if language is None else _split_unspaced(piece, language)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -274,6 +318,18 @@ def split_paragraphs(text: str) -> list[str]:
     text = text.strip()
     # WET text rarely has blank lines; "in" is much faster than a regex scan
     return _PARAGRAPH_BREAK.split(text) if "\n\n" in text else [text]
+
+
+def paragraph_duplicates(text: str) -> tuple[int, int, int]:
+    """(paragraphs, repeated paragraphs, their characters): datatrove's find_duplicates over
+    `split_paragraphs(text)`, counted in place (C: no list of the paragraphs is made)."""
+    return _native.duplicate_parts(text, True)
+
+
+def line_duplicates(text: str) -> tuple[int, int, int]:
+    """(lines, repeated lines, their characters): datatrove's find_duplicates over
+    `split_lines(text)`, counted in place (C: no list of the lines is made)."""
+    return _native.duplicate_parts(text, False)
 
 
 def split_lines(text: str) -> list[str]:
