@@ -35,19 +35,32 @@ UNKNOWN_LANGUAGE, OTHER_LANGUAGES = "unknown", "other"
 MAX_LANGUAGES = 1024
 
 
-def bin_index(value: float, bins: dict) -> int:
-    lo, hi, n = bins["lo"], bins["hi"], bins["n"]
-    if bins["scale"] == "log":
-        value = math.log10(value) if value > 0 else lo
-    i = int((value - lo) / (hi - lo) * n)
-    return 0 if i < 0 else n - 1 if i >= n else i
-
-
 def bin_edges(bins: dict) -> list[float]:
     """Edges of the bins, in the score's own units (10**x for log bins)."""
     lo, hi, n = bins["lo"], bins["hi"], bins["n"]
     edges = [lo + (hi - lo) * i / n for i in range(n + 1)]
     return [10**e for e in edges] if bins["scale"] == "log" else edges
+
+
+def binner(bins: dict):
+    """The function giving a value's bin: n equal bins from lo to hi, of log10(value) for log
+    bins, the first and last taking what falls outside. The bins' numbers are read once (it runs a
+    few times per document per step)."""
+    lo, n, log10 = bins["lo"], bins["n"], math.log10
+    span, last = bins["hi"] - lo, n - 1
+    if bins["scale"] == "log":
+
+        def index(value: float) -> int:
+            i = int(((log10(value) if value > 0 else lo) - lo) / span * n)
+            return 0 if i < 0 else last if i > last else i
+
+    else:
+
+        def index(value: float) -> int:
+            i = int((value - lo) / span * n)
+            return 0 if i < 0 else last if i > last else i
+
+    return index
 
 
 class ScoreRecorder:
@@ -56,6 +69,7 @@ class ScoreRecorder:
         self.score_field = score_field or "length_chars"
         self.use_length = score_field is None
         self.bins = bins
+        self._score_bin, self._length_bin = binner(bins), binner(LENGTH_BINS)
         n = bins["n"]
         self.hist = {"kept": [0] * n, "dropped": [0] * n}
         self.missing = {"kept": 0, "dropped": 0}
@@ -70,15 +84,15 @@ class ScoreRecorder:
         """One document the step saw; `bytes_in`/`bytes_out` are its UTF-8 size before and
         after the step (`bytes_out` 0 when dropped)."""
         self._count_language(doc, keep, reason, bytes_in, bytes_out)
-        self.length["before"][bin_index(length_before, LENGTH_BINS)] += 1
+        self.length["before"][self._length_bin(length_before)] += 1
         if keep:
-            self.length["after"][bin_index(len(doc.text), LENGTH_BINS)] += 1
+            self.length["after"][self._length_bin(len(doc.text))] += 1
         side = "kept" if keep else "dropped"
         score = length_before if self.use_length else doc.metadata.get(self.score_field)
         if score is None:
             self.missing[side] += 1
         else:
-            self.hist[side][bin_index(score, self.bins)] += 1
+            self.hist[side][self._score_bin(score)] += 1
         key = "" if keep else (reason or "unspecified")
         h = xxhash.xxh3_64_intdigest(doc.id or doc.text)
         heap = self._heaps.setdefault(key, [])
