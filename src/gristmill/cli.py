@@ -28,8 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gristmill import __version__
-from gristmill.core.configlib import ConfigError
-from gristmill.core.messages import format_bytes, os_error_line, printable
+from gristmill.core.messages import ConfigError, format_bytes, os_error_line, printable
 
 
 def safe(value: object) -> Text:

@@ -14,7 +14,8 @@ import struct
 import numpy as np
 import pytest
 
-from gristmill.filters.fasttext_native import Predictor, load_classifier, read_model
+from gristmill.filters.fasttext_file import FastTextFileError, read_model
+from gristmill.filters.fasttext_native import Predictor, load_classifier
 from gristmill.filters.model_check import ModelError
 from gristmill.filters.train_corpus import iter_documents
 
@@ -198,16 +199,16 @@ def test_cut_or_damaged_files_are_refused_with_the_section(tmp_path, lid_model):
     for cut in (3, 50, 120, 40_000, 200_000, 600_000, 930_000, len(data) - 1):
         bad = tmp_path / f"cut{cut}.ftz"
         bad.write_bytes(data[:cut])
-        with pytest.raises(ModelError, match="ends inside|inconsistent|not a fastText"):
+        with pytest.raises(FastTextFileError, match="ends at byte|inconsistent|magic"):
             read_model(bad)
     extra = tmp_path / "extra.ftz"
     extra.write_bytes(data + b"\0" * 7)
-    with pytest.raises(ModelError, match="7 unexpected bytes"):
+    with pytest.raises(FastTextFileError, match="7 unexpected bytes"):
         read_model(extra)
     # a dictionary header that asks for more labels than there are entries
     size_at = 8 + 12 * 4 + 8
     lying = bytearray(data)
     struct.pack_into("<i", lying, size_at + 8, 10_000)
     (tmp_path / "lying.ftz").write_bytes(bytes(lying))
-    with pytest.raises(ModelError, match="inconsistent dictionary header"):
+    with pytest.raises(FastTextFileError, match="inconsistent dictionary header"):
         read_model(tmp_path / "lying.ftz")

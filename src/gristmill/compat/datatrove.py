@@ -16,14 +16,27 @@ from __future__ import annotations
 
 import sys
 
-import datatrove.executor.base as dt_base
 from loguru import logger
 
 #: datatrove versions this module was written and tested for
 WRITTEN_FOR = ("0.10.1",)
 
-_original_add_task_logger = dt_base.add_task_logger
-_original_close_task_logger = dt_base.close_task_logger
+
+def _executor_base():
+    """datatrove.executor.base, imported when a task runs: it imports datatrove.io, which imports
+    huggingface_hub and httpx (~0.3 s), and the CLI's commands that run no task never need it."""
+    import datatrove.executor.base as dt_base
+
+    return dt_base
+
+
+_originals: dict = {}  # datatrove's own add/close_task_logger, kept before they are replaced
+
+
+def _original(name: str):
+    if name not in _originals:
+        _originals[name] = getattr(_executor_base(), name)
+    return _originals[name]
 
 
 def _one_line(record) -> str:
@@ -50,7 +63,7 @@ def _guarded(stream):
 
 def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
     # local_rank=1 makes datatrove's own terminal sink ERROR-only (its "Launching pipeline" line)
-    logfile = _original_add_task_logger(logging_dir, rank, 1, node_rank)
+    logfile = _original("add_task_logger")(logging_dir, rank, 1, node_rank)
     # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
     logger.remove()
     logger.add(sys.stderr, **_TERMINAL)
@@ -63,13 +76,15 @@ def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
 
 
 def _close_task_logger_quiet(logfile):
-    _original_close_task_logger(logfile)  # re-adds datatrove's INFO terminal sink ("N/M tasks completed")
+    _original("close_task_logger")(logfile)  # re-adds datatrove's INFO terminal sink ("N/M tasks completed")
     logger.remove()
     logger.add(sys.stderr, **_TERMINAL)
 
 
 def quiet_task_logging() -> None:
     """In the task's own process: route datatrove's per-task logging through the two above."""
+    _original("add_task_logger"), _original("close_task_logger")  # kept before they are replaced
+    dt_base = _executor_base()
     dt_base.add_task_logger = _add_task_logger_quiet
     dt_base.close_task_logger = _close_task_logger_quiet
 

@@ -33,6 +33,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from gristmill.core.messages import ConfigError  # the CLI reads it from there, without pydantic
+
 __all__ = [
     "ConfigError",
     "FilterConfig",
@@ -48,10 +50,6 @@ __all__ = [
     "omitted_defaults",
     "validate_config",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names every offending key path."""
 
 
 def _fraction(value: Any) -> Any:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["format_bytes", "os_error_line", "printable"]
+__all__ = ["ConfigError", "format_bytes", "os_error_line", "printable"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names every offending key path. (Here, beside the
+    other messages, so that the CLI can raise and catch it without importing pydantic.)"""
+
 
 # control characters (NUL, ESC, ...), C1 controls, zero-width and bidi overrides: what a
 # terminal would act on or a reader would not see

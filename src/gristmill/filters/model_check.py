@@ -5,13 +5,14 @@ end of a truncated dictionary into a multi-GB allocation, or segfaults; a fastTe
 its last matrix loads "fine" and scores with zeros; a KenLM binary cut in its vocabulary list
 loads too. So each model file gets, once per (path, size, mtime) in a process:
 
-1. cheap checks with a precise message: size, magic number, and for fastText a walk over the
-   file's layout (header, dictionary, matrices) that must end exactly at the end of the file;
-   for a KenLM binary its header and the vocabulary list at the end; a file named like a
-   published model (lid.176.ftz) must have that model's sha256;
-2. a trial load in a short-lived child process with an address-space limit and a timeout: a
-   signal, a non-zero exit or an exception there means the file is corrupt, and the planning
-   process is unharmed.
+1. checks with a precise message: size and magic number; a fastText file is read whole by
+   gristmill's own reader (`fasttext_file.read_model`: every size against the file, every row
+   a word can name, nothing left over; gristmill predicts with it, not with fastText's loader);
+   a KenLM binary's header and the vocabulary list at its end; a file named like a published
+   model (lid.176.ftz) must have that model's sha256;
+2. for KenLM, a trial load in a short-lived child process with an address-space limit and a
+   timeout: a signal, a non-zero exit or an exception there means the file is corrupt, and the
+   planning process is unharmed.
 
 Steps keep the `Checked` record and load the file in their task only if it is unchanged
 (`unchanged`), so no task loads a file that was not validated.
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gristmill.core import storage
+from gristmill.filters.fasttext_file import FASTTEXT_MAGIC, FastTextFileError, read_model
 
 
 class ModelError(ValueError):
@@ -53,7 +55,6 @@ class Checked:
     source: str | None = field(default=None, compare=False)
 
 
-FASTTEXT_MAGIC = 793712314
 # Models published under a fixed name: a file of that name must be that file.
 PUBLISHED = {
     "lid.176.ftz": (938013, "8f3472cfe8738a7b6099e8e999c3cbfae0dcd15696aac7d7738a8039db603e83"),
@@ -114,102 +115,6 @@ def unchanged(checked: Checked) -> str:
     return path
 
 
-# --- fastText ---------------------------------------------------------------------------------
-
-
-class _Walk:
-    """Reads fixed-size fields of a mapped file, failing with the section being read."""
-
-    def __init__(self, buf, size: int):
-        self.buf, self.size, self.pos = buf, size, 0
-
-    def take(self, n: int, section: str) -> int:
-        if n < 0 or self.pos + n > self.size:
-            raise ModelError(
-                f"the file ends at byte {self.size:,}, inside the {section},"
-                f" which needs at least {self.pos + max(n, 0):,} bytes"
-            )
-        start, self.pos = self.pos, self.pos + n
-        return start
-
-    def unpack(self, fmt: str, section: str):
-        start = self.take(struct.calcsize(fmt), section)
-        return struct.unpack_from(fmt, self.buf, start)
-
-
-def _walk_matrix(w: _Walk, quantized: bool, name: str) -> tuple[int, int]:
-    if not quantized:
-        m, n = w.unpack("<qq", name)
-        if m < 0 or n <= 0:
-            raise ModelError(f"impossible {name} shape {m} x {n}")
-        w.take(m * n * 4, name)
-        return m, n
-    qnorm, m, n, codesize = w.unpack("<?qqi", name)
-    if m < 0 or n <= 0 or codesize < 0:
-        raise ModelError(f"impossible quantized {name} shape {m} x {n}")
-    w.take(codesize, name)
-    _walk_quantizer(w, f"{name} quantizer")
-    if qnorm:
-        w.take(m, f"{name} norm codes")
-        _walk_quantizer(w, f"{name} norm quantizer")
-    return m, n
-
-
-def _walk_quantizer(w: _Walk, section: str) -> None:
-    dim, _nsubq, _dsub, _lastdsub = w.unpack("<iiii", section)
-    if dim <= 0:
-        raise ModelError(f"impossible {section} dimension {dim}")
-    w.take(dim * 256 * 4, section)  # 256 centroids of `dim` floats
-
-
-def fasttext_layout(path: Path) -> dict:
-    """Walk a fastText .bin/.ftz file's layout; raises ModelError (reason only) if it is broken."""
-    size = path.stat().st_size
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        w = _Walk(buf, size)
-        magic, version = w.unpack("<ii", "header")
-        if magic != FASTTEXT_MAGIC:
-            raise ModelError("bad magic number: not a fastText model")
-        if version not in (11, 12):
-            raise ModelError(f"fastText file format version {version}; this fastText reads 11 and 12")
-        dim, *_rest = w.unpack("<12i", "header")
-        w.unpack("<d", "header")
-        if dim <= 0:
-            raise ModelError(f"impossible vector dimension {dim} in the header")
-        nentries, nwords, nlabels, _ntokens, npruned = w.unpack("<iiiqq", "dictionary")
-        if nentries < 0 or nwords < 0 or nlabels < 0 or nwords + nlabels != nentries or npruned < -1:
-            raise ModelError(f"inconsistent dictionary header ({nentries} entries, {nwords} words, {nlabels} labels)")
-        for _ in range(nentries):
-            end = buf.find(b"\0", w.pos)
-            if end < 0:
-                w.take(size + 1 - w.pos, "dictionary")
-            w.pos = end + 1
-            w.take(9, "dictionary")  # int64 count, int8 entry type
-        w.take(max(npruned, 0) * 8, "dictionary's pruning index")
-        (quant_input,) = w.unpack("<?", "input matrix")
-        input_rows, _ = _walk_matrix(w, quant_input, "input matrix")
-        (quant_output,) = w.unpack("<?", "output matrix")
-        rows, cols = _walk_matrix(w, quant_input and quant_output, "output matrix")
-        if cols != dim:
-            raise ModelError(f"output matrix has {cols} columns, the header says dimension {dim}")
-        if w.pos != size:
-            raise ModelError(f"{size - w.pos:,} unexpected bytes after the output matrix (ends at byte {w.pos:,})")
-    # the matrices' rows: what they take decoded to float32 (`fasttext_native`)
-    return {"labels": nlabels, "words": nwords, "dim": dim, "input_rows": input_rows, "output_rows": rows}
-
-
-_FASTTEXT_TRIAL = r"""
-import json, resource, sys
-sys.path[:] = json.loads(sys.argv[3])
-import fasttext
-vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
-resource.setrlimit(resource.RLIMIT_AS, (vm + int(sys.argv[2]),) * 2)
-model = fasttext.FastText._FastText(model_path=sys.argv[1])
-labels, probs = model.predict("a short probe sentence", k=1)
-assert all(0.0 <= float(p) <= 1.0 + 1e-6 for p in probs), probs
-print(json.dumps({"labels": list(model.get_labels())}))
-"""
-
 _KENLM_TRIAL = r"""
 import json, math, resource, sys
 sys.path[:] = json.loads(sys.argv[3])
@@ -258,6 +163,9 @@ def trial_load(code: str, path: Path, library: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+# --- fastText ---------------------------------------------------------------------------------
+
+
 def _published(path: Path) -> str:
     """' (expected ...)' for a file named like a published model, else ''."""
     known = PUBLISHED.get(path.name)
@@ -269,7 +177,8 @@ def _published(path: Path) -> str:
 
 
 def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
-    """Validate a fastText model file (see the module doc); returns it with its labels."""
+    """Validate a fastText model file (see the module doc); returns it with its labels and the
+    shapes of its matrices."""
     source = str(path) if storage.is_url(path) else None
     path = _existing(path, what)
 
@@ -282,8 +191,8 @@ def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
                 f"{path}: not a fastText model (it starts with {head!r}, not fastText's magic number){expected}"
             )
         try:
-            layout = fasttext_layout(path)
-        except ModelError as e:
+            model = read_model(path)
+        except FastTextFileError as e:
             raise ModelError(f"{path}: truncated or corrupt fastText model ({e}){expected}") from None
         known = PUBLISHED.get(path.name)
         if known:
@@ -296,12 +205,15 @@ def check_fasttext(path: str | Path, what: str = "fastText model") -> Checked:
                     f"{path}: corrupt fastText model (its sha256 is {digest.hexdigest()[:12]}...,"
                     f" not the published file's){expected}"
                 )
-        try:
-            info = trial_load(_FASTTEXT_TRIAL, path, "fastText")
-        except ModelError as e:
-            raise ModelError(f"{path}: truncated or corrupt fastText model ({e}){expected}") from None
         st = path.stat()
-        return Checked(str(path), st.st_size, st.st_mtime_ns, {**layout, "labels": info["labels"]})
+        info = {
+            "labels": model.labels,
+            "words": sum(t == 0 for t in model.types),
+            "dim": model.dim,
+            "input_rows": model.input.shape[0],
+            "output_rows": model.output.shape[0],
+        }
+        return Checked(str(path), st.st_size, st.st_mtime_ns, info)
 
     return _from(source, _cached(_stat_key(path, "fasttext"), check))
 

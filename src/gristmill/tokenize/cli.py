@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -63,7 +62,10 @@ def cmd_tokenizer_train(args, console: Console) -> int:
     return 0
 
 
-def _histogram(lengths: np.ndarray) -> Table:
+def _histogram(lengths) -> Table:
+    """A table of `lengths` (a numpy array) in powers-of-two bins."""
+    import numpy as np
+
     table = Table(title="document lengths (tokens, incl. EOS)")
     for col, just in (("tokens", "right"), ("documents", "right"), ("", "left")):
         table.add_column(col, justify=just)
