@@ -236,6 +236,15 @@ def parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def ray_worker_of(task: int) -> int:
+    """The Ray worker running task process `task`: its parent, or its zygote's parent where the
+    worker forked it from its task zygote (a process whose command line runs `_zygote_main`)."""
+    pid = parent(task)
+    if b"_zygote_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        pid = parent(pid)
+    return pid
+
+
 def no_task_process_left(run_dir: Path) -> list[int]:
     for _ in range(100):  # a cancelled worker takes a moment to go, and its task with it
         left = holders(run_dir)
@@ -261,7 +270,8 @@ def test_a_run_on_ray_writes_what_the_local_run_writes_also_when_a_ray_worker_is
         if task is None:
             return
         os.kill(task, signal.SIGSTOP)  # it cannot finish before its worker is gone
-        worker = parent(task)
+        worker = ray_worker_of(task)
+        killed["forked"] = parent(task) != worker  # by the worker's task zygote, not exec'd by it
         killed["cmdline"] = Path(f"/proc/{worker}/cmdline").read_bytes()
         killed["at"] = time.time()
         os.kill(worker, signal.SIGKILL)
@@ -277,6 +287,7 @@ def test_a_run_on_ray_writes_what_the_local_run_writes_also_when_a_ray_worker_is
     assert os.environ.get(GCS_WAIT_ENV) == gcs_wait  # set for ray.init alone, not for later commands
     out = capfd.readouterr()
     assert killed["cmdline"].startswith(b"ray::01_curate:task_00000"), killed  # a Ray worker, running task 0
+    assert killed["forked"], killed  # the worker's zygote forked the task's process
     plan = json.loads((run_dir / "plan.json").read_text())["stages"]
     assert len(plan) == 10  # curate, 3 exact dedup, 6 tokenize phases
     expected, got = written(local_run), written(run_dir)
@@ -341,7 +352,7 @@ def test_a_ray_worker_killed_on_every_attempt_fails_the_stage_in_one_line(tmp_pa
             break
         os.kill(task, signal.SIGSTOP)
         tasks.append(task)
-        workers.append(parent(task))
+        workers.append(ray_worker_of(task))
         os.kill(workers[-1], signal.SIGKILL)
     assert cmd.wait() == 1, cmd.output()
     assert len(set(workers)) == 2, (workers, cmd.output())

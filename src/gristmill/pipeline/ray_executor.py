@@ -5,8 +5,9 @@ planner's per-stage memory estimate unless configured) and runs as many at once 
 cluster holds. gristmill sequences the stages, as it does locally: a stage starts when every
 task of the one before has its completion marker.
 
-A Ray task runs its rank the way the local executor does (`executors._task_main`): in a child
-process of the Ray worker, so that
+A Ray task runs its rank the way the local executor does (`executors._run_task`): in a child
+process of the Ray worker, forked from the worker's task zygote (`task_zygote`: the imports
+paid once per worker, not ~1 CPU s per task; exec where tasks start so), so that
 - `getrusage` in that process measures the task alone (`<stage>/usage/task_NNNNN.json`), the
   same figures as a local run, whatever the Ray worker ran before;
 - a task killed by a signal (the OOM killer's SIGKILL, a segfault in native code) is named by
@@ -39,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -48,6 +50,7 @@ from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 from gristmill.compat.datatrove import QuietTaskLogs
 from gristmill.config import ConfigError, RunConfig
 from gristmill.core import storage
+from gristmill.pipeline import task_zygote
 from gristmill.pipeline.executors import (
     _TASK_CMD,
     POLL_S,
@@ -57,14 +60,57 @@ from gristmill.pipeline.executors import (
     _Signals,
     describe_exit,
 )
+from gristmill.pipeline.executors import _run_task as _run_task_body
 from gristmill.pipeline.planner import Stage, estimate_memory
 from gristmill.pipeline.staging import StagedTasks
+from gristmill.pipeline.task_zygote import ZygoteUnavailable
 from gristmill.pipeline.usage import RecordsTaskUsage
 
 GB = 1 << 30
 #: environment variables of the command that its tasks see on Ray too (the local executor's
 #: tasks inherit the whole environment; a Ray worker has its node's)
 FORWARDED_ENV_PREFIX = "GRISTMILL_"
+
+
+def _run_forked(status_fd: int, executor_fd: int, rank: str, local_rank: str, parent: str) -> None:
+    """In the task's process forked by the Ray worker's zygote: the local executor's task body,
+    the pickled executor read from the fd it was handed."""
+    _run_task_body(status_fd, f"/dev/fd/{executor_fd}", rank, local_rank, parent)
+
+
+_FORKED_TARGET = "gristmill.pipeline.ray_executor:_run_forked"
+
+
+def _start_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str], status_w: int):
+    """The task's process, forked from this Ray worker's task zygote (the worker runs task after
+    task, so its zygote's imports are paid once, not ~1 CPU s per task), or started with exec
+    where tasks start so (`GRISTMILL_TASK_START=exec`, or the zygote gave up)."""
+    zygote = task_zygote.shared()
+    if zygote is not None:
+        try:
+            return zygote.spawn(
+                _FORKED_TARGET, [str(rank), "0", str(zygote.pid)], (status_w, executor_fd), cwd, {**os.environ, **env}
+            )
+        except ZygoteUnavailable as e:
+            task_zygote.give_up(str(e))
+    return subprocess.Popen(
+        [sys.executable, "-c", _TASK_CMD, json.dumps(sys.path), f"/dev/fd/{executor_fd}", str(rank), "0"]
+        + [str(os.getpid()), str(status_w)],
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        pass_fds=(status_w, executor_fd),
+        process_group=0,
+    )
+
+
+def _wait(proc) -> None:
+    """Wait for the task's process to exit (a forked one is reaped by its zygote: poll it)."""
+    if isinstance(proc, subprocess.Popen):
+        proc.wait()
+        return
+    while proc.poll() is None:
+        time.sleep(POLL_S)
 
 
 def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tuple[int, str]:
@@ -77,15 +123,7 @@ def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tu
     status_r, status_w = os.pipe()
     proc = None
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _TASK_CMD, json.dumps(sys.path), f"/dev/fd/{executor_fd}", str(rank), "0"]
-            + [str(os.getpid()), str(status_w)],
-            cwd=cwd,
-            env={**os.environ, **env},
-            stdin=subprocess.DEVNULL,
-            pass_fds=(status_w, executor_fd),
-            process_group=0,
-        )
+        proc = _start_child(executor_fd, rank, cwd, env, status_w)
         os.close(status_w)
         status_w = -1
         os.set_blocking(status_r, False)
@@ -101,7 +139,7 @@ def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tu
             if exited:
                 break
             if eof:  # nothing more to read: only the exit is left to wait for
-                proc.wait()
+                _wait(proc)
             else:
                 select.select([status_r], [], [], POLL_S)
         return proc.returncode, error.decode("utf-8", "replace").strip()
@@ -114,7 +152,7 @@ def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tu
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            proc.wait()
+            _wait(proc)
 
 
 def _run_task(payload: bytes, rank: int, cwd: str, env: dict[str, str], retries: int) -> dict:

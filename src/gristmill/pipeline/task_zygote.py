@@ -215,15 +215,29 @@ class Zygote:
         self.pid = self.proc.pid
         self._sock = ours
 
-    def spawn(self, target: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> ForkedProcess:
+    def spawn(
+        self,
+        target: str,
+        args: list[str],
+        pass_fds: tuple[int, ...] = (),
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ForkedProcess:
         """Fork a child that calls `target` ("module:function") as `function(*pass_fds, *args)`
-        with the fds it was given, in this process's working directory and environment; the
-        function is expected to end the process (`os._exit`)."""
+        with the fds it was given (numbered anew in the child), in `cwd` and `env` (default: this
+        process's working directory and environment); the function is expected to end the
+        process (`os._exit`)."""
         with self._lock:
             if self.dead or self.retired:
                 raise ZygoteUnavailable(f"the task zygote (pid {self.pid}) is gone")
             self._next_id += 1
-            request = {"id": self._next_id, "target": target, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}
+            request = {
+                "id": self._next_id,
+                "target": target,
+                "args": args,
+                "cwd": os.getcwd() if cwd is None else cwd,
+                "env": dict(os.environ) if env is None else env,
+            }
             try:
                 socket.send_fds(self._sock, [json.dumps(request).encode()], [_fd_or_null(1), _fd_or_null(2), *pass_fds])
             except OSError as e:
