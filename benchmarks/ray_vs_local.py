@@ -19,8 +19,8 @@ the cluster's processes (raylet, GCS, workers; read from /proc for a cluster thi
 not counted for one given by `--address`). The outputs of the two runs of a pair are compared
 byte for byte.
 
-`--smoke`: the 2 MB corpus, 2 tasks, one pair, in a temporary directory (checks that it runs; its
-figures mean nothing).
+`--smoke`: the 2 MB corpus, 2 tasks, one pair, the steps up to exact dedup (4 stages), in a
+temporary directory (checks that it runs; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -54,19 +54,20 @@ from scale_run import corpus  # noqa: E402
 from gristmill.pipeline.usage import stage_usage  # noqa: E402
 
 LAST_STEP = "near_dedup"
+SMOKE_LAST_STEP = "exact_dedup"  # --smoke: curate and exact dedup's three stages, the same code path
 #: this checkout's code first, in the commands, the cluster and its workers
 PYTHONPATH = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def config(wet: Path, run_dir: Path, executor: dict) -> dict:
+def config(wet: Path, run_dir: Path, executor: dict, last: str = LAST_STEP) -> dict:
     crawl = yaml.safe_load((ROOT / "configs" / "crawl.yaml").read_text())
     names = [next(iter(s)) if isinstance(s, dict) else s for s in crawl["steps"]]
     return {
         "run_dir": str(run_dir),
         "executor": executor,
         "input": {"paths": [str(wet / "*.warc.wet.gz")]},
-        "steps": crawl["steps"][: names.index(LAST_STEP) + 1],
+        "steps": crawl["steps"][: names.index(last) + 1],
         "output": crawl["output"],
     }
 
@@ -243,8 +244,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     wet = corpus(work, args.gb, args.seed)
     size = sum(p.stat().st_size for p in wet.glob("*.warc.wet.gz")) / 1e9
-    print(f"corpus: {wet} ({size:.3f} GB); steps of configs/crawl.yaml up to {LAST_STEP}; tasks {args.tasks}")
-    local = config(wet, work / "run-local", {"type": "local", "tasks": args.tasks, "workers": args.workers})
+    last = SMOKE_LAST_STEP if args.smoke else LAST_STEP
+    print(f"corpus: {wet} ({size:.3f} GB); steps of configs/crawl.yaml up to {last}; tasks {args.tasks}")
+    local = config(wet, work / "run-local", {"type": "local", "tasks": args.tasks, "workers": args.workers}, last)
     if importlib.util.find_spec("ray") is None:
         r = run(local, work, {})
         print(f"local: {r['wall_s']:.1f} s wall, {r['tasks_cpu_s']:.1f} CPU s in tasks")
@@ -255,7 +257,10 @@ def main() -> None:
         address = args.address or cluster.address
         env = cluster.env if cluster else {}
         on_ray = config(
-            wet, work / "run-ray", {"type": "ray", "tasks": args.tasks, "ray": {"address": address, "num_cpus": 1}}
+            wet,
+            work / "run-ray",
+            {"type": "ray", "tasks": args.tasks, "ray": {"address": address, "num_cpus": 1}},
+            last,
         )
         print(f"ray cluster: {address}" + (f" ({args.workers} CPUs, started here)" if cluster else ""))
         rows = []
