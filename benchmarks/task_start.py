@@ -13,8 +13,9 @@ command, its zygote, which it waits for at exit, and every task); the tasks' own
 (`<stage>/usage/` records, the same work on both sides) and the number of tasks. The outputs
 (Parquet, token shards, manifest) of the two runs of a pair are compared byte for byte.
 
-`--smoke`: a small config (URL filter, C4 lines, near dedup) on the smaller WET sample, one
-pair (checks that it runs; its figures mean little).
+`--smoke`: a small config (URL filter, C4 lines, near dedup) on the smaller WET sample, one task
+per stage (every task still its own process, exec'd or forked), one pair (checks that it runs;
+its figures mean little).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def smoke_config(work: Path) -> Path:
     data = Path(os.environ.get("GRISTMILL_DATA", ROOT.parent / "shared" / "data"))
     cfg = {
         "run_dir": str(work / "unused"),
-        "executor": {"type": "local", "tasks": 2, "workers": 2},
+        # one task per stage: each still starts as a full run's do (exec'd or forked), half as many
+        "executor": {"type": "local", "tasks": 1, "workers": 1},
         "input": {"paths": [str(data / "cc/wet/CC-MAIN-20170720121902-20170720141902-00000.head43.warc.wet.gz")]},
         "steps": [{"url_filter": {}}, {"c4_lines": {}}, {"near_dedup": {"threshold": 0.8}}],
     }
