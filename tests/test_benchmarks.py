@@ -9,8 +9,8 @@ figure of what it made. Figures are never compared with limits: smoke runs measu
 The GPU benchmarks take their CPU path here. Peer sides need the bench extra (`make test`
 installs it); without it they print that they skipped, which fails in CI and passes elsewhere.
 Generated inputs are shared where one script consumes another's output (the WET corpus of
-make_wet_corpus feeds scale_run, whose run feeds near_removal_rules; the dedup corpus feeds
-dedup_eval and dedup_throughput), so each is made once.
+make_wet_corpus feeds scale_run and ray_vs_local, the scale run feeds near_removal_rules; the
+dedup corpus feeds dedup_eval and dedup_throughput), so each is made once.
 """
 
 from __future__ import annotations
@@ -274,7 +274,8 @@ def check_near_removal_rules(request, tmp, data):
 def check_ray_vs_local(request, tmp, data):
     for model in ("lid_model", "kenlm_model", "quality_model"):  # the demo's steps
         request.getfixturevalue(model)
-    out = smoke("ray_vs_local", tmp=tmp, data=data)
+    work, _ = request.getfixturevalue("wet_corpus")  # the scale run's corpus, as a full run reuses it
+    out = smoke("ray_vs_local", "--work", work, tmp=tmp, data=data)
     if importlib.util.find_spec("ray") is None:  # the ray extra: `make test` installs it
         if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
             pytest.fail("ray is not installed: pip install -e '.[ray]'")
