@@ -19,7 +19,8 @@ planner adds for the largest document), plus, for the readers, the document they
 record's share of `memory_bytes`), and for langid and quality the windows they predict on.
 `--one-process` measures every step in one child, one after the other (freed memory handed back
 to the system between them: `malloc_trim`); `tests/pipeline/test_large_records.py` runs it so.
-`--smoke`: a 0.3 MB document through every step in one process.
+`--smoke`: a 0.3 MB document through every step in one process, the sample's pages read once
+for all of them (not once per step).
 """
 
 from __future__ import annotations
@@ -69,12 +70,22 @@ def _status(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) << 10
 
 
-def _document(mb: float, mutate: float, seed: int = 0):
+#: --smoke: the sample's pages and vocabulary, read once for every step of the child (a full run
+#: reads them again for each step, so that no step's RSS holds what an earlier one made)
+_SAMPLE: list[tuple[list[str], list[str]]] = []
+
+
+def _document(mb: float, mutate: float, seed: int = 0, reuse_sample: bool = False):
     from datatrove.data import Document
     from make_large_records import record_text, sample_pages
 
-    pages = sample_pages()
-    vocab = sorted({w for p in pages for w in p.split() if w.isalpha()})
+    if _SAMPLE:
+        pages, vocab = _SAMPLE[0]
+    else:
+        pages = sample_pages()
+        vocab = sorted({w for p in pages for w in p.split() if w.isalpha()})
+        if reuse_sample:
+            _SAMPLE.append((pages, vocab))
     text = record_text(pages, int(mb * 1e6), random.Random(seed), mutate, vocab).decode("utf-8")
     url = "http://large-0.example.com/news/2024/05/page.html"
     meta = {"language": "en", "language_score": 0.9, "source": "s.warc.wet.gz", "offset": 0, "url": url}
@@ -302,10 +313,10 @@ def _cache_utf8(text: str) -> None:
     f(text, None)
 
 
-def measure(step: str, mb: float, mutate: float, trace: bool) -> dict:
+def measure(step: str, mb: float, mutate: float, trace: bool, reuse_sample: bool = False) -> dict:
     """One step on one document of `mb` MB, in this process."""
     with tempfile.TemporaryDirectory() as d:
-        doc, pages = _document(mb, mutate)
+        doc, pages = _document(mb, mutate, reuse_sample=reuse_sample)
         run, declaring = _runner(step, Path(d), pages)
         if getattr(run, "prepare", None):
             run.prepare(doc)
@@ -359,13 +370,14 @@ def main() -> None:
     ap.add_argument("--one-process", action="store_true", help="every step in one child, one after the other")
     ap.add_argument("--smoke", action="store_true", help="a 0.3 MB document, every step in one process")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--reuse-sample", action="store_true", help=argparse.SUPPRESS)  # --smoke's child
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     a = ap.parse_args()
     if a.smoke:
         a.mb, a.one_process = 0.3, True
     steps = a.steps.split(",")
     if a.child:
-        rows = [measure(step, a.mb, a.mutate, a.tracemalloc) for step in a.child.split(",")]
+        rows = [measure(step, a.mb, a.mutate, a.tracemalloc, a.reuse_sample) for step in a.child.split(",")]
         print(json.dumps(rows))
         return
     print(f"({a.mb:g} MB document)")
@@ -374,7 +386,8 @@ def main() -> None:
     rows = []
     for group in [steps] if a.one_process else [[s] for s in steps]:
         cmd = [sys.executable, __file__, "--child", ",".join(group), "--mb", str(a.mb), "--mutate", str(a.mutate)]
-        r = subprocess.run(cmd + (["--tracemalloc"] if a.tracemalloc else []), capture_output=True, text=True)
+        cmd += (["--tracemalloc"] if a.tracemalloc else []) + (["--reuse-sample"] if a.smoke else [])
+        r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"| {','.join(group)} | failed: {r.stderr.strip().splitlines()[-1:]} |")
             continue
