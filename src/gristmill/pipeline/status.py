@@ -43,10 +43,24 @@ def _failed_tasks(folder: Path, tasks: int) -> dict[int, str]:
     return failed
 
 
+def _states(job: str) -> dict[str, int]:
+    """The job's state counts; {"UNKNOWN": 1} where scontrol gives no answer (the stage's state is
+    then said to be unknown, not read as failed from its files)."""
+    from gristmill.pipeline.slurm_state import SlurmQueryFailed, job_states
+
+    try:
+        return dict(job_states(job))
+    except SlurmQueryFailed:
+        return {"UNKNOWN": 1}
+
+
+_UNKNOWN = "unknown: Slurm (scontrol) does not answer; run `pipeline status` again"
+
+
 def stage_statuses(run_dir: Path) -> list[StageStatus]:
     import json
 
-    from gristmill.pipeline.slurm_state import job_states
+    from gristmill.pipeline.slurm_state import is_active
 
     plan = json.loads((run_dir / "plan.json").read_text())
     jobs = rd.read_jobs(run_dir)
@@ -56,10 +70,12 @@ def stage_statuses(run_dir: Path) -> list[StageStatus]:
         folder = run_dir / stage["label"]
         st = StageStatus(stage["label"], stage["tasks"], rd.completed_tasks(folder), jobs.get(stage["label"]))
         if st.job and st.job != "-1":
-            st.job_states = dict(job_states(st.job))
-        active = any(s in st.job_states for s in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"))
+            st.job_states = _states(st.job)
+        active = is_active(st.job_states)
         if st.completed >= st.tasks:
             st.state = "complete"
+        elif "UNKNOWN" in st.job_states:
+            st.state = _UNKNOWN
         elif active:
             st.state = "running" if "RUNNING" in st.job_states else "pending"
             if "PENDING" in st.job_states and upstream_failed:
@@ -83,15 +99,17 @@ def stage_statuses(run_dir: Path) -> list[StageStatus]:
 
 
 def _train_status(run_dir: Path, job: str, upstream_failed: bool) -> StageStatus:
-    from gristmill.pipeline.slurm_state import job_states
+    from gristmill.pipeline.slurm_state import is_active
 
     st = StageStatus("train", 1, int(rd.training_complete(run_dir)), job)
     if job != "-1":
-        st.job_states = dict(job_states(job))
+        st.job_states = _states(job)
     logs = sorted((run_dir / "train").glob("slurm-*.out"))
     if st.completed:
         st.state = "complete"
-    elif any(s in st.job_states for s in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED")):
+    elif "UNKNOWN" in st.job_states:
+        st.state = _UNKNOWN
+    elif is_active(st.job_states):
         st.state = "running" if "RUNNING" in st.job_states else "pending"
     elif upstream_failed:
         st.state = "cancelled: a stage it depends on failed"
