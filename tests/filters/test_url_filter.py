@@ -269,9 +269,14 @@ def test_the_blocklist_is_what_the_docstring_says():
     urls = list(blocklist_entries(TARBALL, "urls"))
     assert (len(domains), len(set(domains))) == (4_558_940, 4_558_940)
     assert (len(urls), len(set(urls))) == (19_587, 19_587)
-    # flat lowercase ASCII hosts, no categories: what normalize_host leaves unchanged
-    assert all(normalize_host(d) == d and d and "/" not in d for d in domains)
-    assert sum(1 for d in domains if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", d)) == 6_390
+    # flat lowercase ASCII hosts, no categories: what normalize_host leaves unchanged. Asked of all
+    # of them joined by new lines, at once (a loop over 4.6M hosts takes ~10 s): its translation and
+    # lower-casing work character by character, an ASCII host is returned as it is, and its strips
+    # act only at the ends, so each entry (stripped by blocklist_entries) must not end in a dot
+    joined = "\n".join(domains)
+    assert normalize_host(joined) == joined and joined.isascii()
+    assert "/" not in joined and ".\n" not in joined + "\n" and "" not in domains
+    assert len(re.findall(r"(?m)^\d+\.\d+\.\d+\.\d+$", joined)) == 6_390
     assert not any("://" in u for u in urls)
     # the word lists hold no empty word (which would match every URL ending in `/`)
     for name in uf.WORD_LISTS:
