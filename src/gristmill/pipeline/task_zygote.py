@@ -57,6 +57,11 @@ PRELOAD = (
     "numpy",
     "pyarrow",
     "pyarrow.parquet",
+    # pyarrow imports pandas the first time it builds an array from a Python list (to ask whether
+    # the list is a pandas object) and pyarrow.dataset (which pq.read_table uses): 0.35 CPU s in
+    # every task that writes or reads a table, were they imported after the fork
+    "pandas",
+    "pyarrow.dataset",
     "dill",
     "datatrove.executor.local",
     "gristmill.pipeline.executors",
