@@ -12,8 +12,14 @@ from gristmill.pipeline.runner import run
 
 from ..conftest import _missing, made_once
 
+#: documents on which the tokenizer stage checks that tiktoken gives HF's ids before using it: the
+#: default (1,000) is the whole sample here, 3.5 CPU s of HF encoding in every run; these tests are
+#: about the shards (test_tiktoken_gives_hf_ids_on_the_whole_sample compares the two on all of it)
+CHECK_DOCS = 64
+
 
 def config(run_dir: Path, files, tokenizer_cfg: dict, tasks: int = 4, **tokenize) -> dict:
+    tokenizer_cfg = {"check_docs": CHECK_DOCS, **tokenizer_cfg}
     return {
         "run_dir": str(run_dir),
         "executor": {"tasks": tasks, "workers": 1},
