@@ -44,7 +44,7 @@ def smoke(script: str, *args, tmp: Path, data: Path) -> str:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
-        "GRISTMILL_DATA": str(data),
+        "GRISTMILL_DATA": str(data.resolve()),  # the script runs in `tmp`: a relative path would miss
         "TMPDIR": str(tmp),  # whatever a script puts in the temp dir goes with the test's
         "OMP_NUM_THREADS": "1",  # torch's threads would only spin on this shared machine
     }
