@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from gristmill.core.scores import bin_edges
-from gristmill.pipeline import report
+from gristmill.pipeline import charts, report
 from gristmill.pipeline.stats import (
     funnel,
     journey,
@@ -188,28 +188,28 @@ class RunStats:
         j = self.journey_by_language
         return j[j["language"] == language].drop(columns="language").reset_index(drop=True)
 
-    def plot_language_kept(self, n: int = 20) -> report.Figure:
+    def plot_language_kept(self, n: int = 20) -> charts.Figure:
         top = self.language_summary.head(n)
-        return report.bar_chart(list(zip(top["language"], top["kept"])), "documents kept per language")
+        return charts.bar_chart(list(zip(top["language"], top["kept"])), "documents kept per language")
 
     def top_domains(self, n: int = 15) -> dict[str, list[tuple[str, int]]]:
         return top_domains(self.scores, n)
 
-    def plot_scores(self, step: str) -> report.Figure:
+    def plot_scores(self, step: str) -> charts.Figure:
         return report.score_figure(step, self._record(step), self.thresholds.get(step))
 
-    def plot_length(self, step: str) -> report.Figure:
+    def plot_length(self, step: str) -> charts.Figure:
         return report.length_figure(step, self._record(step))
 
-    def plot_funnel(self) -> report.Figure:
-        return report.bar_chart(list(zip(self.journey["step"], self.journey["docs_out"])), report.JOURNEY_CHART)
+    def plot_funnel(self) -> charts.Figure:
+        return charts.bar_chart(list(zip(self.journey["step"], self.journey["docs_out"])), report.JOURNEY_CHART)
 
-    def plot_reasons(self, step: str) -> report.Figure:
+    def plot_reasons(self, step: str) -> charts.Figure:
         r = self.reasons[self.reasons["step"] == step]
-        return report.bar_chart(list(zip(r["reason"], r["documents"])), f"{step}: drops by reason", report.DROPPED)
+        return charts.bar_chart(list(zip(r["reason"], r["documents"])), f"{step}: drops by reason", charts.DROPPED)
 
-    def plot_languages(self, n: int = 20) -> report.Figure:
-        return report.bar_chart(list(self.languages.head(n).items()), "documents per language")
+    def plot_languages(self, n: int = 20) -> charts.Figure:
+        return charts.bar_chart(list(self.languages.head(n).items()), "documents per language")
 
 
 def load(run_dir: str | Path) -> RunStats:
