@@ -22,6 +22,7 @@ class StageStatus:
     job_states: dict[str, int] = field(default_factory=dict)
     failed_tasks: dict[int, str] = field(default_factory=dict)  # rank → tail of its log
     state: str = ""
+    query_error: str = ""  # what scontrol said instead of the job's state, if it did not answer
 
 
 def _tail(path: Path, lines: int = 8) -> str:
@@ -43,18 +44,19 @@ def _failed_tasks(folder: Path, tasks: int) -> dict[int, str]:
     return failed
 
 
-def _states(job: str) -> dict[str, int]:
-    """The job's state counts; {"UNKNOWN": 1} where scontrol gives no answer (the stage's state is
-    then said to be unknown, not read as failed from its files)."""
+def _read_states(st: StageStatus) -> None:
+    """The job's state counts into `st.job_states`; where scontrol gives no answer, its error into
+    `st.query_error` (the stage's state is then unknown, not read as failed from its files)."""
     from gristmill.pipeline.slurm_state import SlurmQueryFailed, job_states
 
     try:
-        return dict(job_states(job))
-    except SlurmQueryFailed:
-        return {"UNKNOWN": 1}
+        st.job_states = dict(job_states(st.job))
+    except SlurmQueryFailed as e:
+        st.query_error = str(e)
 
 
-_UNKNOWN = "unknown: Slurm (scontrol) does not answer; run `pipeline status` again"
+def _unknown(st: StageStatus) -> str:
+    return f"unknown: Slurm did not answer ({st.query_error}); run `pipeline status` again"
 
 
 def stage_statuses(run_dir: Path) -> list[StageStatus]:
@@ -70,12 +72,12 @@ def stage_statuses(run_dir: Path) -> list[StageStatus]:
         folder = run_dir / stage["label"]
         st = StageStatus(stage["label"], stage["tasks"], rd.completed_tasks(folder), jobs.get(stage["label"]))
         if st.job and st.job != "-1":
-            st.job_states = _states(st.job)
+            _read_states(st)
         active = is_active(st.job_states)
         if st.completed >= st.tasks:
             st.state = "complete"
-        elif "UNKNOWN" in st.job_states:
-            st.state = _UNKNOWN
+        elif st.query_error:
+            st.state = _unknown(st)
         elif active:
             st.state = "running" if "RUNNING" in st.job_states else "pending"
             if "PENDING" in st.job_states and upstream_failed:
@@ -103,12 +105,12 @@ def _train_status(run_dir: Path, job: str, upstream_failed: bool) -> StageStatus
 
     st = StageStatus("train", 1, int(rd.training_complete(run_dir)), job)
     if job != "-1":
-        st.job_states = _states(job)
+        _read_states(st)
     logs = sorted((run_dir / "train").glob("slurm-*.out"))
     if st.completed:
         st.state = "complete"
-    elif "UNKNOWN" in st.job_states:
-        st.state = _UNKNOWN
+    elif st.query_error:
+        st.state = _unknown(st)
     elif is_active(st.job_states):
         st.state = "running" if "RUNNING" in st.job_states else "pending"
     elif upstream_failed:
