@@ -66,6 +66,18 @@ def bar_chart(items: list[tuple[str, float]], title: str = "", color: str = KEPT
     return Figure("".join(parts))
 
 
+def _plot_frame(width: int, height: int, title: str, ml: float, mt: float, pw: float, ph: float) -> list[str]:
+    """The opening of a plot's SVG: the element, its title, the x and y axes of the plot area
+    (`pw` × `ph` at left margin `ml`, top margin `mt`)."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
+        f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
+        f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>',
+    ]
+
+
 def histogram(
     edges: list[float],
     series: dict[str, list[int]],
@@ -88,13 +100,7 @@ def histogram(
     ymax = max((max(c) for c in series.values() if c), default=0) or 1
     X = lambda x: ml + (x - x0) / (x1 - x0) * pw  # noqa: E731
     Y = lambda y: mt + ph - y / ymax * ph  # noqa: E731
-    p = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
-        f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
-        f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>',
-    ]
+    p = _plot_frame(width, height, title, ml, mt, pw, ph)
     for frac in (0, 0.5, 1):
         y = ymax * frac
         p.append(f'<text x="{ml - 4}" y="{Y(y) + 4:.1f}" text-anchor="end">{_fmt(y)}</text>')
@@ -146,11 +152,7 @@ def line_chart(
     X = lambda x: ml + (x - xmin) / (xmax - xmin) * pw  # noqa: E731
     Y = lambda y: mt + ph - (y - ymin) / (ymax - ymin) * ph  # noqa: E731
     p = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<text x="4" y="15" font-weight="bold" font-size="12">{esc(title)}</text>',
-        f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#333"/>',
-        f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333"/>',
+        *_plot_frame(width, height, title, ml, mt, pw, ph),
         f'<text x="{ml - 4}" y="{Y(ymax) + 4:.1f}" text-anchor="end">{_fmt(ymax)}</text>',
         f'<text x="{ml - 4}" y="{Y(ymin) + 4:.1f}" text-anchor="end">{_fmt(ymin)}</text>',
         f'<text x="{ml}" y="{mt + ph + 14}">{_fmt(xmin)}</text>',
