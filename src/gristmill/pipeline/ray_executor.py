@@ -40,7 +40,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -104,15 +103,6 @@ def _start_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str], sta
     )
 
 
-def _wait(proc) -> None:
-    """Wait for the task's process to exit (a forked one is reaped by its zygote: poll it)."""
-    if isinstance(proc, subprocess.Popen):
-        proc.wait()
-        return
-    while proc.poll() is None:
-        time.sleep(POLL_S)
-
-
 def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tuple[int, str]:
     """Run `rank` in a child process, as the local executor does; (returncode, its error line).
 
@@ -139,7 +129,7 @@ def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tu
             if exited:
                 break
             if eof:  # nothing more to read: only the exit is left to wait for
-                _wait(proc)
+                proc.wait()
             else:
                 select.select([status_r], [], [], POLL_S)
         return proc.returncode, error.decode("utf-8", "replace").strip()
@@ -152,7 +142,7 @@ def _run_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str]) -> tu
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            _wait(proc)
+            proc.wait()
 
 
 def _run_task(payload: bytes, rank: int, cwd: str, env: dict[str, str], retries: int) -> dict:

@@ -75,6 +75,7 @@ PINNED_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_t
 VOLATILE_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 REPLY_TIMEOUT_S = 120.0  # the first request waits for the zygote's imports (seconds on a busy machine)
 _MAX_MESSAGE = 1 << 20
+_WAIT_POLL_S = 0.05  # ForkedProcess.wait: how often it asks for the status
 _RLIMITS = (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE)
 
 _ZYGOTE_CMD = (
@@ -151,7 +152,8 @@ def die_with_parent(parent: int) -> None:
 
 class ForkedProcess:
     """A task forked by the zygote, as the supervisor sees it: what `subprocess.Popen` offers the
-    executor (`pid`, `poll()`, `returncode`: the exit code, or minus the signal that killed it)."""
+    executors (`pid`, `poll()`, `wait()`, `returncode`: the exit code, or minus the signal that
+    killed it)."""
 
     def __init__(self, zygote: Zygote, pid: int):
         self.pid, self.returncode, self._zygote = pid, None, zygote
@@ -179,6 +181,12 @@ class ForkedProcess:
         if self.returncode is not None and self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+        return self.returncode
+
+    def wait(self) -> int:
+        """Block until the task has exited (the zygote reaps it and reports its status: polled)."""
+        while self.poll() is None:
+            time.sleep(_WAIT_POLL_S)
         return self.returncode
 
 
