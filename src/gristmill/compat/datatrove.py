@@ -22,21 +22,8 @@ from loguru import logger
 WRITTEN_FOR = ("0.10.1",)
 
 
-def _executor_base():
-    """datatrove.executor.base, imported when a task runs: it imports datatrove.io, which imports
-    huggingface_hub and httpx (~0.3 s), and the CLI's commands that run no task never need it."""
-    import datatrove.executor.base as dt_base
-
-    return dt_base
-
-
-_originals: dict = {}  # datatrove's own add/close_task_logger, kept before they are replaced
-
-
-def _original(name: str):
-    if name not in _originals:
-        _originals[name] = getattr(_executor_base(), name)
-    return _originals[name]
+#: datatrove's own add/close_task_logger, kept when `quiet_task_logging` replaces them
+_originals: dict = {}
 
 
 def _one_line(record) -> str:
@@ -63,7 +50,7 @@ def _guarded(stream):
 
 def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
     # local_rank=1 makes datatrove's own terminal sink ERROR-only (its "Launching pipeline" line)
-    logfile = _original("add_task_logger")(logging_dir, rank, 1, node_rank)
+    logfile = _originals["add_task_logger"](logging_dir, rank, 1, node_rank)
     # datatrove added two sinks (terminal, file at DEBUG); keep the file, show warnings live.
     logger.remove()
     logger.add(sys.stderr, **_TERMINAL)
@@ -76,15 +63,19 @@ def _add_task_logger_quiet(logging_dir, rank, local_rank=0, node_rank=-1):
 
 
 def _close_task_logger_quiet(logfile):
-    _original("close_task_logger")(logfile)  # re-adds datatrove's INFO terminal sink ("N/M tasks completed")
+    _originals["close_task_logger"](logfile)  # re-adds datatrove's INFO terminal sink ("N/M tasks completed")
     logger.remove()
     logger.add(sys.stderr, **_TERMINAL)
 
 
 def quiet_task_logging() -> None:
     """In the task's own process: route datatrove's per-task logging through the two above."""
-    _original("add_task_logger"), _original("close_task_logger")  # kept before they are replaced
-    dt_base = _executor_base()
+    # imported here, when a task runs: datatrove.executor.base imports datatrove.io, which imports
+    # huggingface_hub and httpx (~0.3 s), and the CLI's commands that run no task never need it
+    import datatrove.executor.base as dt_base
+
+    for name in ("add_task_logger", "close_task_logger"):
+        _originals.setdefault(name, getattr(dt_base, name))  # datatrove's, not ours on a second call
     dt_base.add_task_logger = _add_task_logger_quiet
     dt_base.close_task_logger = _close_task_logger_quiet
 
