@@ -63,8 +63,8 @@ class ModelFile:
 
 
 class _Reader:
-    def __init__(self, data: bytes, path: Path):
-        self.data, self.path, self.pos = data, path, 0
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
 
     def _ends(self, need: int, section: str) -> str:
         return (
@@ -143,7 +143,7 @@ def read_model(path: str | Path) -> ModelFile:
     file ends, which section is impossible)."""
     path = Path(path)
     data = path.read_bytes()
-    r = _Reader(data, path)
+    r = _Reader(data)
     magic, version = r.unpack("<ii", "header")
     if magic != FASTTEXT_MAGIC:
         raise FastTextFileError("bad magic number: not a fastText model")
