@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import json
 import os
@@ -70,22 +71,24 @@ def _status(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) << 10
 
 
-#: --smoke: the sample's pages and vocabulary, read once for every step of the child (a full run
-#: reads them again for each step, so that no step's RSS holds what an earlier one made)
-_SAMPLE: list[tuple[list[str], list[str]]] = []
+def _read_sample() -> tuple[list[str], list[str]]:
+    """The sample's pages and the vocabulary of their words."""
+    from make_large_records import sample_pages
+
+    pages = sample_pages()
+    return pages, sorted({w for p in pages for w in p.split() if w.isalpha()})
+
+
+#: --smoke: read once for every step of the child (a full run reads them again for each step, so
+#: that no step's RSS holds what an earlier one made)
+_shared_sample = functools.cache(_read_sample)
 
 
 def _document(mb: float, mutate: float, seed: int = 0, reuse_sample: bool = False):
     from datatrove.data import Document
-    from make_large_records import record_text, sample_pages
+    from make_large_records import record_text
 
-    if _SAMPLE:
-        pages, vocab = _SAMPLE[0]
-    else:
-        pages = sample_pages()
-        vocab = sorted({w for p in pages for w in p.split() if w.isalpha()})
-        if reuse_sample:
-            _SAMPLE.append((pages, vocab))
+    pages, vocab = _shared_sample() if reuse_sample else _read_sample()
     text = record_text(pages, int(mb * 1e6), random.Random(seed), mutate, vocab).decode("utf-8")
     url = "http://large-0.example.com/news/2024/05/page.html"
     meta = {"language": "en", "language_score": 0.9, "source": "s.warc.wet.gz", "offset": 0, "url": url}
