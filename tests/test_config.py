@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from pydantic import ValidationError
 
 from gristmill.config import ConfigError, RunConfig, apply_override, from_dict, load
 from gristmill.core.configlib import messages
+from tests.cli_process import pipeline
 
 BASE = {
     "run_dir": "runs/x",
@@ -310,9 +309,7 @@ def test_a_nan_threshold_is_refused_by_validate_and_run(tmp_path, wet_files, com
         cal = _write_yaml(tmp_path / "cal.yaml", calibration)
         text += f"calibration: {cal}\n"
     config = _write_yaml(tmp_path / "crawl.yaml", text)
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", command, str(config)], capture_output=True, text=True, timeout=120
-    )
+    res = pipeline(command, str(config), timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     expected = {
         "top level": "steps[0].gopher_quality.max_non_alpha_words_ratio: expected a finite number, got nan",

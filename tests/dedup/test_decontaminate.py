@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from gristmill.dedup.decontaminate import DOC_BYTES_PER_WORD, DOC_WORDS_BOUND, B
 from gristmill.dedup.text import words
 from gristmill.filters.langid import LangId
 from gristmill.pipeline.runner import run
+from tests.cli_process import pipeline
 
 UDHR = {"en": "eng", "de": "deu", "fr": "fra", "ru": "rus", "zh": "cmn_hans", "ja": "jpn", "th": "tha"}
 SPACED = ("en", "de", "fr", "ru")
@@ -460,33 +459,19 @@ def test_a_pipeline_run_drops_contaminated_records_and_refuses_a_changed_benchma
     entry = recorded["steps"][1]["decontaminate"]["benchmarks"][0]
     assert entry["sha256"] == {str(bench / "qa.jsonl"): _sha(bench / "qa.jsonl")}
 
-    stats = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "stats", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "COLUMNS": "250"},
-    ).stdout
+    stats = pipeline("stats", str(tmp_path / "run"), check=True, env={**os.environ, "COLUMNS": "250"}).stdout
     row = next(ln for ln in stats.splitlines() if "01_decontaminate" in ln and "contaminated" in ln)
     assert f" {counters['dropped_contaminated']} " in row
 
     # the same command resumes; a changed benchmark file is a changed configuration
-    again = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "run", str(tmp_path / "crawl.yaml")], capture_output=True, text=True
-    )
+    again = pipeline("run", str(tmp_path / "crawl.yaml"))
     assert again.returncode == 0 and "already complete" in again.stderr, again.stderr[-2000:]
     with (bench / "qa.jsonl").open("a") as f:
         f.write(json.dumps({"question": "one more question of the benchmark"}) + "\n")
-    changed = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "run", str(tmp_path / "crawl.yaml")], capture_output=True, text=True
-    )
+    changed = pipeline("run", str(tmp_path / "crawl.yaml"))
     assert changed.returncode != 0
     assert "holds a run made with another configuration" in changed.stderr
     assert f"sha256.{bench / 'qa.jsonl'}" in changed.stderr, changed.stderr[-2000:]
     # the config.yaml of the run names the old sha256: resuming from it refuses the file too
-    pinned = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "validate", str(tmp_path / "run" / "config.yaml")],
-        capture_output=True,
-        text=True,
-    )
+    pinned = pipeline("validate", str(tmp_path / "run" / "config.yaml"))
     assert pinned.returncode != 0 and "benchmarks[0].sha256: " in pinned.stderr and "changed (recorded" in pinned.stderr

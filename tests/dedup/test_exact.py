@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +14,7 @@ from gristmill.dedup.bloom import BloomFilter
 from gristmill.dedup.exact import filter_slices
 from gristmill.dedup.text import normalize
 from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
+from tests.cli_process import pipeline
 
 
 def _table(folder):
@@ -183,12 +182,7 @@ def test_partial_filter_from_stops_pipeline_run_before_any_stage(earlier_run_fil
         "steps": [{"exact_dedup": {"filter_from": str(saved)}}],
     }
     (tmp_path / "c.yaml").write_text(json.dumps(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "run", str(tmp_path / "c.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = pipeline("run", str(tmp_path / "c.yaml"), timeout=300)
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert lines == [

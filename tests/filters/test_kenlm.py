@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from gristmill.filters.langid import LangId, ModelError
 from gristmill.filters.train_corpus import is_heldout, iter_documents
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
+from tests.cli_process import pipeline
 
 
 def _docs(texts, language="en"):
@@ -205,27 +204,20 @@ def test_train_command_tiny_model(tmp_path, shared_data, kenlm_tools):
     corpus = tmp_path / "wiki.txt"
     corpus.write_text("\n".join(src) + "\n")
     out = tmp_path / "m" / "en.bin"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gristmill.cli",
-            "kenlm",
-            "train",
-            str(corpus),
-            "-o",
-            str(out),
-            "--order",
-            "3",
-            "--detokenize",
-            "wikitext",
-            "--heldout",
-            "0.2",
-            "-S",
-            "100M",
-        ],
-        capture_output=True,
-        text=True,
+    res = pipeline(
+        "kenlm",
+        "train",
+        str(corpus),
+        "-o",
+        str(out),
+        "--order",
+        "3",
+        "--detokenize",
+        "wikitext",
+        "--heldout",
+        "0.2",
+        "-S",
+        "100M",
     )
     assert res.returncode == 0, res.stderr
     stats = json.loads(stats_path(out).read_text())

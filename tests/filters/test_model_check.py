@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from gristmill.filters.langid import LangId
 from gristmill.filters.model_check import ModelError, trial_load
 from gristmill.filters.quality import Quality
 from gristmill.pipeline.planner import plan
+from tests.cli_process import pipeline
 
 LID_CUTS = [2, 4, 60, 100, 5000, 500000, 900000, 937000, 938012]  # 900000: fastText segfaults
 
@@ -187,13 +186,7 @@ def test_planning_raises_and_cli_exits_2_with_one_line(
         plan(from_dict(cfg))
     path = tmp_path / "crawl.yaml"
     path.write_text(json.dumps(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "run", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "400"},
-    )
+    res = pipeline("run", str(path), timeout=120, env={**os.environ, "COLUMNS": "400"})
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: truncated or corrupt"), res.stderr

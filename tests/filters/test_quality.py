@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import subprocess
-import sys
 from itertools import product
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from gristmill.filters.quality import Quality
 from gristmill.filters.quality_train import binary_metrics, roc_auc
 from gristmill.filters.train_corpus import is_heldout, iter_documents
 from gristmill.pipeline.runner import run
+from tests.cli_process import pipeline
 
 
 def _docs(texts):
@@ -115,30 +114,23 @@ def test_step_pickles_without_its_model(quality_model):
 
 def _train(tmp_path: Path, name: str, pos: Path, neg: Path, seed: int = 0) -> tuple[bytes, dict]:
     out = tmp_path / name / "q.bin"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gristmill.cli",
-            "quality",
-            "train",
-            "--positives",
-            str(pos),
-            "--negatives",
-            str(neg),
-            "--detokenize",
-            "wikitext",
-            "-o",
-            str(out),
-            "--max-per-class",
-            "150",
-            "--epoch",
-            "5",
-            "--seed",
-            str(seed),
-        ],
-        capture_output=True,
-        text=True,
+    res = pipeline(
+        "quality",
+        "train",
+        "--positives",
+        str(pos),
+        "--negatives",
+        str(neg),
+        "--detokenize",
+        "wikitext",
+        "-o",
+        str(out),
+        "--max-per-class",
+        "150",
+        "--epoch",
+        "5",
+        "--seed",
+        str(seed),
     )
     assert res.returncode == 0, res.stderr
     return out.read_bytes(), json.loads(Path(f"{out}.report.json").read_text())

@@ -34,6 +34,7 @@ from gristmill.filters.url_filter import (
     url_key,
 )
 from gristmill.filters.url_lookup import HEADER_BYTES, LookupFileError
+from tests.cli_process import pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 # datatrove's URLFilter reads tldextract's `registered_domain`, deprecated since tldextract 5.3
@@ -493,7 +494,7 @@ def test_a_missing_list_file_is_one_line_naming_it(tmp_path, wet_files):
     cfg.write_text(
         json.dumps({**_cfg(tmp_path, allow=[{"urls_file": str(missing)}]), "input": {"paths": [str(wet_files[1])]}})
     )
-    r = subprocess.run([sys.executable, "-m", "gristmill.cli", "plan", str(cfg)], capture_output=True, text=True)
+    r = pipeline("plan", str(cfg))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0] == f"error: steps[0].url_filter.allow[0].urls_file: {missing}: no such file"

@@ -11,8 +11,6 @@ import gzip
 import hashlib
 import os
 import re
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +20,7 @@ import yaml
 from loguru import logger
 
 from gristmill.pipeline.commoncrawl import Fetcher
+from tests.cli_process import pipeline
 
 from ..conftest import REPO, made_once
 
@@ -171,13 +170,7 @@ def demo_run_dir(tmp_path_factory, shared_data, lid_model, kenlm_model, quality_
         config = folder / "crawl.yaml"
         config.write_text(yaml.safe_dump(demo_config(shared_data, folder / "crawl"), sort_keys=False))
         path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
-        res = subprocess.run(
-            [sys.executable, "-m", "gristmill.cli", "run", str(config)],
-            env={**os.environ, "PYTHONPATH": path},
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        res = pipeline("run", str(config), env={**os.environ, "PYTHONPATH": path}, timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]
 
     return made_once(tmp_path_factory, "demo-crawl", make) / "crawl"

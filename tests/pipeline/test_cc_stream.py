@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -27,6 +25,7 @@ from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
 from gristmill.pipeline.projection import load_calibration, plan_for_size, project, render
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import journey, journey_notes
+from tests.cli_process import pipeline
 from tests.conftest import REPO
 from tests.fault_proxy import FaultProxy
 
@@ -399,9 +398,7 @@ def test_s3_failure_is_one_line_from_the_cli(s3, tmp_path):
     s3.add("slowdown", path=REL14A, times=50)
     cfg = tmp_path / "cc.yaml"
     cfg.write_text(yaml.safe_dump(_cc_config(tmp_path, retries=1)))
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "run", str(cfg)], capture_output=True, text=True, timeout=120
-    )
+    res = pipeline("run", str(cfg), timeout=120)
     assert res.returncode != 0
     assert "Traceback" not in res.stderr
     want = f"giving up on {S3_WET} after 2 attempts: HTTP 503 SlowDown 'Please reduce your request rate.'"
@@ -441,13 +438,7 @@ def test_plan_shows_ingress_and_cache_disk(tmp_path, cc, ingress, cache, note):
 def test_pipeline_plan_json_has_ingress_per_stage(tmp_path):
     cfg = tmp_path / "cc.yaml"
     cfg.write_text(yaml.safe_dump({**_cc_config(tmp_path), "steps": [{"exact_dedup": {}}]}))
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "plan", str(cfg), "--gb", "150", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    res = pipeline("plan", str(cfg), "--gb", "150", "--json", timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stderr
     stages = json.loads(res.stdout)["stages"]
     assert len(stages) > 1 and (stages[0]["ingress"], stages[0]["cache"]) == ("150.0 GB", "0 B")

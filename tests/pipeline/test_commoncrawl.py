@@ -10,8 +10,6 @@ import gzip
 import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import tracemalloc
 import zlib
@@ -21,6 +19,7 @@ import pytest
 import yaml
 
 from gristmill.pipeline.commoncrawl import DownloadError, Fetcher, gzip_problem, list_wet_paths
+from tests.cli_process import pipeline
 
 from .conftest import C14, C17, REL14A, REL14B, REL17, SEG14, _Handler, hits, sha256
 
@@ -562,9 +561,7 @@ def test_plan_and_run_offline_say_so_in_one_line(tmp_path, command):
     }
     path = tmp_path / "cc.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", command, str(path)], capture_output=True, text=True, timeout=120
-    )
+    res = pipeline(command, str(path), timeout=120)
     assert res.returncode == 2, res.stderr
     (line,) = res.stderr.splitlines()  # the resolver's own words follow, e.g. "Name or service not known"
     assert line.startswith(f"error: {UNRESOLVABLE}/crawl-data/{C14}/wet.paths.gz: name resolution failed (offline?)")

@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,14 @@ import pytest
 from gristmill.config import ConfigError, from_dict
 from gristmill.core.wet_reader import WetRecord, iter_wet_records, printable
 from gristmill.pipeline.planner import make_fetcher, resolve_sources
+from tests.cli_process import pipeline
 
 SECRET = "root:$6$Zr0Jx8Qk$Vd1yqk7P7nQ0H2mVbG1Yy9Z8r.hT3sF0Lq6p0e1Q2w3E4r5T6y7U8i9O0pA1sD2fG3hJ4k:19000:0:99999:7:::\n"
 
 
 def _cli(*args, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", *map(str, args)],
-        capture_output=True,
-        env={**os.environ, "COLUMNS": "200"},
-        timeout=timeout,  # a FIFO opened for reading would wait here forever
-    )
+    # a FIFO opened for reading would wait here forever: the timeout
+    return pipeline(*args, env={**os.environ, "COLUMNS": "200"}, timeout=timeout, text=False)
 
 
 def _config(tmp_path: Path, paths: list, **extra) -> Path:

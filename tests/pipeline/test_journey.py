@@ -8,8 +8,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -27,6 +25,7 @@ from gristmill.pipeline.stats import (
     language_journey,
     merge_run,
 )
+from tests.cli_process import pipeline
 
 from .conftest import demo_config
 from .test_report import _chromium
@@ -150,13 +149,7 @@ def test_languages_add_up_to_every_row_of_the_journey(demo_run):
 
 
 def _cli(*args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "stats", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "COLUMNS": "250"},  # wide enough that no row wraps
-    ).stdout
+    return pipeline("stats", *args, check=True, env={**os.environ, "COLUMNS": "250"}).stdout  # no row wraps
 
 
 def _table(text: str, title: str) -> list[str]:

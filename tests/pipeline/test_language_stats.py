@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections import Counter
 
 import pyarrow.parquet as pq
@@ -27,6 +25,7 @@ from gristmill.pipeline.stats import (
     language_summary,
     merge_run,
 )
+from tests.cli_process import pipeline
 
 from .test_report import _chromium
 from .test_run import config
@@ -206,26 +205,23 @@ def test_run_without_language_records_is_all_unknown(lang_run, tmp_path):
 
 def test_stats_cli_per_language(lang_run):
     run_dir, merged = lang_run
-    cli = [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)]
-    table = subprocess.run(cli, capture_output=True, text=True, check=True).stdout
+    table = pipeline("stats", run_dir, check=True).stdout
     assert "per language" in table and "00_langid" in table
     zh = language_funnel(merged)[LANG]
-    one = subprocess.run([*cli, "--language", LANG], capture_output=True, text=True, check=True).stdout
+    one = pipeline("stats", run_dir, "--language", LANG, check=True).stdout
     assert f"funnel of language {LANG}" in one and f"drops by reason, language {LANG}" in one
     read_line = next(ln for ln in one.splitlines() if "read_wet" in ln)
     assert f" {zh[0].docs_in:,} " in read_line
     for r in zh:
         for reason in r.drops:
             assert reason in one
-    data = json.loads(
-        subprocess.run([*cli, "--language", LANG, "--json"], capture_output=True, text=True, check=True).stdout
-    )
+    data = json.loads(pipeline("stats", run_dir, "--language", LANG, "--json", check=True).stdout)
     assert data == json.loads(json.dumps(as_json(merged, LANG)))
     assert data["funnel"][0]["docs_in"] == zh[0].docs_in
-    full = json.loads(subprocess.run([*cli, "--json"], capture_output=True, text=True, check=True).stdout)
+    full = json.loads(pipeline("stats", run_dir, "--json", check=True).stdout)
     assert full["by_language"][LANG]["read"] == zh[0].docs_in
     assert sum(v["read"] for v in full["by_language"].values()) == full["funnel"][0]["docs_in"]
-    bad = subprocess.run([*cli, "--language", "xx"], capture_output=True, text=True)
+    bad = pipeline("stats", run_dir, "--language", "xx")
     assert bad.returncode == 2 and bad.stdout == ""
     assert len(bad.stderr.strip().splitlines()) == 1 and "'xx'" in bad.stderr and "zh" in bad.stderr
 

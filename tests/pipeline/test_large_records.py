@@ -43,6 +43,8 @@ from large_record_steps import STEPS  # noqa: E402
 from large_records_run import OPEN_STEPS  # noqa: E402
 from make_large_records import CRAWL, write, write_warc  # noqa: E402
 
+from tests.cli_process import pipeline
+
 LIMIT = 2 << 20
 RECORDS = 6
 PAGES = 3  # HTML pages of the WARC file
@@ -93,8 +95,7 @@ def test_every_task_stays_within_its_stage_model_and_the_plan(
     cfg = _open_config(tmp_path, large_wet, lid_model, kenlm_model, quality_model)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    run = [sys.executable, "-m", "gristmill.cli"]
-    r = subprocess.run([*run, "run", str(path)], capture_output=True, text=True, cwd=REPO, env=_env(shared_data))
+    r = pipeline("run", path, cwd=REPO, env=_env(shared_data))
     assert r.returncode == 0, r.stderr[-3000:]
     stages = plan(from_dict(cfg), check_memory=False)
     estimates = {e.stage.label: e for e in estimate_memory(from_dict(cfg), stages)}
@@ -108,9 +109,7 @@ def test_every_task_stays_within_its_stage_model_and_the_plan(
     }
     assert not over, over  # (measured MB, model MB)
     # `pipeline plan` shows those models: its figure per task is at least each stage's peak
-    r = subprocess.run(
-        [*run, "plan", str(path), "--json"], capture_output=True, text=True, cwd=REPO, env=_env(shared_data)
-    )
+    r = pipeline("plan", path, "--json", cwd=REPO, env=_env(shared_data))
     assert r.returncode == 0, r.stderr[-3000:]
     shown = {row["stage"]: row["mem/task"].split() for row in json.loads(r.stdout)["stages"]}
     assert set(shown) == set(measured)
@@ -147,9 +146,7 @@ def _run_curate(tmp_path, cfg: dict, env: dict):
     """Run `cfg` (one stage) through the CLI: (its estimate, its task's usage, its output texts)."""
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "run", str(path)], capture_output=True, text=True, cwd=REPO, env=env
-    )
+    r = pipeline("run", str(path), cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     stages = plan(from_dict(cfg), check_memory=False)
     assert [s.name for s in stages] == ["curate"]
@@ -265,10 +262,12 @@ def test_a_record_limit_a_task_cannot_hold_is_refused_naming_it(tmp_path, wet_fi
 
 
 def test_plan_shows_the_largest_record_term(shared_data):
-    r = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "plan", "configs/slurm-crawl.yaml", "--files", "90000", "--json"],
-        capture_output=True,
-        text=True,
+    r = pipeline(
+        "plan",
+        "configs/slurm-crawl.yaml",
+        "--files",
+        "90000",
+        "--json",
         cwd=REPO,
         env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin", "GRISTMILL_DATA": str(shared_data)},
     )

@@ -17,15 +17,14 @@ from gristmill.config import from_dict
 from gristmill.core.step import BASE_TASK_BYTES
 from gristmill.dedup.near import BUCKET_BYTES_PER_RECORD
 from gristmill.pipeline.planner import DOCUMENTS_PER_GB, estimate_memory, plan
+from tests.cli_process import pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", *args],
-        capture_output=True,
-        text=True,
+    return pipeline(
+        *args,
         cwd=cwd,
         # a clean environment, but the data the configs name (${GRISTMILL_DATA:-../shared/data})
         env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}

@@ -18,6 +18,7 @@ from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, Step, registered_steps
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
+from tests.cli_process import pipeline
 
 # Two steps defined in this test module alone: nothing else in gristmill is edited to add them.
 
@@ -189,9 +190,7 @@ def test_tasks_above_the_bound_are_refused_with_the_reason(tmp_path, wet_files):
         f"input: {{paths: {[str(p) for p in wet_files]}}}\nsteps: [gopher_quality]\n"
     )
     for command in ("validate", "run"):
-        res = subprocess.run(
-            [sys.executable, "-m", "gristmill.cli", command, str(cfg)], capture_output=True, text=True, timeout=120
-        )
+        res = pipeline(command, str(cfg), timeout=120)
         assert res.returncode == 2, res.stderr
         assert res.stderr.splitlines() == [
             f"error: {cfg}: 1 error(s)",
@@ -241,9 +240,7 @@ def test_a_run_with_more_tasks_than_files_starts_a_process_per_file(tmp_path, we
             f"run_dir: {run_dir}\nexecutor: {{tasks: {tasks}, workers: 2}}\n"
             f"input: {{paths: {[str(p) for p in wet_files]}}}\nsteps: [gopher_quality]\n"
         )
-        res = subprocess.run(
-            [sys.executable, "-m", "gristmill.cli", "run", str(cfg)], capture_output=True, text=True, timeout=600
-        )
+        res = pipeline("run", str(cfg), timeout=600)
         assert res.returncode == 0, res.stderr
         warned = [line for line in res.stderr.splitlines() if "executor.tasks" in line]
         assert len(warned) == (1 if tasks == 8 else 0), res.stderr

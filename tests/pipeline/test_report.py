@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,6 +18,7 @@ from gristmill.core.scores import SAMPLE_SIZE
 from gristmill.pipeline.report import CSS, build, write
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel, load_scores, merge_run
+from tests.cli_process import pipeline
 
 from .test_run import config
 
@@ -76,18 +76,14 @@ def test_samples_and_histograms_do_not_depend_on_the_task_split(report_run, tmp_
 
 def test_stats_cli_prints_top_domains(report_run):
     run_dir, _ = report_run
-    out = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)], capture_output=True, text=True, check=True
-    ).stdout
+    out = pipeline("stats", str(run_dir), check=True).stdout
     assert "top domains" in out
 
 
 def test_report_has_every_section_and_the_thresholds(report_run, tmp_path):
     run_dir, _ = report_run
     out = tmp_path / "report.html"
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "report", str(run_dir), "-o", str(out)], capture_output=True, text=True
-    )
+    res = pipeline("report", str(run_dir), "-o", str(out))
     assert res.returncode == 0, res.stderr
     page = out.read_text()
     for section in SECTIONS:

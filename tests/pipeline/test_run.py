@@ -17,6 +17,7 @@ from gristmill.core.parquet_io import FAULT_ENV
 from gristmill.filters.langid import ModelError
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import as_json, funnel, merge_run
+from tests.cli_process import pipeline
 
 from .conftest import C14, REL14A
 
@@ -89,12 +90,7 @@ def test_dropped_documents_are_kept_for_inspection(sample_run):
 
 def test_stats_cli_json_and_table(sample_run):
     run_dir, merged = sample_run
-    out = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = pipeline("stats", str(run_dir), "--json", check=True)
     data = json.loads(out.stdout)
     assert data == json.loads(json.dumps(as_json(merged)))
     assert data["languages"]["en"] > 400
@@ -104,17 +100,10 @@ def test_stats_cli_json_and_table(sample_run):
     assert [(r["docs_in"], r["docs_out"], r["drops"]) for r in data["journey"][1:]] == [
         (r.docs_in, r.docs_out, r.drops) for r in stage_rows[1:-1]
     ]
-    table = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir)], capture_output=True, text=True, check=True
-    ).stdout
+    table = pipeline("stats", str(run_dir), check=True).stdout
     assert "low_language_score" in table and "gopher_short_doc" in table and "read_wet" in table
     assert "write_parquet" not in table
-    stages = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "stats", str(run_dir), "--stages"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    stages = pipeline("stats", str(run_dir), "--stages", check=True).stdout
     assert "write_parquet" in stages and "low_language_score" in stages
 
 
@@ -213,7 +202,7 @@ def test_cli_reports_config_errors_with_key_path(tmp_path):
     cfg.write_text(
         "input: {paths: [x]}\nsteps:\n  - gopher_quality: {}\n  - c4_lines: {}\n  - langid: {min_score: high}\n"
     )
-    res = subprocess.run([sys.executable, "-m", "gristmill.cli", "validate", str(cfg)], capture_output=True, text=True)
+    res = pipeline("validate", str(cfg))
     assert res.returncode == 2
     assert "steps[2].langid.min_score: expected a number between 0 and 1, got 'high'" in res.stderr
 

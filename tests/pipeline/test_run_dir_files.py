@@ -15,7 +15,6 @@ import re
 import shutil
 import string
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -29,19 +28,13 @@ from gristmill.core.messages import os_error_line as cli_error_line
 from gristmill.core.parquet_io import ParquetWriter
 from gristmill.pipeline import run_dir as rd
 from gristmill.tokenize.shards import BucketedWriter, finish_tokens
+from tests.cli_process import pipeline
 
 from .test_run import config
 
 
 def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        cwd=cwd,
-        timeout=300,
-    )
+    return pipeline(*args, env={**os.environ, "COLUMNS": "200"}, cwd=cwd, timeout=300)
 
 
 def _mount(*args: str) -> None:

@@ -22,19 +22,13 @@ from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dirlock import LockHeld
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
+from tests.cli_process import pipeline
 
 from .test_run import config
 
 
 def _cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        cwd=cwd,
-        timeout=300,
-    )
+    return pipeline(*args, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
 
 
 def _yaml(tmp_path: Path, cfg: dict) -> Path:

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from gristmill.core.parquet_io import FAIL_TASK_ENV
 from gristmill.pipeline.executors import cluster_array_limit
 from gristmill.pipeline.runner import StageFailed, run
 from gristmill.pipeline.status import stage_statuses
+from tests.cli_process import pipeline
 
 from . import test_planner  # noqa: F401  (defines and registers the `keep_longest` step)
 
@@ -107,9 +107,7 @@ def test_failed_task_cancels_downstream_and_rerun_finishes_only_it(
     assert "injected failure of task 1" in statuses["01_curate"].failed_tasks[1]
     assert statuses["02_keep_longest"].state.startswith("cancelled")
     assert statuses["03_filter"].state.startswith("cancelled")
-    out = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "status", str(tmp_path / "run")], capture_output=True, text=True
-    )
+    out = pipeline("status", str(tmp_path / "run"))
     assert out.returncode == 1 and "injected failure" in out.stdout and "resume with:" in out.stdout
 
     task0 = (tmp_path / "run" / "01_curate" / "output" / "00000.parquet").stat().st_mtime_ns

@@ -31,6 +31,7 @@ import yaml
 from gristmill.core import storage
 from gristmill.filters.model_check import check_fasttext, unchanged
 from gristmill.pipeline import lease
+from tests.cli_process import pipeline
 
 from ..conftest import REPO, WET_2014, WET_2017, _missing
 from ..s3_server import BUCKET, PlainS3Server, S3Server, StrippingProxy
@@ -74,9 +75,7 @@ def _env(s3: S3Server | PlainS3Server, **extra: str) -> dict[str, str]:
 
 
 def _cli(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return pipeline(*args, env=env, timeout=timeout)
 
 
 def _write(path: Path, data: dict) -> str:

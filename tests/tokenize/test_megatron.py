@@ -24,6 +24,7 @@ from gristmill.pipeline.runner import run
 from gristmill.tokenize import open_tokens
 from gristmill.tokenize.megatron import LocalFolder, MegatronExportError, index_header, write_megatron
 from gristmill.tokenize.shards import sha256_file
+from tests.cli_process import pipeline
 
 from ..conftest import WET_2017, _missing
 from .conftest import config
@@ -52,8 +53,7 @@ def cl100k_run(tmp_path_factory, shared_data, tokenizer_files) -> Path:
 
 
 def export(run_dir: Path, out: Path, *extra: str, **kw) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "gristmill.cli", "tokens", "export", str(run_dir), "--format", "megatron"]
-    return subprocess.run([*cmd, "-o", str(out), *extra], capture_output=True, text=True, **kw)
+    return pipeline("tokens", "export", run_dir, "--format", "megatron", "-o", out, *extra, **kw)
 
 
 @pytest.mark.parametrize("which, dtype, code", [("gpt2_run", np.uint16, 8), ("cl100k_run", np.int32, 4)])
@@ -149,9 +149,7 @@ def test_refuses_what_inspect_refuses_and_writes_nothing(tmp_path, gpt2_run, lie
     res = export(root, out)
     assert res.returncode == 2, res.stdout + res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and re.search(want, res.stderr), res.stderr
-    inspect = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)], capture_output=True, text=True
-    )
+    inspect = pipeline("tokens", "inspect", str(root))
     assert inspect.stderr == res.stderr
     assert _files(out) == before
 
@@ -199,9 +197,11 @@ def test_export_cut_short_leaves_no_partial_file(tmp_path, gpt2_run):
     before = _earlier_export(out)
     limit = 64 * 1024
     assert open_tokens(gpt2_run).manifest["splits"]["train"]["tokens"] * 2 > 10 * limit
-    res = export(
-        gpt2_run,
-        out,
+    args = ["tokens", "export", str(gpt2_run), "--format", "megatron", "-o", str(out)]
+    res = subprocess.run(  # a fresh interpreter: the limit must hold from its start
+        [sys.executable, "-m", "gristmill.cli", *args],
+        capture_output=True,
+        text=True,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
     )

@@ -8,8 +8,6 @@ one kept) and GPT-2's vocabulary; `shard_tokens` is small enough that shards spa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from gristmill.pipeline.runner import run
 from gristmill.tokenize import encode, open_tokens
 from gristmill.tokenize.shards import bucket_of, is_val, plan_shards, shuffle_key
 from gristmill.tokenize.stages import ManifestStep, ShardPlanStep, ShardStep
+from tests.cli_process import pipeline
 
 from .test_tokens import config, curated
 
@@ -165,9 +164,7 @@ def test_reader_and_inspect_accept_the_output(runs):
     toks = open_tokens(root)
     toks.check()
     assert toks.manifest["totals"]["documents"] == len(curated(root))
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)], capture_output=True, text=True
-    )
+    res = pipeline("tokens", "inspect", str(root))
     assert res.returncode == 0, res.stderr
     assert f"{toks.manifest['totals']['tokens']:,}" in res.stdout
 

@@ -25,6 +25,7 @@ from gristmill.pipeline.planner import plan
 from gristmill.pipeline.runner import run
 from gristmill.tokenize import TokenShardError, encode, open_tokens, token_dtype, tokenizer
 from gristmill.tokenize.shards import sha256_file
+from tests.cli_process import pipeline
 
 from ..conftest import WET_2017
 from .conftest import config
@@ -220,9 +221,7 @@ def test_tampered_or_truncated_shard_is_named(tmp_path, gpt2_run):
     lazy.shard("train-00000.arrow")  # an intact shard opens
     with pytest.raises(TokenShardError, match=r"train-00001\.arrow"):
         lazy.shards("train")
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)], capture_output=True, text=True
-    )
+    res = pipeline("tokens", "inspect", str(root))
     assert res.returncode == 2 and "train-00001.arrow" in res.stderr
 
     victim.write_bytes(bytes(data[: len(data) - 4096]))  # truncated
@@ -266,9 +265,7 @@ def test_ids_beyond_the_vocabulary_fail_inspect(tmp_path, gpt2_run):
     with pytest.raises(TokenShardError, match=want):
         open_tokens(root).check()
     open_tokens(root).check("val")  # the other split is sound
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(root)], capture_output=True, text=True
-    )
+    res = pipeline("tokens", "inspect", str(root))
     assert res.returncode == 2 and "sha256 verified" not in res.stdout
     assert len(res.stderr.strip().splitlines()) == 1 and re.search(want, res.stderr), res.stderr
 
@@ -324,22 +321,13 @@ def test_training_is_deterministic_and_cli_matches_the_run(tmp_path, trained_run
 
 def test_export_bin_is_the_train_stream(tmp_path, gpt2_run):
     out = tmp_path / "train.bin"
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "tokens", "export", str(gpt2_run), "--format", "bin", "-o", str(out)],
-        capture_output=True,
-        text=True,
-    )
+    res = pipeline("tokens", "export", str(gpt2_run), "--format", "bin", "-o", str(out))
     assert res.returncode == 0, res.stderr
     toks = open_tokens(gpt2_run)
     flat = np.memmap(out, dtype=np.uint16, mode="r")
     assert np.array_equal(flat, np.concatenate(list(toks.stream("train"))))
     assert len(flat) == toks.manifest["splits"]["train"]["tokens"]
-    shown = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "tokens", "inspect", str(gpt2_run)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "120"},
-    )
+    shown = pipeline("tokens", "inspect", str(gpt2_run), env={**os.environ, "COLUMNS": "120"})
     assert shown.returncode == 0, shown.stderr
     assert f"{toks.manifest['totals']['tokens']:,}" in shown.stdout and "document lengths" in shown.stdout
 
@@ -398,7 +386,7 @@ def test_export_refuses_what_inspect_refuses_and_writes_nothing(tmp_path, gpt2_r
     out.write_bytes(b"an earlier export")
     lines = {}
     for cmd in (["export", str(root), "-o", str(out)], ["inspect", str(root)]):
-        res = subprocess.run([sys.executable, "-m", "gristmill.cli", "tokens", *cmd], capture_output=True, text=True)
+        res = pipeline("tokens", *cmd)
         assert res.returncode == 2, res.stdout + res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and re.search(want, res.stderr), res.stderr
         lines[cmd[0]] = res.stderr
@@ -432,11 +420,7 @@ def test_export_cut_short_leaves_no_partial_file(tmp_path, gpt2_run):
 
 def test_export_names_a_split_the_manifest_lacks(tmp_path, gpt2_run):
     out = tmp_path / "x.bin"
-    res = subprocess.run(
-        [sys.executable, "-m", "gristmill.cli", "tokens", "export", str(gpt2_run), "--split", "test", "-o", str(out)],
-        capture_output=True,
-        text=True,
-    )
+    res = pipeline("tokens", "export", str(gpt2_run), "--split", "test", "-o", str(out))
     assert res.returncode == 2 and not out.exists(), res.stderr
     assert re.fullmatch(
         r"error: --split test: \S+/manifest\.json has no shards of this split \(it has: train, val\)\n", res.stderr

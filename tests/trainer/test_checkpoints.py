@@ -9,8 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from rich.console import Console
 
 from gristmill.trainer import checkpoint as ckpt
 from gristmill.trainer.train import InputError, main, train
+from tests.cli_process import pipeline
 
 from .conftest import STEPS, losses, tiny_cfg, two_rank_section
 
@@ -101,24 +100,17 @@ def test_no_intact_checkpoint_is_one_error(baseline, token_dir, tmp_path, capsys
     assert "checkpoint step-00000006: __0_0.distcp sha256 mismatch; skipped" in err
     assert "checkpoint step-00000003: .metadata is" in err
     # through the command: the skipped lines and one error, no traceback, exit code 2
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gristmill.cli",
-            "train",
-            "tiny",
-            "--out",
-            str(out),
-            "--set",
-            f"data.tokens={token_dir}",
-            "--set",
-            "data.seq_len=32",
-            "--set",
-            "log.progress=false",
-        ],
-        capture_output=True,
-        text=True,
+    res = pipeline(
+        "train",
+        "tiny",
+        "--out",
+        str(out),
+        "--set",
+        f"data.tokens={token_dir}",
+        "--set",
+        "data.seq_len=32",
+        "--set",
+        "log.progress=false",
     )
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()

@@ -19,6 +19,7 @@ import pytest
 from gristmill.cli import main as cli_main
 from gristmill.trainer.launch import write_resolved
 from gristmill.trainer.train import InputError, train
+from tests.cli_process import pipeline
 
 from .conftest import tiny_cfg, tokenizer_json, write_token_dir
 
@@ -175,7 +176,7 @@ def test_pipeline_train_names_the_bad_file_in_one_line(fault, tmp_path, capsys):
         *("--set", "log.progress=false", "--set", "log.tensorboard=false"),
     ]
     if fault is THROUGH_THE_COMMAND:
-        res = subprocess.run([sys.executable, "-m", "gristmill.cli", *argv], capture_output=True, text=True)
+        res = pipeline(*argv)
         _one_error_line(res.returncode, res.stdout, res.stderr, FAULTS[fault])
     else:
         capsys.readouterr()
