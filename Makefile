@@ -74,6 +74,9 @@ test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	@# bytecode written once here: under PYTHONDONTWRITEBYTECODE=1 (set on some machines) every
+	@# process the tests start would compile gristmill's sources again (~0.25 CPU s a task zygote)
+	$(PY) -m compileall -q src tests benchmarks
 	$(PY) -m pytest -q tests
 
 # The CPU benchmarks, each against its peer in one invocation, at the sizes docs/benchmarks.md and

@@ -107,6 +107,7 @@ def _command(stdin: int, out: int, err: int, *argv: str) -> None:
     for fd, to in ((stdin, 0), (out, 1), (err, 2)):
         os.dup2(fd, to)
         os.close(fd)
+    tempfile.tempdir = None  # the zygote's choice, if it made one: TMPDIR is the request's
     import gristmill.cli
 
     sys.argv = [gristmill.cli.__file__, *argv]
