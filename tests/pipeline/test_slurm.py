@@ -138,13 +138,16 @@ def _wait_for(predicate, timeout=300, poll=0.25):
     return False
 
 
-def _release_requeue_hold(job: str) -> None:
+def _release_requeue_hold(job: str, released: set[str]) -> None:
     """A requeued job may start again only after Slurm's credential lifetime (slurm.conf
-    `AuthInfo=cred_expire`, 120 s by default): let it start now. The test is about the job
-    requeueing itself and resuming, not about the cluster's hold."""
+    `AuthInfo=cred_expire`, 120 s by default): let it start in 3 s instead, once (`released`).
+    The test is about the job requeueing itself and resuming, not about the cluster's hold. Not
+    at once: slurmd refuses a credential issued in the second its job's old one was revoked
+    ("Job credential revoked", and the job fails), which a start within the same second met."""
     state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.split()
-    if state == ["PENDING", "BeginTime"]:
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True)
+    if state == ["PENDING", "BeginTime"] and job not in released:
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+3"], capture_output=True, check=True)
+        released.add(job)
 
 
 def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_files, lid_model, slurm_cluster):
@@ -199,7 +202,8 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     assert _wait_for(lambda: log.is_file() and "resumed from" in log.read_text(), timeout=300)
     assert _wait_for(lambda: max(saved_steps()) > killed_at + 5)
     subprocess.run(["scancel", "--signal=USR1", "--batch", second], check=True)
-    wait_until_gone([second], poll_s=0.25, on_poll=lambda: _release_requeue_hold(second))
+    released: set[str] = set()
+    wait_until_gone([second], poll_s=0.25, on_poll=lambda: _release_requeue_hold(second, released))
     text = log.read_text()
     assert "SIGUSR1: checkpoint and requeue" in text and "preempted: checkpoint of step" in text
     assert "(restart 1)" in text and text.count("resumed from") == 2
