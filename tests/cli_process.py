@@ -2,8 +2,8 @@
 "-m", "gristmill.cli", ...], capture_output=True, text=True)` gives, without its imports.
 
 The suite runs the command line ~200 times. Each fresh interpreter spent 0.5–1.5 CPU s importing
-gristmill, datatrove, pyarrow and pandas before doing anything, a third of the suite's time on a
-2-core machine. `pipeline()` forks each command from a zygote (`gristmill.pipeline.task_zygote`,
+gristmill, datatrove, pyarrow and pandas before doing anything: a fifth of the suite's CPU time on
+a 2-core machine. `pipeline()` forks each command from a zygote (`gristmill.pipeline.task_zygote`,
 the one that starts local tasks) that imported all of that once per test worker. The command is
 still its own process: own pid and process group, the test's environment and working directory,
 its stdout and stderr captured, its exit status what `python -m gristmill.cli` would return
@@ -63,23 +63,30 @@ def pipeline(
     returns it (`TimeoutExpired` past `timeout`, `CalledProcessError` with `check`; bytes with
     `text=False`)."""
     argv = [str(a) for a in args]
-    zygote = _runner()
-    if zygote is None:  # no zygote here: a fresh interpreter, as before
+
+    def fresh() -> subprocess.CompletedProcess:  # where no zygote serves: a fresh interpreter, as before
         return subprocess.run(
             [sys.executable, "-m", "gristmill.cli", *argv],
             env=env, cwd=cwd, timeout=timeout, check=check, input=input, capture_output=True, text=text,
         )  # fmt: skip
+
+    zygote = _runner()
+    if zygote is None:
+        return fresh()
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         if input is not None:
             stdin.write(input.encode() if isinstance(input, str) else input)
             stdin.seek(0)
-        child = zygote.spawn(
-            "tests.cli_process:_command",
-            argv,
-            pass_fds=(stdin.fileno(), out.fileno(), err.fileno()),
-            cwd=os.fspath(cwd) if cwd is not None else None,
-            env=dict(os.environ if env is None else env),
-        )
+        try:
+            child = zygote.spawn(
+                "tests.cli_process:_command",
+                argv,
+                pass_fds=(stdin.fileno(), out.fileno(), err.fileno()),
+                cwd=os.fspath(cwd) if cwd is not None else None,
+                env=dict(os.environ if env is None else env),
+            )
+        except task_zygote.ZygoteUnavailable:  # it refused to fork or died: the next call starts another
+            return fresh()
         deadline = None if timeout is None else time.monotonic() + timeout
         while child.poll() is None:
             if deadline is not None and time.monotonic() > deadline:

@@ -46,3 +46,15 @@ def test_timeout_kills_the_command_and_the_zygote_serves_the_next(tmp_path, wet_
     with pytest.raises(subprocess.TimeoutExpired):
         pipeline("run", cfg, timeout=4, env={**os.environ, KILL_TASK_ENV: "0:SIGSTOP:1"})
     assert pipeline("--help").returncode == 0  # the zygote serves the next command
+
+
+def test_a_dead_zygote_is_replaced():
+    from tests import cli_process
+
+    assert pipeline("--help").returncode == 0
+    dead = cli_process._zygote
+    dead.proc.kill()
+    dead.proc.wait()
+    res = pipeline("--help")
+    assert res.returncode == 0 and res.stdout.startswith("usage: pipeline")
+    assert cli_process._zygote is not dead and cli_process._zygote.pid != dead.pid
