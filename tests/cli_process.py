@@ -118,9 +118,8 @@ def _command(stdin: int, out: int, err: int, *argv: str) -> None:
     import gristmill.cli
 
     sys.argv = [gristmill.cli.__file__, *argv]
-    code = 0
     try:
-        code = gristmill.cli.main()
+        raise SystemExit(gristmill.cli.main())  # as `python -m gristmill.cli` ends: sys.exit(main())
     except SystemExit as e:  # what the interpreter makes of it
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
@@ -140,4 +139,4 @@ def _command(stdin: int, out: int, err: int, *argv: str) -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(code if isinstance(code, int) else 1)
+        os._exit(code)
