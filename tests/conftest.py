@@ -7,8 +7,11 @@ the reason elsewhere.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +45,37 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Pa
             make(folder)
             done.touch()
     return folder
+
+
+def recipe_compare_smoke(tmp_path_factory, data: Path, recipe: str) -> tuple[dict, str]:
+    """`benchmarks/recipe_compare.py RECIPE --smoke` (both sides on the 43-record WET file): its
+    report and its stdout. Run once per test run and read by the script's smoke check
+    (tests/test_benchmarks.py) and by the recipe tests (tests/recipes/test_recipe_compare.py), which
+    ran the same command each (~20 CPU s, most of it datatrove's side)."""
+
+    def make(folder: Path) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
+            "GRISTMILL_DATA": str(data.resolve()),
+            "TMPDIR": str(folder),
+            "OMP_NUM_THREADS": "1",
+        }
+        script = REPO / "benchmarks" / "recipe_compare.py"
+        proc = subprocess.run(
+            [sys.executable, str(script), recipe, "--smoke", "--work", str(folder / "work")]
+            + ["--json", str(folder / "report.json")],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert proc.returncode == 0, (
+            f"recipe_compare.py {recipe} --smoke exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+            f"--- stderr\n{proc.stderr[-4000:]}"
+        )
+        (folder / "stdout.txt").write_text(proc.stdout)
+
+    folder = made_once(tmp_path_factory, f"recipe-compare-{recipe}", make)
+    report = folder / "report.json"
+    return (json.loads(report.read_text()) if report.is_file() else {}), (folder / "stdout.txt").read_text()
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, recipe_compare_smoke
 
 BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -177,7 +177,8 @@ def check_url_filter_throughput(request, tmp, data):
 
 def check_recipe_compare(request, tmp, data):
     request.getfixturevalue("lid_model")
-    out = smoke("recipe_compare", "fineweb", tmp=tmp, data=data)
+    # the run tests/recipes/test_recipe_compare.py also reads: made once for both
+    _, out = recipe_compare_smoke(request.getfixturevalue("tmp_path_factory"), data, "fineweb")
     if not peers_installed():  # datatrove's side: spaCy, warcio, libmagic, tldextract
         return
     assert figure(out, "recipe fineweb:") == 43  # documents read: the smaller sample file

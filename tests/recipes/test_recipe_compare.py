@@ -3,7 +3,7 @@ parameter by parameter, and deciding document by document as datatrove does runn
 recipe with the same thresholds, but where the cause of a difference is known.
 
 The comparison is benchmarks/recipe_compare.py (docs/recipes.md holds its figures on the whole
-WET sample); here it runs on the smaller sample file (43 records), both recipes at once, and every
+WET sample); here it runs on the smaller sample file (43 records), both recipes, and every
 disagreement is pinned with its cause, so that a change on either side shows. Each cause is
 checked by the script itself: `words` means datatrove's filter, given gristmill's words instead of
 spaCy's, decides the page as gristmill did; `reader` that datatrove's WarcReader (libmagic) did
@@ -13,17 +13,13 @@ not return the record.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, WET_2017, made_once
+from tests.conftest import REPO, recipe_compare_smoke
 
-SCRIPT = REPO / "benchmarks" / "recipe_compare.py"
 #: what datatrove's side needs beyond the core dependencies (the bench extra)
 PEERS = ("spacy", "warcio", "magic", "tldextract", "fasteners", "ahocorasick")
 
@@ -38,32 +34,10 @@ def peers_or_skip():
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory, shared_data, lid_model) -> dict[str, dict]:
-    """recipe_compare.py on the 43-record WET file, both recipes side by side (made once per run)."""
+    """recipe_compare.py --smoke (the 43-record WET file) of each recipe, made once per test run
+    (its smoke check in tests/test_benchmarks.py reads the same fineweb run)."""
     peers_or_skip()
-
-    def make(out):
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
-            "GRISTMILL_DATA": str(shared_data),
-        }
-        procs = {
-            recipe: subprocess.Popen(
-                [sys.executable, str(SCRIPT), recipe, "--wet", str(shared_data / WET_2017)]
-                + ["--work", str(out / recipe), "--json", str(out / f"{recipe}.json")],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for recipe in ("fineweb", "fineweb2")
-        }
-        for recipe, proc in procs.items():
-            output, _ = proc.communicate(timeout=600)
-            assert proc.returncode == 0, f"recipe_compare.py {recipe} exited {proc.returncode}:\n{output[-4000:]}"
-
-    folder = made_once(tmp_path_factory, "recipe-compare", make)
-    return {r: json.loads((folder / f"{r}.json").read_text()) for r in ("fineweb", "fineweb2")}
+    return {r: recipe_compare_smoke(tmp_path_factory, shared_data, r)[0] for r in ("fineweb", "fineweb2")}
 
 
 def pinned(report) -> set[tuple[str, str, str]]:
