@@ -33,7 +33,7 @@ def slurm_cluster(shared_data):
         )
     if os.geteuid() != 0:
         pytest.skip("the local Slurm cluster runs as root")
-    # every Slurm test runs on a cluster of small job arrays, so that a stage of a dozen tasks is
+    # every Slurm test runs on a cluster of small job arrays, so that a stage of 3 tasks is
     # several arrays, as a 4,000-task stage is on a cluster of MaxArraySize=1001
     env = {**os.environ, "SLURM_LOCAL_MAX_ARRAY_SIZE": str(MAX_ARRAY_SIZE)}
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600, env=env)
@@ -43,7 +43,7 @@ def slurm_cluster(shared_data):
     return "debug"
 
 
-MAX_ARRAY_SIZE = 5
+MAX_ARRAY_SIZE = 2  # the smallest that makes a stage of 3 tasks two arrays, one full and one not
 
 
 def _restart_when_idle(script: Path, env: dict) -> None:
@@ -245,13 +245,13 @@ def cancel_jobs_of(tmp_path):
 def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
     tmp_path, wet_files, lid_model, slurm_cluster, cancel_jobs_of
 ):
-    """7 tasks a stage on a cluster of MaxArraySize 5 (the config says 1001: the cluster's limit
-    wins): arrays of 5 and 2 tasks, submitted side by side; the next stage waits afterok on
+    """3 tasks a stage on a cluster of MaxArraySize 2 (the config says 1001: the cluster's limit
+    wins): arrays of 2 and 1 tasks, submitted side by side; the next stage waits afterok on
     both. One task of the first array cancelled: everything after it is cancelled (afterok
     on the last array alone would have let it run), and a re-run submits that one task and the
     stages after it; the result equals a local run. Two arrays, one full and one not, are the
     smallest wide stage: every task is a Slurm job here and a local task in the reference run."""
-    tasks = MAX_ARRAY_SIZE + 2
+    tasks = MAX_ARRAY_SIZE + 1
     executor = {**SLURM, "tasks": tasks, "slurm": {**SLURM["slurm"], "max_array_size": 1001}}
     cfg = _wide_cfg(tmp_path / "run", wet_files, lid_model, executor)
     cancel_jobs_of(tmp_path / "run")
@@ -269,7 +269,7 @@ def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
             print(label, j, info[j]["ArrayTaskId"], info[j]["Dependency"])
             # every array of the stage before, afterok: "afterok:101_*(unfulfilled),afterok:102_*(...)"
             assert sorted(re.findall(r"afterok:(\d+)_\*", info[j]["Dependency"])) == sorted(arrays[before]), info[j]
-    assert [info[j]["ArrayTaskId"] for j in hash_arrays] == ["0-4", "0-1"]
+    assert [info[j]["ArrayTaskId"] for j in hash_arrays] == ["0-1", "0"]
     assert all(info[j]["JobState"] == "PENDING" for j in hash_arrays)  # curate has not finished
 
     # cancel rank 1 of the hash stage (task 1 of its first array) while it waits for curate
@@ -330,8 +330,8 @@ def test_max_array_size_follows_the_cluster(slurm_cluster):
     from gristmill.pipeline.executors import array_size
 
     assert cluster_array_limit() == MAX_ARRAY_SIZE  # read from `scontrol show config`
-    assert array_size(1001, MAX_ARRAY_SIZE) == MAX_ARRAY_SIZE  # the config's 1001: the cluster's 5
-    assert array_size(3, MAX_ARRAY_SIZE) == 3  # a smaller setting stands
+    assert array_size(1001, MAX_ARRAY_SIZE) == MAX_ARRAY_SIZE  # the config's 1001: the cluster's 2
+    assert array_size(1, MAX_ARRAY_SIZE) == 1  # a smaller setting stands
     assert array_size(1001, None) == 1001  # no scontrol: sbatch will say
     with pytest.raises(ConfigError, match=r"^executor\.type: slurm: this cluster takes no job arrays"):
         array_size(1001, 0)
