@@ -65,6 +65,8 @@ def _probe(status_fd: int, what: str = "", *args: str) -> None:
         pq.write_table(pa.table({"id": ["a"], "text": ["b"]}), args[0])
         pq.read_table(args[0])
         facts["imported"] = sorted({m.split(".")[0] for m in set(sys.modules) - before})
+    elif what == "modules":  # which of the named modules the task has without importing them
+        facts["modules"] = [m for m in args if m in sys.modules]
     elif what == "burn":
         start = time.process_time()
         while time.process_time() - start < float(args[0]):
@@ -353,6 +355,23 @@ def test_preload_holds_what_a_crawl_task_imports(tmp_path, monkeypatch, wet_file
     # pq.read_table imports pyarrow.dataset (0.35 CPU s a task, were they not preloaded)
     _, facts = _run(zygote, "tables", str(tmp_path / "t.parquet"))
     assert facts["imported"] == []
+
+
+def test_a_supervisor_on_object_storage_has_its_filesystem_preloaded(monkeypatch):
+    """s3fs is imported by the zygote when the supervisor has imported it (a run on S3), and
+    only then: a local run's tasks do not pay for it."""
+    pytest.importorskip("s3fs")
+    import s3fs  # noqa: F401  (what a supervisor that listed or wrote an s3:// URL has)
+
+    assert "s3fs" in task_zygote.preload()
+    zygote = task_zygote.Zygote()
+    try:
+        _, facts = _run(zygote, "modules", "s3fs", "aiobotocore.session")
+        assert facts["modules"] == ["s3fs", "aiobotocore.session"]
+    finally:
+        zygote.close()
+    monkeypatch.delitem(sys.modules, "s3fs")  # a supervisor that never reached a store
+    assert not set(task_zygote.PRELOAD_IF_IMPORTED) & set(task_zygote.preload())
 
 
 def test_a_tasks_peak_memory_is_its_own_not_the_zygotes(tmp_path, monkeypatch):

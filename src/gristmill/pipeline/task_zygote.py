@@ -67,6 +67,11 @@ PRELOAD = (
     "gristmill.pipeline.executors",
 )
 PRELOAD_LIBRARIES = ("fasttext", "kenlm", "tokenizers", "tiktoken")
+#: fsspec's object-storage filesystems: imported by the zygote as well when the supervisor has
+#: imported them (its run reads or writes a store), since every task of such a run imports one
+#: (s3fs with aiobotocore: 0.17 CPU s a task, of the ~0.4 that a task on S3 spends before its
+#: first byte); never otherwise, a local run's tasks need none. Importing one starts no thread.
+PRELOAD_IF_IMPORTED = ("s3fs", "gcsfs", "adlfs")
 #: set in the zygote's own environment so that importing numpy and pyarrow starts no thread;
 #: the children keep the libraries as imported (single-threaded BLAS per task, Arrow's default
 #: memory pool is mimalloc), and see the request's environment.
@@ -134,7 +139,8 @@ def _pinned(env) -> dict[str, str]:
 def preload() -> tuple[str, ...]:
     from gristmill.core.step import STEP_MODULES
 
-    return (*PRELOAD, *STEP_MODULES, *PRELOAD_LIBRARIES)
+    stores = tuple(m for m in PRELOAD_IF_IMPORTED if m in sys.modules)
+    return (*PRELOAD, *STEP_MODULES, *PRELOAD_LIBRARIES, *stores)
 
 
 def die_with_parent(parent: int) -> None:
