@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -59,7 +60,15 @@ def decide(step: UrlFilter, url) -> bool | str:
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("url_filter_cache")
+    """The module's lookup folder, holding copies of the blocklist's lookup files from the default
+    folder (`~/.cache/gristmill/url_filter`: built there once per machine by whatever runs the step
+    first, this fixture included, ~9 CPU s; the recipe runs and benchmark smokes use it too).
+    Planning checks a copied file as it checks any; the tests that build one build their own."""
+    default = Path(UrlFilter().config.cache_dir).expanduser()  # builds the default's files if missing
+    folder = tmp_path_factory.mktemp("url_filter_cache")
+    for f in default.glob("blocklist-*.hashes"):
+        shutil.copyfile(f, folder / f.name)
+    return folder
 
 
 @pytest.fixture(scope="module")
