@@ -9,15 +9,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
 WET_2014 = "cc/wet/CC-MAIN-20140305060716-00098.head566.warc.wet.gz"
 WET_2017 = "cc/wet/CC-MAIN-20170720121902-20170720141902-00000.head43.warc.wet.gz"
 
@@ -47,6 +50,36 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Pa
     return folder
 
 
+def smoke(script: str, *args, tmp: Path, data: Path) -> str:
+    """stdout of `benchmarks/<script>.py --smoke ARGS` run in `tmp`, which must exit 0 (the
+    benchmarks' smoke checks, tests/test_benchmarks.py); its CPU time (with its child processes)
+    is printed for the test report."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
+        "GRISTMILL_DATA": str(data.resolve()),  # the script runs in `tmp`: a relative path would miss
+        "TMPDIR": str(tmp),  # whatever a script puts in the temp dir goes with the test's
+        "OMP_NUM_THREADS": "1",  # torch's threads would only spin on this shared machine
+    }
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", *map(str, args)],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"{script} --smoke: {cpu:.1f} CPU s, {time.perf_counter() - t0:.1f} s wall")
+    assert proc.returncode == 0, (
+        f"{script}.py --smoke exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+        f"--- stderr\n{proc.stderr[-4000:]}"
+    )
+    return proc.stdout
+
+
 def recipe_compare_smoke(tmp_path_factory, data: Path, recipe: str) -> tuple[dict, str]:
     """`benchmarks/recipe_compare.py RECIPE --smoke` (both sides on the 43-record WET file): its
     report and its stdout. Run once per test run and read by the script's smoke check
@@ -54,24 +87,9 @@ def recipe_compare_smoke(tmp_path_factory, data: Path, recipe: str) -> tuple[dic
     ran the same command each (~20 CPU s, most of it datatrove's side)."""
 
     def make(folder: Path) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
-            "GRISTMILL_DATA": str(data.resolve()),
-            "TMPDIR": str(folder),
-            "OMP_NUM_THREADS": "1",
-        }
-        script = REPO / "benchmarks" / "recipe_compare.py"
-        proc = subprocess.run(
-            [sys.executable, str(script), recipe, "--smoke", "--work", str(folder / "work")]
-            + ["--json", str(folder / "report.json")],
-            cwd=folder, env=env, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
-        assert proc.returncode == 0, (
-            f"recipe_compare.py {recipe} --smoke exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-            f"--- stderr\n{proc.stderr[-4000:]}"
-        )
-        (folder / "stdout.txt").write_text(proc.stdout)
+        args = (recipe, "--work", folder / "work", "--json", folder / "report.json")
+        out = smoke("recipe_compare", *args, tmp=folder, data=data)
+        (folder / "stdout.txt").write_text(out)
 
     folder = made_once(tmp_path_factory, f"recipe-compare-{recipe}", make)
     report = folder / "report.json"

@@ -19,52 +19,19 @@ import importlib.util
 import json
 import os
 import re
-import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, recipe_compare_smoke
+from tests.conftest import BENCH, recipe_compare_smoke, smoke
 
-BENCH = REPO / "benchmarks"
 sys.path.insert(0, str(BENCH))
 from scale_run import SMOKE_GB  # noqa: E402  (its corpus folder is named after it: it reuses ours)
 
 # modules of the bench extra (pyproject `[project.optional-dependencies] bench`) the peers import
 PEER_MODULES = ("warcio", "cchardet", "magic", "spacy", "tldextract", "fasteners")
 NUMBER = r"([-+0-9.,e]+|nan)"
-
-
-def smoke(script: str, *args, tmp: Path, data: Path) -> str:
-    """stdout of `benchmarks/<script>.py --smoke ARGS`, which must exit 0; its CPU time (with its
-    child processes) is printed for the test report."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
-        "GRISTMILL_DATA": str(data.resolve()),  # the script runs in `tmp`: a relative path would miss
-        "TMPDIR": str(tmp),  # whatever a script puts in the temp dir goes with the test's
-        "OMP_NUM_THREADS": "1",  # torch's threads would only spin on this shared machine
-    }
-    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", *map(str, args)],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    print(f"{script} --smoke: {cpu:.1f} CPU s, {time.perf_counter() - t0:.1f} s wall")
-    assert proc.returncode == 0, (
-        f"{script}.py --smoke exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-        f"--- stderr\n{proc.stderr[-4000:]}"
-    )
-    return proc.stdout
 
 
 def figure(out: str, before: str) -> float:
