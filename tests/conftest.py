@@ -91,9 +91,8 @@ def recipe_compare_smoke(tmp_path_factory, data: Path, recipe: str) -> tuple[dic
         out = smoke("recipe_compare", *args, tmp=folder, data=data)
         (folder / "stdout.txt").write_text(out)
 
-    folder = made_once(tmp_path_factory, f"recipe-compare-{recipe}", make)
-    report = folder / "report.json"
-    return (json.loads(report.read_text()) if report.is_file() else {}), (folder / "stdout.txt").read_text()
+    folder = made_once(tmp_path_factory, f"recipe-compare-{recipe}", make)  # the script writes --json on exit 0
+    return json.loads((folder / "report.json").read_text()), (folder / "stdout.txt").read_text()
 
 
 @pytest.fixture(scope="session")
