@@ -187,21 +187,22 @@ def test_tokenize_errors_name_the_key_as_written():
 def test_a_run_directory_of_the_section_layout_resumes(tmp_path):
     """config.yaml of a run made when `tokenize:` was a top-level section (written with
     `tokenize: null` when there was none) equals this version's resolved config."""
-    from gristmill.pipeline import run_dir as rd
+    from gristmill.config import config_differences
+    from gristmill.pipeline.rundir import LocalRunDir, layout
 
     for tokenize in (TOKENIZE, None):
         cfg = from_dict({**BASE, "run_dir": str(tmp_path / "r"), **({"tokenize": tokenize} if tokenize else {})})
         old = cfg.resolved()
         old["tokenize"] = old["steps"].pop()["tokenize"] if tokenize else None
-        assert rd.config_differences(old, cfg.resolved())  # the layouts differ ...
+        assert config_differences(old, cfg.resolved())  # the layouts differ ...
         (tmp_path / "r").mkdir(exist_ok=True)
-        (tmp_path / "r" / rd.MARKER).write_text("")
+        (tmp_path / "r" / layout.MARKER).write_text("")
         (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
-        assert rd.prepare(tmp_path / "r", cfg.resolved(), force=False)  # ... and it resumes
+        assert LocalRunDir(tmp_path / "r").prepare(cfg, force=False)  # ... and it resumes
         changed = from_dict({**BASE, "run_dir": str(tmp_path / "r"), "tokenize": {**TOKENIZE, "seed": 1}})
         (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
         with pytest.raises(ConfigError, match=r"another configuration:\n  steps\[3\]"):
-            rd.prepare(tmp_path / "r", changed.resolved(), force=False)
+            LocalRunDir(tmp_path / "r").prepare(changed, force=False)
 
 
 # --- every float is finite ------------------------------------------------------------------

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gristmill.config import ConfigError, from_dict
+from gristmill.config import ConfigError, config_differences, from_dict
 from gristmill.core import storage
 from gristmill.core.working_copy import listed, staged
-from gristmill.pipeline.run_dir import config_differences
 from gristmill.pipeline.staging import rebase
 
 

@@ -92,7 +92,7 @@ def _readable(run_dir: str) -> Path:
 
     if not storage.is_url(run_dir):
         return Path(run_dir)
-    from gristmill.pipeline.store_run import local_view
+    from gristmill.pipeline.rundir import local_view
 
     return local_view(run_dir)
 

@@ -32,6 +32,7 @@ from gristmill.core.step import registered_steps
 from gristmill.core.storage import StorageConfig
 from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
 from gristmill.core.wet_reader import MAX_RECORD_BYTES
+from gristmill.pipeline.rundir import run_dir_kind
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 
@@ -390,6 +391,13 @@ class RunConfig(Strict):
         """The validated steps (`steps`)."""
         return self.steps
 
+    def changes_from(self, old: dict) -> list[str]:
+        """The settings that differ between the configuration a run directory holds (`old`, as
+        it was written, any earlier layout) and this one, leaving out those that change how or
+        where a run goes, never what it writes: `key: old -> new` each. A resume is refused
+        while any is left."""
+        return config_differences(current_layout(old), self.resolved())
+
     def resolved(self) -> dict:
         """The configuration as run, for the run directory (defaults filled in)."""
         data = self.model_dump(mode="json")
@@ -511,29 +519,43 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
     return validate_config(RunConfig, data, source=source, overrides=overrides, prepare=prepare, checks=_checks)
 
 
+# Settings that change how or where a run goes, never what it writes (key prefixes). `run_dir`
+# itself is one: a run directory moved or copied elsewhere resumes where it stopped.
+_OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm", "executor.ray", "run_dir", "storage")
+# How the input's bytes arrive (streamed or cached, read size, patience): the same bytes either way.
+_OUTPUT_NEUTRAL += tuple(
+    f"input.commoncrawl.{k}" for k in ("source", "cache", "read_buffer_bytes", "timeout_s", "retries", "backoff_s")
+)
+
+
+def _flatten(node, prefix="") -> dict[str, object]:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(node, list):
+        out = {}
+        for i, v in enumerate(node):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out or {prefix: []}
+    return {prefix: node}
+
+
+def config_differences(old: dict, new: dict) -> list[str]:
+    """`key: old -> new` for every output-affecting setting that differs between two resolved configs."""
+    a, b = _flatten(old), _flatten(new)
+    keys = sorted(
+        k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>") and not k.startswith(_OUTPUT_NEUTRAL)
+    )
+    return [f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}" for k in keys]
+
+
 def _checks(cfg: RunConfig) -> list[str]:
     """Rules across sections."""
     problems = []
     if cfg.output.per_language and not any(s.name == "langid" for s in cfg.steps):
         problems.append("output.per_language: needs a `langid` step to know each document's language")
-    if storage.is_url(cfg.run_dir):
-        # what a run directory on object storage does not support, refused before anything runs
-        if cfg.train is not None:
-            problems.append(
-                f"train: training on a run directory on object storage ({cfg.run_dir}) is not supported: the "
-                "trainer memory-maps the token shards and writes checkpoints in place; run without `train:` "
-                "and train on a local copy of tokens/ (`pipeline train`)"
-            )
-        if cfg.executor.type == "slurm":
-            problems.append(
-                f"executor.type: slurm with a run directory on object storage ({cfg.run_dir}) is not supported: "
-                "Slurm writes each task's output and reads its launch script on a shared filesystem; use a "
-                "run_dir there (inputs, models and token exports may still be URLs)"
-            )
-        if cfg.executor.type == "ray":
-            problems.append(
-                f"executor.type: ray with a run directory on object storage ({cfg.run_dir}) is not supported: "
-                "Ray tasks write their outputs, logs and completion markers to a run directory every node mounts "
-                "at the same path; use a run_dir there (inputs, models and token exports may still be URLs)"
-            )
+    # what the run directory's kind cannot serve (training in place, an executor), said by that kind
+    problems += run_dir_kind(cfg.run_dir).refusals(cfg)
     return problems

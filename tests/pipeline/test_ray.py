@@ -36,8 +36,8 @@ import yaml
 from gristmill.compat.ray import GCS_WAIT_ENV
 from gristmill.config import ConfigError, from_dict
 from gristmill.core.parquet_io import FAIL_TASK_ENV
-from gristmill.pipeline import run_dir as rd
 from gristmill.pipeline.executors import KILL_TASK_ENV
+from gristmill.pipeline.rundir import layout
 from gristmill.pipeline.runner import StageFailed, run
 
 from .test_worker_faults import Command, files_bytes, one_line
@@ -53,6 +53,10 @@ LATER_STEPS = [
     {"exact_dedup": {"granularity": "paragraph", "capacity": 100000, "min_doc_words": 50}},
     {"tokenize": {"tokenizer": {"train": {"vocab_size": 512}}, "shard_tokens": 32768, "val_fraction": 0.05}},
 ]
+
+
+def _completed(stage_folder: Path) -> int:
+    return len(layout.completed_ranks(p.name for p in (stage_folder / "completions").iterdir()))
 
 
 def _free_port() -> int:
@@ -328,7 +332,7 @@ def test_a_task_process_killed_on_every_attempt_fails_the_stage_in_one_line_and_
     assert ray_cluster.token not in cmd.output()
     assert no_task_process_left(run_dir) == [] and cmd.leftovers() == []
     stage = run_dir / "01_curate"
-    assert rd.completed_tasks(stage) == 1 and not (stage / "completions" / "00001").exists()
+    assert _completed(stage) == 1 and not (stage / "completions" / "00001").exists()
     kept = (stage / "output" / "00000.parquet").stat().st_mtime_ns
     kept_usage = (stage / "usage" / "task_00000.json").read_bytes()
 
@@ -362,7 +366,7 @@ def test_a_ray_worker_killed_on_every_attempt_fails_the_stage_in_one_line(tmp_pa
     assert "also on its 1 retry: " in out and f"; log: {log}. 1 of 2 tasks did not complete" in out, out
     assert ".;" not in out  # Ray's message, its full stop dropped, then the stage's line goes on
     assert out.count("failed stage") == 1 and "Traceback" not in out, out
-    assert rd.completed_tasks(run_dir / "01_curate") == 1  # task 1 ran to its end
+    assert _completed(run_dir / "01_curate") == 1  # task 1 ran to its end
     assert no_task_process_left(run_dir) == [] and cmd.leftovers() == []
 
 
@@ -379,7 +383,7 @@ def test_a_task_that_raises_fails_the_stage_in_one_line_after_the_others_end(
         f" on node {socket.gethostname()}; log: {log}. 1 of 2 tasks did not complete;"
         " re-run the same command to finish the missing tasks."
     )
-    assert rd.completed_tasks(tmp_path / "run" / "01_curate") == 1  # task 0 ran to its end
+    assert _completed(tmp_path / "run" / "01_curate") == 1  # task 0 ran to its end
 
 
 def test_sigterm_cancels_the_stage_tasks_and_a_rerun_completes(tmp_path, wet_files, lid_model, ray_cluster):

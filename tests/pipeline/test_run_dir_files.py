@@ -23,10 +23,11 @@ import pyarrow as pa
 import pytest
 from datatrove.data import Document
 
+from gristmill.config import from_dict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.messages import os_error_line as cli_error_line
 from gristmill.core.parquet_io import ParquetWriter
-from gristmill.pipeline import run_dir as rd
+from gristmill.pipeline.rundir import LocalRunDir, layout
 from gristmill.tokenize.shards import BucketedWriter, finish_tokens
 from tests.cli_process import pipeline
 
@@ -276,8 +277,8 @@ def test_run_on_a_disk_full_from_the_start_names_the_file(tmpfs, tmp_path, wet_f
     assert res.stderr.strip().splitlines() == [f"error: No space left on device: {disk / 'run' / '.gristmill.lock'}"]
     # the run directory's own files, once the lock is held
     with pytest.raises(OSError) as e:
-        rd.prepare(disk / "run", {"run_dir": str(disk / "run")}, False)
-    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(disk / "run" / rd.MARKER))
+        LocalRunDir(disk / "run").prepare(from_dict(json.loads(path.read_text())), False)
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(disk / "run" / layout.MARKER))
     assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
 
 

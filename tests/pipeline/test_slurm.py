@@ -153,7 +153,7 @@ def _release_requeue_hold(job: str, released: set[str]) -> None:
 def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_files, lid_model, slurm_cluster):
     """curate → tokenize → 2 CPU processes under `srun torchrun`: killed and resubmitted, then
     preempted (SIGUSR1: checkpoint, requeue); each time it resumes from its last checkpoint."""
-    from gristmill.pipeline import run_dir as rd
+    from gristmill.pipeline.rundir import LocalRunDir
     from gristmill.pipeline.slurm_state import wait_until_gone
 
     # a checkpoint every 5 steps, the kill after the first, the preemption a checkpoint or two
@@ -185,17 +185,17 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
         return [int(p.name[5:]) for p in ckpts.glob("step-*") if p.name[5:].isdigit()]
 
     run(cfg)  # submit and return
-    first = rd.read_jobs(run_dir)["train"]
+    first = LocalRunDir(run_dir).read_jobs()["train"]
     assert _wait_for(lambda: ckpts.is_dir() and saved_steps(), timeout=600)
     subprocess.run(["scancel", first], check=True)
     wait_until_gone([first], poll_s=0.25)
-    assert not rd.training_complete(run_dir)
+    assert not LocalRunDir(run_dir).training_complete()
     killed_at = max(saved_steps())
     assert killed_at < train_steps
     assert [s.state for s in stage_statuses(run_dir)][-1] == "failed: training did not finish"
 
     run(cfg)  # resubmits the training job only: the data stages are complete
-    jobs = rd.read_jobs(run_dir)
+    jobs = LocalRunDir(run_dir).read_jobs()
     assert [jobs[k] for k in jobs if k != "train"] == ["-1"] * (len(jobs) - 1)
     second = jobs["train"]
     log = run_dir / "train" / f"slurm-{second}.out"
@@ -207,7 +207,7 @@ def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_f
     text = log.read_text()
     assert "SIGUSR1: checkpoint and requeue" in text and "preempted: checkpoint of step" in text
     assert "(restart 1)" in text and text.count("resumed from") == 2
-    assert rd.training_complete(run_dir)
+    assert LocalRunDir(run_dir).training_complete()
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["steps"] == train_steps
     assert [s.state for s in stage_statuses(run_dir)][-1] == "complete"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gristmill.pipeline import run_dir as rd
+from gristmill.pipeline.rundir import LocalRunDir
 from gristmill.pipeline.slurm_state import SlurmQueryFailed, job_states, wait_until_gone
 from gristmill.pipeline.status import stage_statuses
 
@@ -99,7 +99,7 @@ def test_status_says_unknown_when_slurm_does_not_answer(scontrol, tmp_path):
     (run_dir / "01_curate" / "completions").mkdir(parents=True)
     (run_dir / "01_curate" / "completions" / "00000").write_text("")
     (run_dir / "plan.json").write_text(json.dumps({"stages": [{"label": "01_curate", "tasks": 2}]}))
-    rd.write_jobs(run_dir, {"01_curate": "12"})
+    LocalRunDir(run_dir).write_jobs({"01_curate": "12"})
     scontrol([BUSY])
     (st,) = stage_statuses(run_dir)
     assert st.completed == 1 and st.state == (

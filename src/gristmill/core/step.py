@@ -193,6 +193,9 @@ class Stage:
     step_names: list[str] = field(default_factory=list)
     #: what its tasks are given, estimated at planning (the memory models' input)
     work: Workload | None = None
+    #: the input files it reads, `{"path", "bytes"}` each in reading order (the stage that reads
+    #: the input): a resume must read the same (`RunDir.check_inputs`)
+    inputs: list[dict] | None = None
 
     @property
     def label(self) -> str:

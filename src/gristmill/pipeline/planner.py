@@ -206,6 +206,19 @@ def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
     return total
 
 
+def input_identity(sources: list[str]) -> list[dict]:
+    """The input files as a resume compares them: path and size where known without a request
+    (local files, objects listed on a store); Common Crawl's and http(s) files by name."""
+    out = []
+    for s in sources:
+        size = _STORE_SIZES.get(s)
+        if size is None and not storage.is_url(s) and not s.startswith(REMOTE):
+            local = Path(s).expanduser()
+            size = local.stat().st_size if local.is_file() else None
+        out.append({"path": s, "bytes": size})
+    return out
+
+
 @dataclass
 class InputTraffic:
     """What reading the run's input costs besides CPU: bytes over the network, disk for a cache."""
@@ -480,6 +493,8 @@ def plan(
         step.stages(ctx)
     if pending or ctx.documents is None:
         _stream_stage(ctx, pending)
+    if ctx.sources is not None and ctx.stages:
+        ctx.stages[0].inputs = input_identity(ctx.sources)
     if cfg.output.per_language:  # folders per language in the run's final documents only
         ctx.final_writer.per_language = True
     if check_memory:

@@ -1,4 +1,4 @@
-"""`pipeline run`: plan the stages, run them in order on datatrove's executor (or Ray's), merge stats."""
+"""`pipeline run`: plan the stages, run them in order on an executor in a run directory, merge stats."""
 
 from __future__ import annotations
 
@@ -10,24 +10,20 @@ from loguru import logger
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gristmill.config import ConfigError, RunConfig
+from gristmill.config import RunConfig
 from gristmill.core import storage
-from gristmill.dirlock import hold
-from gristmill.pipeline import run_dir as rd
 from gristmill.pipeline.executors import TaskFailed, make_executor, make_slurm_executor
 from gristmill.pipeline.planner import Stage, plan
-from gristmill.pipeline.stats import funnel, merge_run, merge_stage
+from gristmill.pipeline.rundir import RunDir, open_run_dir
+from gristmill.pipeline.stats import funnel
 
 
 class StageFailed(RuntimeError):
     pass
 
 
-def _run_stage(stage: Stage, console: Console, executor=None, where=None) -> None:
-    """Run a stage's incomplete tasks with a progress bar. `where` counts and merges the stage's
-    tasks (a local run directory's folders by default; `StoreRunDir` on object storage)."""
-    executor = executor or make_executor(stage)
-    where = where or _LocalStages()
+def _run_stage(stage: Stage, console: Console, executor, run_dir: RunDir) -> None:
+    """Run a stage's incomplete tasks with a progress bar; `run_dir` counts and merges them."""
     with Progress(
         TextColumn(f"[bold]{stage.label}[/]"),
         BarColumn(),
@@ -37,8 +33,8 @@ def _run_stage(stage: Stage, console: Console, executor=None, where=None) -> Non
         console=console,
         transient=False,
     ) as progress:
-        bar = progress.add_task(stage.label, total=stage.tasks, completed=where.completed_tasks(stage))
-        poll = lambda: progress.update(bar, completed=where.progress(stage))  # noqa: E731
+        bar = progress.add_task(stage.label, total=stage.tasks, completed=run_dir.completed_tasks(stage))
+        poll = lambda: progress.update(bar, completed=run_dir.progress(stage))  # noqa: E731
         try:
             executor.run(on_poll=poll)
             error = None
@@ -46,46 +42,29 @@ def _run_stage(stage: Stage, console: Console, executor=None, where=None) -> Non
             error = e
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (Interrupted): tasks already stopped
             signum = getattr(e, "signum", signal.SIGINT)
-            where.merge_stage(stage)
+            run_dir.merge_stage(stage)
             progress.stop()
             console.print(
                 f"[red]interrupted[/] ({signal.Signals(signum).name}) stage {stage.label}: running tasks"
-                f" stopped, {where.completed_tasks(stage)} of {stage.tasks} tasks complete and kept."
+                f" stopped, {run_dir.completed_tasks(stage)} of {stage.tasks} tasks complete and kept."
                 " Re-run the same command to finish the missing tasks."
             )
             raise SystemExit(128 + signum) from None
         poll()
-    if error or where.completed_tasks(stage) < stage.tasks:
+    if error or run_dir.completed_tasks(stage) < stage.tasks:
         try:
-            where.merge_stage(stage)
+            run_dir.merge_stage(stage)
         except OSError as e:  # the same full disk, say: the task's error is the one to report
             logger.warning(f"stats of {stage.label} not merged: {e}")
-        done = where.completed_tasks(stage)
+        done = run_dir.completed_tasks(stage)
         raise StageFailed(
-            f"stage {stage.label}: {error or 'a task did not complete; logs: ' + where.logs(stage)}."
+            f"stage {stage.label}: {error or 'a task did not complete; logs: ' + run_dir.logs(stage)}."
             f" {stage.tasks - done} of {stage.tasks} tasks did not complete;"
             " re-run the same command to finish the missing tasks."
         )
 
 
-class _LocalStages:
-    """A local run directory's stage folders, as `_run_stage` reads them."""
-
-    def completed_tasks(self, stage: Stage) -> int:
-        return rd.completed_tasks(stage.folder)
-
-    def progress(self, stage: Stage) -> int:
-        """The completed tasks for the progress bar (polled four times a second)."""
-        return rd.completed_tasks(stage.folder)
-
-    def merge_stage(self, stage: Stage) -> None:
-        merge_stage(stage.folder)
-
-    def logs(self, stage: Stage) -> str:
-        return str(stage.folder / "logs")
-
-
-def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[str, str]:
+def submit_slurm(cfg: RunConfig, stages: list[Stage], run_dir: RunDir, console: Console) -> dict[str, str]:
     """Submit every stage as a job array, chained by afterok; returns job ids by stage label."""
     executors = []
     for stage in stages:
@@ -93,15 +72,14 @@ def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[
     executors[-1].run()  # datatrove submits the dependencies first, in order
     jobs = {stage.label: str(ex.job_id) for stage, ex in zip(stages, executors)}
     if cfg.train is not None:
-        run_dir = Path(cfg.run_dir)
-        if rd.training_complete(run_dir):
+        if run_dir.training_complete():
             jobs["train"] = "-1"
         else:
             from gristmill.pipeline.slurm_train import submit_training
 
             last = jobs[stages[-1].label]
-            jobs["train"] = submit_training(cfg, run_dir, None if last == "-1" else last)
-    rd.write_jobs(Path(cfg.run_dir), jobs)
+            jobs["train"] = submit_training(cfg, Path(cfg.run_dir), None if last == "-1" else last)
+    run_dir.write_jobs(jobs)
     for label, job in jobs.items():
         console.print(
             f"{label}: "
@@ -110,7 +88,7 @@ def submit_slurm(cfg: RunConfig, stages: list[Stage], console: Console) -> dict[
     return jobs
 
 
-def follow_slurm(run_dir: Path, stages: list[Stage], jobs: dict[str, str], console: Console) -> None:
+def follow_slurm(run_dir: RunDir, stages: list[Stage], jobs: dict[str, str], console: Console) -> None:
     """`--wait`: progress per stage until the chain's jobs have left the queue."""
     from gristmill.pipeline.slurm_state import wait_until_gone
 
@@ -126,7 +104,7 @@ def follow_slurm(run_dir: Path, stages: list[Stage], jobs: dict[str, str], conso
 
         def poll():
             for s in stages:
-                progress.update(bars[s.label], completed=rd.completed_tasks(s.folder))
+                progress.update(bars[s.label], completed=run_dir.completed_tasks(s))
 
         wait_until_gone([j for j in jobs.values() if j != "-1"], on_poll=poll)
         poll()
@@ -140,102 +118,106 @@ def run(
     command: list[str] | None = None,
     force_lock: str | None = None,
 ) -> dict:
-    """Run (local) or submit (Slurm; `wait` follows the jobs to the end) every stage of `cfg`.
+    """Run (local, Ray) or submit (Slurm; `wait` follows the jobs to the end) every stage of `cfg`,
+    in a run directory wherever it is (`gristmill.pipeline.rundir`).
 
     `command` is the argv that started the run; `pipeline status` shows it as the way to resume.
     `force_lock` names the holder of a run directory on object storage whose lock to take over.
     """
     console = console or Console(stderr=True)
     storage.configure(cfg.storage)
-    if storage.is_url(cfg.run_dir):  # on object storage: gristmill.pipeline.store_run
-        from gristmill.pipeline.store_run import run_on_store
-
-        return run_on_store(cfg, force, console, command, force_lock, run_stage=_run_stage, summary=_summary)
-    if force_lock is not None:
-        raise ConfigError(
-            f"--force-lock: {cfg.run_dir} is a local run directory, locked with flock, which the kernel "
-            "releases when its holder dies: there is no lock to take over"
-        )
-    run_dir = Path(cfg.run_dir)
-    rd.check_location(run_dir)  # refuse `/`, $HOME, a foreign directory: before anything is created
+    run_dir = open_run_dir(cfg.run_dir)
+    run_dir.check_location()  # refuse `/`, $HOME, a foreign directory, a missing bucket: before anything is created
     stages = plan(cfg)  # validates sources and models before the run directory is touched
+    run_dir.check_plan(cfg, stages)
     # Held to the end (training included): a second command on this directory stops at once.
-    with hold(run_dir, "run directory"):
+    with run_dir.lock(cfg, command, force_lock):
         if cfg.executor.type != "ray":
             return _run_locked(cfg, stages, run_dir, force, console, wait, command)
         from gristmill.pipeline.ray_executor import RayCluster
 
         # Connected once, before anything is written: an unreachable cluster is one line.
         with RayCluster(cfg, stages) as cluster:
-            return _run_locked(cfg, stages, run_dir, force, console, wait, command, make=cluster.executor)
+            make = lambda stage, binding: cluster.executor(stage)  # noqa: E731 - Ray tasks write in place
+            return _run_locked(cfg, stages, run_dir, force, console, wait, command, make=make)
 
 
 def _run_locked(
     cfg: RunConfig,
     stages: list[Stage],
-    run_dir: Path,
+    run_dir: RunDir,
     force: bool,
     console: Console,
     wait: bool,
     command: list[str] | None,
-    make=make_executor,
+    make=None,
 ) -> dict:
-    resumed = rd.prepare(run_dir, cfg.resolved(), force)
-    rd.write_plan(run_dir, stages)
+    """The one stage loop, against any run directory and executor."""
+    resumed = run_dir.prepare(cfg, force)
+    if resumed:
+        run_dir.check_inputs(stages[0].inputs if stages else None)
+    run_dir.write_plan(stages)
     if command:
-        rd.write_command(run_dir, command)
+        run_dir.write_command(command)
     if resumed:
         console.print(f"resuming {run_dir}: completed tasks are kept")
     started = time.perf_counter()
     if cfg.executor.type == "slurm":
-        jobs = submit_slurm(cfg, stages, console)
-        if not wait:
-            console.print(f"follow with: pipeline status {run_dir}")
-            return merge_run(run_dir)
-        follow_slurm(run_dir, stages, jobs, console)
-        merged = merge_run(run_dir)
-        missing = [s for s in stages if rd.completed_tasks(s.folder) < s.tasks]
-        if not missing and cfg.train is not None and not rd.training_complete(run_dir):
-            raise StageFailed(f"train: did not finish; see `pipeline status {run_dir}`")
-        if missing:
-            raise StageFailed(
-                f"stage {missing[0].label}: {missing[0].tasks - rd.completed_tasks(missing[0].folder)}"
-                f" of {missing[0].tasks} tasks did not complete; see `pipeline status {run_dir}`"
-            )
-        _summary(merged, run_dir, started, console)
-        return merged
+        return _submitted(cfg, stages, run_dir, console, wait, started)
+    make = make or (lambda stage, binding: make_executor(stage, cfg.storage, binding))
     try:
         for stage in stages:
-            if rd.completed_tasks(stage.folder) >= stage.tasks:
+            if run_dir.completed_tasks(stage) >= stage.tasks:
                 console.print(f"{stage.label}: all {stage.tasks} tasks already complete")
             else:
-                _run_stage(stage, console, make(stage))
-            merge_stage(stage.folder)
+                _run_stage(stage, console, make(stage, run_dir.binding(stage)), run_dir)
+            run_dir.merge_stage(stage)
     except BaseException:
         # Keep the stats of what completed, but never let a second failure (the same full
         # disk, say) replace the error the user needs to see.
         try:
-            merge_run(run_dir)
+            run_dir.merge_run(stages)
         except Exception as merge_error:  # noqa: BLE001
             logger.warning(f"stats of {run_dir} not merged: {merge_error}")
         raise
-    merged = merge_run(run_dir)
+    merged = run_dir.merge_run(stages)
     _summary(merged, run_dir, started, console)
     if cfg.train is not None:  # train on <run_dir>/tokens/ into <run_dir>/train/ (resumes if there)
         from gristmill.trainer.launch import EXIT_INPUT, after_pipeline
 
-        code = after_pipeline(cfg.train, run_dir, console)
+        local = Path(cfg.run_dir)  # a run directory on a store refuses `train:` (StoreRunDir.refusals)
+        code = after_pipeline(cfg.train, local, console)
         if code == EXIT_INPUT:  # the token shards or a checkpoint cannot be used: re-running will not help
             raise StageFailed("train: stopped before training on unusable input; see the line above.")
         if code:
             raise StageFailed(
                 f"train: exited with code {code}; see above. Re-run the same command to resume"
-                f" from the last checkpoint in {run_dir / 'train' / 'checkpoints'}."
+                f" from the last checkpoint in {local / 'train' / 'checkpoints'}."
             )
     return merged
 
 
-def _summary(merged: dict, run_dir: Path, started: float, console: Console) -> None:
+def _submitted(cfg: RunConfig, stages: list[Stage], run_dir: RunDir, console: Console, wait: bool, started) -> dict:
+    """Slurm: every stage submitted at once as chained job arrays; `wait` follows them to the end."""
+    jobs = submit_slurm(cfg, stages, run_dir, console)
+    if not wait:
+        console.print(f"follow with: pipeline status {run_dir}")
+        return run_dir.merge_run(stages)
+    follow_slurm(run_dir, stages, jobs, console)
+    merged = run_dir.merge_run(stages)
+    missing = [s for s in stages if run_dir.completed_tasks(s) < s.tasks]
+    if not missing and cfg.train is not None and not run_dir.training_complete():
+        raise StageFailed(f"train: did not finish; see `pipeline status {run_dir}`")
+    if missing:
+        raise StageFailed(
+            f"stage {missing[0].label}: {missing[0].tasks - run_dir.completed_tasks(missing[0])}"
+            f" of {missing[0].tasks} tasks did not complete; see `pipeline status {run_dir}`"
+        )
+    _summary(merged, run_dir, started, console)
+    return merged
+
+
+def _summary(merged: dict, run_dir: RunDir, started: float, console: Console) -> None:
     rows = funnel(merged)
     read = next((r for r in rows if r.kind == "reader"), None)
     written = [r for r in rows if r.kind == "writer"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from gristmill.core.files import write_text_atomic
 from gristmill.core.messages import format_bytes
 from gristmill.core.wet_reader import KEPT_REASONS
+from gristmill.pipeline.rundir.layout import completed_ranks
 
 
 def _total(value) -> float:
@@ -134,7 +135,8 @@ def read_run(run_dir: Path) -> dict:
     stages = []
     for stage in _plan(run_dir)["stages"]:
         folder = run_dir / stage["label"]
-        done = len(list((folder / "completions").glob("*"))) if (folder / "completions").is_dir() else 0
+        markers = [p.name for p in (folder / "completions").iterdir()] if (folder / "completions").is_dir() else []
+        done = len(completed_ranks(markers, stage["tasks"]))
         steps = stage_stats(folder) if (folder / "stats").is_dir() else []
         stages.append({**stage, "tasks_completed": done, "steps": steps})
     return {"run_dir": str(run_dir), "stages": stages}

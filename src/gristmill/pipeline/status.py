@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gristmill.pipeline import run_dir as rd
+from gristmill.pipeline.rundir import LocalRunDir, layout
 
 
 @dataclass
@@ -65,12 +65,13 @@ def stage_statuses(run_dir: Path) -> list[StageStatus]:
     from gristmill.pipeline.slurm_state import is_active
 
     plan = json.loads((run_dir / "plan.json").read_text())
-    jobs = rd.read_jobs(run_dir)
+    jobs = LocalRunDir(run_dir).read_jobs()
     out: list[StageStatus] = []
     upstream_failed = False
     for stage in plan["stages"]:
         folder = run_dir / stage["label"]
-        st = StageStatus(stage["label"], stage["tasks"], rd.completed_tasks(folder), jobs.get(stage["label"]))
+        done = len(layout.completed_ranks(LocalRunDir(folder).entries("completions"), stage["tasks"]))
+        st = StageStatus(stage["label"], stage["tasks"], done, jobs.get(stage["label"]))
         if st.job and st.job != "-1":
             _read_states(st)
         active = is_active(st.job_states)
@@ -103,7 +104,7 @@ def stage_statuses(run_dir: Path) -> list[StageStatus]:
 def _train_status(run_dir: Path, job: str, upstream_failed: bool) -> StageStatus:
     from gristmill.pipeline.slurm_state import is_active
 
-    st = StageStatus("train", 1, int(rd.training_complete(run_dir)), job)
+    st = StageStatus("train", 1, int(LocalRunDir(run_dir).training_complete()), job)
     if job != "-1":
         _read_states(st)
     logs = sorted((run_dir / "train").glob("slurm-*.out"))
@@ -123,7 +124,7 @@ def _train_status(run_dir: Path, job: str, upstream_failed: bool) -> StageStatus
 
 
 def resume_command(run_dir: Path) -> str:
-    argv = rd.read_command(run_dir)
+    argv = LocalRunDir(run_dir).read_command()
     if not argv:
         return f"pipeline run {run_dir / 'config.yaml'} --run-dir {run_dir}"
     return " ".join(shlex.quote(a) for a in argv)
