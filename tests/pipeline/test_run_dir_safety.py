@@ -24,7 +24,7 @@ from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
 from tests.cli_process import pipeline
 
-from .test_run import config
+from .test_run import config, files_bytes
 
 
 def _cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
@@ -270,3 +270,68 @@ def test_full_disk_is_one_line_naming_the_path(tmp_path, wet_files, lid_model, t
     assert "No space left on device" in res.stderr
     lines = [ln for ln in res.stderr.splitlines() if "No space left on device" in ln]
     assert any(str(tiny_disk) in ln for ln in lines), lines
+
+
+# --- a resume reads exactly the first plan's input, and trusts only named completions ----------------
+
+
+def _glob_run(tmp_path: Path, wet_files, lid_model) -> tuple[Path, dict]:
+    """Two tasks over a glob of a folder holding both sample files (names sorting as b, c)."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copyfile(wet_files[0], inputs / "b.warc.wet.gz")
+    shutil.copyfile(wet_files[1], inputs / "c.warc.wet.gz")
+    cfg = config(tmp_path / "run", [], lid_model)
+    cfg["input"] = {"paths": [str(inputs / "*.warc.wet.gz")]}
+    cfg["executor"] = {"type": "local", "tasks": 2, "workers": 1}
+    return inputs, cfg
+
+
+def test_a_resume_over_a_glob_whose_files_changed_is_refused_naming_them(tmp_path, wet_files, lid_model):
+    """A file that sorts first added after a task was lost would make the kept task's share and the
+    re-run task's overlap (one file read twice, two never): the resume is refused, nothing rewritten."""
+    inputs, cfg = _glob_run(tmp_path, wet_files, lid_model)
+    path = _yaml(tmp_path, cfg)
+    assert _cli("run", path).returncode == 0
+    curate = tmp_path / "run" / "01_curate"
+    (curate / "completions" / "00001").unlink()  # task 1 lost, as if killed
+    (curate / "output" / "00001.parquet").unlink()
+    before = {p: p.read_bytes() for p in sorted(curate.rglob("*.parquet"))}
+    shutil.copyfile(wet_files[1], inputs / "a.warc.wet.gz")
+    res = _cli("run", path)
+    assert res.returncode == 2, res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert "the input files changed since this run began: 1 added (first:" in line and "a.warc.wet.gz" in line
+    assert "--force" in line and "Traceback" not in res.stderr
+    assert {p: p.read_bytes() for p in sorted(curate.rglob("*.parquet"))} == before
+    assert not (curate / "completions" / "00001").exists()
+    # a file removed, or replaced by one of another size, is refused the same way
+    (inputs / "a.warc.wet.gz").unlink()
+    shutil.copyfile(wet_files[0], inputs / "c.warc.wet.gz")
+    res = _cli("run", path)
+    assert res.returncode == 2 and "1 changed in size (first:" in res.stderr and "c.warc.wet.gz" in res.stderr
+    # restored, the resume reads exactly the first plan's files and ends as an uninterrupted run
+    shutil.copyfile(wet_files[1], inputs / "c.warc.wet.gz")
+    assert _cli("run", path).returncode == 0
+    clean = _cli("run", _yaml(tmp_path, {**cfg, "run_dir": str(tmp_path / "clean")}))
+    assert clean.returncode == 0
+    assert files_bytes(curate) == files_bytes(tmp_path / "clean" / "01_curate")
+
+
+def test_only_completion_markers_count_as_completed_tasks(tmp_path, wet_files, lid_model):
+    """An editor's `00001.bak` (or a 0-byte object beside the markers) after a killed task is no
+    completion: the task re-runs and the output is whole."""
+    _, cfg = _glob_run(tmp_path, wet_files, lid_model)
+    path = _yaml(tmp_path, cfg)
+    assert _cli("run", path).returncode == 0
+    curate = tmp_path / "run" / "01_curate"
+    whole = files_bytes(curate)
+    (curate / "completions" / "00001").unlink()
+    (curate / "output" / "00001.parquet").unlink()
+    for stray in ("00001.bak", "1", "000001", "00007", ".00001.swp"):  # 00007: no such rank in 2 tasks
+        (curate / "completions" / stray).write_text("")
+    res = _cli("run", path)
+    assert res.returncode == 0, res.stderr
+    assert "01_curate: all 2 tasks already complete" not in res.stderr
+    assert files_bytes(curate) == whole
+    assert json.loads((tmp_path / "run" / "stats.json").read_text())["stages"][0]["tasks_completed"] == 2

@@ -312,13 +312,27 @@ def test_a_killed_task_commits_nothing_and_the_rerun_redoes_it_alone(s3, uploade
     assert "01_curate/output/00000.parquet" in first
     assert not any(k.startswith("01_curate/") and "00001" in k for k in first), sorted(first)  # nothing of task 1
 
+    # a new object under the input prefix that sorts first would shift every task's share: refused
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key="wet/000-new.warc.wet.gz", Body=(REPO / "README.md").read_bytes()[:64])
+    client.put_object(Bucket=BUCKET, Key="killed/01_curate/completions/00001.bak", Body=b"")  # no marker
+    try:
+        changed = _cli(env, "run", cfg)
+    finally:
+        client.delete_object(Bucket=BUCKET, Key="wet/000-new.warc.wet.gz")
+    assert changed.returncode == 2, changed.stderr
+    assert "the input files changed since this run began: 1 added (first: s3://" in changed.stderr
+    assert "000-new.warc.wet.gz" in changed.stderr and "Traceback" not in changed.stderr
+    first["01_curate/completions/00001.bak"] = _heads(s3, "killed")["01_curate/completions/00001.bak"]
+    assert {k: v for k, v in _heads(s3, "killed").items() if k in first} == first  # nothing rewritten
+
     resumed = _cli(env, "run", cfg)
     assert resumed.returncode == 0, resumed.stderr
     after = _heads(s3, "killed")
     task0 = [k for k in first if k.startswith("01_curate/") and "00000" in k]
     assert len(task0) >= 5  # its output, stats, usage, log, scores, dropped sample, completion
     assert {k: after[k] for k in task0} == {k: first[k] for k in task0}  # not redone: not one object rewritten
-    assert "01_curate/completions/00001" in after
+    assert "01_curate/completions/00001" in after  # the stray 00001.bak made no completion: task 1 ran
     # the result is the uninterrupted run's, byte for byte
     ref = _local_files(tmp_path / "ref")
     ours = _objects(s3, "killed")

@@ -153,9 +153,7 @@ def _run_locked(
     make=None,
 ) -> dict:
     """The one stage loop, against any run directory and executor."""
-    resumed = run_dir.prepare(cfg, force)
-    if resumed:
-        run_dir.check_inputs(stages[0].inputs if stages else None)
+    resumed = run_dir.prepare(cfg, force, stages[0].inputs if stages else None)
     run_dir.write_plan(stages)
     if command:
         run_dir.write_command(command)

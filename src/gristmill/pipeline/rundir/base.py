@@ -101,10 +101,11 @@ class RunDir(ABC):
     def is_run_dir(self) -> bool:
         return layout.is_run_dir(self.entries())
 
-    def prepare(self, cfg: RunConfig, force: bool) -> bool:
+    def prepare(self, cfg: RunConfig, force: bool, inputs: list[dict] | None = None) -> bool:
         """Make the run directory ready for `cfg` (the caller holds its lock); True when it
-        resumes a run. A run made with another configuration is refused unless `force`, which
-        clears what gristmill wrote first."""
+        resumes a run. A run made with another configuration or, where `inputs` (the plan's
+        input files) are given, over other input files is refused unless `force`, which clears
+        what gristmill wrote first; a refusal writes nothing."""
         self.check_location()
         resolved = cfg.resolved()
         resumed = False
@@ -133,6 +134,7 @@ class RunDir(ABC):
                         + "\n  ".join(diffs)
                         + "\nUse --force to start it over, or --run-dir for a new one."
                     )
+                self.check_inputs(inputs)
                 resumed = True
         self.write_text(layout.MARKER, layout.MARKER_TEXT)
         self.write_text("config.yaml", yaml.safe_dump(resolved, sort_keys=False))

@@ -91,9 +91,9 @@ class LocalRunDir(RunDir):
                 " choose a new or empty --run-dir"
             )
 
-    def prepare(self, cfg: RunConfig, force: bool) -> bool:
+    def prepare(self, cfg: RunConfig, force: bool, inputs: list[dict] | None = None) -> bool:
         self.check_location()  # again under the lock: what another command may have put here
-        return super().prepare(cfg, force)
+        return super().prepare(cfg, force, inputs)
 
     def merge_stage(self, stage: Stage) -> None:
         st.merge_stage(self.path / stage.label)

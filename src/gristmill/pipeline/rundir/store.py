@@ -164,9 +164,9 @@ class StoreRunDir(RunDir):
                     "shows every stage's estimate)"
                 )
 
-    def prepare(self, cfg: RunConfig, force: bool) -> bool:
+    def prepare(self, cfg: RunConfig, force: bool, inputs: list[dict] | None = None) -> bool:
         shutil.rmtree(self.mirror, ignore_errors=True)  # stats of an earlier command here may be stale
-        return super().prepare(cfg, force)
+        return super().prepare(cfg, force, inputs)
 
     def binding(self, stage: Stage) -> RemoteStage:
         return RemoteStage(self.url, str(plan_root(self.url)), stage.label)
