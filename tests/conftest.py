@@ -206,3 +206,9 @@ class _GroupIdsForPytest9:
 
 def pytest_configure(config):
     config.pluginmanager.register(_GroupIdsForPytest9(), "gristmill-xdist-group-ids")
+    # every task of every command the suite starts can be handed a fault (tests/faults.py)
+    from gristmill.pipeline.task import TASK_HOOKS_ENV
+
+    from .faults import HOOKS
+
+    os.environ.setdefault(TASK_HOOKS_ENV, HOOKS)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from gristmill.pipeline.executors import KILL_TASK_ENV
 from tests.cli_process import pipeline
 from tests.conftest import REPO
+from tests.faults import KILL_TASK_ENV
 
 
 def _fresh(*args, **kw) -> subprocess.CompletedProcess:

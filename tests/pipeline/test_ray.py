@@ -35,11 +35,10 @@ import yaml
 
 from gristmill.compat.ray import GCS_WAIT_ENV
 from gristmill.config import ConfigError, from_dict
-from gristmill.core.parquet_io import FAIL_TASK_ENV
-from gristmill.pipeline.executors import KILL_TASK_ENV
 from gristmill.pipeline.rundir import layout
 from gristmill.pipeline.runner import StageFailed, run
 
+from ..faults import FAIL_TASK_ENV, KILL_TASK_ENV
 from .test_worker_faults import Command, files_bytes, one_line
 from .test_worker_faults import config as curate_config
 

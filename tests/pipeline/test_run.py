@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.config import ConfigError, from_dict
-from gristmill.core.parquet_io import FAULT_ENV
 from gristmill.filters.langid import ModelError
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import as_json, funnel, merge_run
 from tests.cli_process import pipeline
+from tests.faults import FAULT_ENV
 
 from .conftest import C14, REL14A
 

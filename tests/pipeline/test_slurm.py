@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from gristmill.config import from_dict
-from gristmill.core.parquet_io import FAIL_TASK_ENV
 from gristmill.pipeline.executors import cluster_array_limit
 from gristmill.pipeline.runner import StageFailed, run
 from gristmill.pipeline.status import stage_statuses
 from tests.cli_process import pipeline
+from tests.faults import FAIL_TASK_ENV
 
 from . import test_planner  # noqa: F401  (defines and registers the `keep_longest` step)
 

@@ -428,15 +428,14 @@ class RecordProcess(PipelineStep):
 
 
 def _executor(folder: Path, records: Path, tasks: int = 2, sleep_s: float = 0.0) -> LocalExecutor:
-    executor = LocalExecutor(
+    return LocalExecutor(
         pipeline=[RecordProcess(str(records), sleep_s)],
         tasks=tasks,
         workers=2,
         logging_dir=str(folder),
         skip_completed=True,
+        storage_config=None,
     )
-    executor.storage_config, executor.remote = None, None
-    return executor
 
 
 def _records(folder: Path) -> list[dict]:

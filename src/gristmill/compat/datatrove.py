@@ -6,8 +6,9 @@
   two: INFO and below go to the task's log file only (a sink that survives a full disk), the
   terminal gets one line per warning or error, tracebacks stay in the file.
 - `PipelineExecutor._run_for_rank(rank, local_rank, node_rank)`: runs one task (skips it if
-  complete, writes stats and the completion marker). gristmill's local executor calls it in
-  supervised child processes, and both executors override it to install the logging above.
+  complete, writes stats and the completion marker). Each of gristmill's executors (local,
+  Slurm, Ray) overrides it with `gristmill.pipeline.task.run_task`, the one task body, which
+  calls datatrove's own (`run_steps`) once it has installed the logging above.
 - Importing `datatrove.utils.logging` configures loguru (INFO to stderr); the CLI imports it
   first so that its own setup afterwards wins.
 """
@@ -80,17 +81,18 @@ def quiet_task_logging() -> None:
     dt_base.close_task_logger = _close_task_logger_quiet
 
 
-class QuietTaskLogs:
-    """Mixin for a datatrove executor: each task logs as `quiet_task_logging` says."""
-
-    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
-        quiet_task_logging()
-        return super()._run_for_rank(rank, local_rank, node_rank)
-
-
 def run_rank(executor, rank: int, local_rank: int = 0):
-    """Run one task of `executor` in this process (datatrove's per-rank entry)."""
+    """Run one task of `executor` in this process (datatrove's per-rank entry: the executor's
+    `_run_for_rank`, which gristmill's executors point at `gristmill.pipeline.task.run_task`)."""
     return executor._run_for_rank(rank, local_rank)
+
+
+def run_steps(executor, rank: int, local_rank: int = 0, node_rank: int = -1):
+    """datatrove's own per-rank body (its steps, stats and completion marker), whatever the
+    executor's class overrides."""
+    from datatrove.executor.base import PipelineExecutor
+
+    return PipelineExecutor._run_for_rank(executor, rank, local_rank, node_rank)
 
 
 def configure_cli_logging(level: str = "WARNING") -> None:

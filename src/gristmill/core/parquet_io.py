@@ -42,11 +42,6 @@ READ_SLICE_BYTES = 1 << 20
 #: held per byte of a row group's text while it is written or read: the Python documents, the
 #: Arrow table and what Arrow's memory pool keeps (fitted to the scale runs' peak RSS, docs/scale.md)
 ROW_GROUP_FACTOR = 8
-# Fault injection for tests of resumption: the process dies (as if killed) after writing this
-# many documents in a task, leaving a half-written `.tmp` file behind.
-FAULT_ENV = "GRISTMILL_FAULT_AFTER_DOCS"
-# ... and for tests of failure reporting: the task of this rank raises (a failed task, not a kill).
-FAIL_TASK_ENV = "GRISTMILL_FAIL_TASK"
 
 
 class ParquetFile:
@@ -224,10 +219,6 @@ class ParquetWriter(Step):
             raise
 
     def _write(self, data: DocumentsPipeline, rank: int, files: dict[str, ParquetFile]) -> DocumentsPipeline:
-        fault_after = int(os.environ.get(FAULT_ENV, "0"))
-        if os.environ.get(FAIL_TASK_ENV) == str(rank):
-            raise RuntimeError(f"injected failure of task {rank} ({FAIL_TASK_ENV})")
-        written = 0
         for doc in data:
             key = (doc.metadata.get("language") or "unknown") if self.per_language else ""
             out = files.get(key)
@@ -237,10 +228,6 @@ class ParquetWriter(Step):
             size = text_bytes(doc.text)
             with self.track_time():
                 out.add(doc, size)
-            written += 1
-            if written == fault_after:
-                out.flush()
-                os._exit(137)
             self.stat_update("documents")
             self.stat_update("bytes", value=size)
             yield doc

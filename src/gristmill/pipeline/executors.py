@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,58 +40,25 @@ import dill
 from datatrove.executor.local import LocalPipelineExecutor
 from datatrove.executor.slurm import SlurmPipelineExecutor
 
-from gristmill.compat.datatrove import QuietTaskLogs, run_rank
 from gristmill.config import SlurmConfig
 from gristmill.core import storage
-from gristmill.core.messages import os_error_line
 from gristmill.pipeline import task_zygote
 from gristmill.pipeline.planner import Stage
-from gristmill.pipeline.staging import RemoteStage, StagedTasks, task_log
-from gristmill.pipeline.task_zygote import ZygoteUnavailable, die_with_parent
-from gristmill.pipeline.usage import RecordsTaskUsage
+from gristmill.pipeline.staging import RemoteStage, task_log
+from gristmill.pipeline.task import (
+    POLL_S,
+    STOP_GRACE_S,
+    TASK_CMD,
+    TASK_TARGET,
+    Interrupted,
+    Signals,
+    TaskFailed,
+    describe_exit,
+    run_task,
+)
+from gristmill.pipeline.task_zygote import ZygoteUnavailable
 
-# Fault injection for tests: "RANK:SIGNAL:DOCS" makes task RANK send itself SIGNAL (a name,
-# e.g. SIGKILL, SIGSEGV, SIGSTOP) once DOCS documents have been read.
-KILL_TASK_ENV = "GRISTMILL_KILL_TASK"
-POLL_S = 0.25  # how often the supervisor looks at its tasks and the progress bar
-STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
-
-
-class TaskFailed(RuntimeError):
-    """A task of a local stage died or failed; `str()` is one line naming task, cause and log."""
-
-    def __init__(self, rank: int, cause: str, log: str):
-        self.rank, self.cause, self.log = rank, cause, log
-        super().__init__(f"task {rank} {cause}; log: {log}")
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM/SIGHUP (or Ctrl-C) reached the supervisor; its tasks have been stopped."""
-
-    def __init__(self, signum: int = signal.SIGINT):
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-def describe_exit(returncode: int, error: str) -> str:
-    """Why a task process ended without completing, in words."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        hint = {
-            "SIGKILL": " (killed: out of memory?)",
-            "SIGSEGV": " (segmentation fault in native code)",
-            "SIGBUS": " (bus error: a memory-mapped file truncated?)",
-            "SIGABRT": " (aborted in native code)",
-        }
-        return f"was killed by {name}{hint.get(name, '')}"
-    if error:
-        return f"failed: {error}"
-    if returncode:
-        return f"exited with code {returncode} without reporting an error"
-    return "exited without marking itself complete"
+__all__ = ["Interrupted", "LocalExecutor", "SlurmExecutor", "TaskFailed", "make_executor", "make_slurm_executor"]
 
 
 @dataclass
@@ -109,63 +75,6 @@ class _Task:
                 self.error += chunk
         except BlockingIOError:
             pass
-
-
-def _kill_after(steps: list, rank: int) -> list:
-    spec = os.environ.get(KILL_TASK_ENV, "")
-    parts = spec.split(":")
-    if len(parts) != 3 or parts[0] != str(rank):
-        return steps
-    sig, after = signal.Signals[parts[1]], int(parts[2])
-
-    def kill_after(data, rank=0, world_size=1):
-        for i, doc in enumerate(data, 1):
-            if i == after:
-                os.kill(os.getpid(), sig)
-            yield doc
-
-    return [steps[0], kill_after, *steps[1:]]
-
-
-def _error_line(e: BaseException, stage_dir: str | None) -> str:
-    if isinstance(e, OSError) and (e.errno is not None or e.filename):
-        # pyarrow and others raise ENOSPC without the path: name the stage folder being written
-        return os_error_line(e, f"writing under {stage_dir}")
-    return f"{type(e).__name__}: {e}"
-
-
-def _task_main() -> None:
-    """Entry point of a task's child process started with exec (`_TASK_CMD`)."""
-    executor_file, rank, local_rank, parent, status_fd = sys.argv[2:7]
-    _run_task(int(status_fd), executor_file, rank, local_rank, parent)
-
-
-def _run_task(status_fd: int, executor_file: str, rank: str, local_rank: str, parent: str) -> None:
-    """In a task's own process (exec'd, or forked by the zygote): run one rank of the pickled
-    executor, write why it failed to `status_fd`, and end the process."""
-    die_with_parent(int(parent))
-    status = os.fdopen(status_fd, "w")
-    code, stage_dir = 0, None
-    try:
-        with open(executor_file, "rb") as f:
-            executor = dill.load(f)
-        stage_dir = getattr(executor.logging_dir, "path", None)
-        executor.pipeline = _kill_after(executor.pipeline, int(rank))
-        run_rank(executor, int(rank), int(local_rank))
-    except BaseException as e:  # noqa: BLE001 - reported by the supervisor; the traceback is in the task log
-        status.write(_error_line(e, stage_dir).replace("\n", " "))
-        code = 1
-    status.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no atexit work: nothing of the task is left to tidy
-
-
-_TASK_CMD = (
-    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-    "from gristmill.pipeline.executors import _task_main; _task_main()"
-)
-_TASK_TARGET = "gristmill.pipeline.executors:_run_task"  # what the zygote's child calls
 
 
 def _stop(tasks) -> None:
@@ -193,26 +102,17 @@ def _stop(tasks) -> None:
         os.close(t.status_fd)
 
 
-class _Signals:
-    """While supervising: SIGTERM/SIGHUP raise Interrupted in the main thread, so tasks are stopped."""
+class LocalExecutor(LocalPipelineExecutor):
+    """A stage's tasks, each in a child process of this one (see the module doc)."""
 
-    def __enter__(self):
-        self.previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGHUP):
-                self.previous[sig] = signal.signal(sig, self._raise)
-        return self
+    def __init__(self, *args, storage_config: storage.StorageConfig, remote: RemoteStage | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        # travel with the pickled executor to each task (`gristmill.pipeline.task.run_task`)
+        self.storage_config, self.remote = storage_config, remote
 
-    @staticmethod
-    def _raise(signum, frame):
-        raise Interrupted(signum)
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
+        return run_task(self, rank, local_rank, node_rank)
 
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineExecutor):
     def task_log(self, rank: int) -> str:
         if self.remote is not None:
             return task_log(self.remote, rank)
@@ -237,7 +137,7 @@ class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineE
         slots = list(range(min(self.workers, len(ranks))))
         failure: TaskFailed | None = None
         try:
-            with _Signals():
+            with Signals():
                 while (ranks and failure is None) or running:
                     while ranks and slots and failure is None:
                         running.append(self._start(ranks.popleft(), slots.pop(0), executor_file))
@@ -275,7 +175,7 @@ class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineE
                 [
                     sys.executable,
                     "-c",
-                    _TASK_CMD,
+                    TASK_CMD,
                     json.dumps(sys.path),
                     executor_file,
                     str(rank),
@@ -302,7 +202,7 @@ class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineE
         if zygote is None:
             return None
         try:
-            return zygote.spawn(_TASK_TARGET, [executor_file, str(rank), str(slot), str(zygote.pid)], (status_w,))
+            return zygote.spawn(TASK_TARGET, [executor_file, str(rank), str(slot), str(zygote.pid)], (status_w,))
         except ZygoteUnavailable as e:
             task_zygote.give_up(str(e))
             return None
@@ -311,17 +211,16 @@ class LocalExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, LocalPipelineE
 def make_executor(stage: Stage, storage_config=None, remote: RemoteStage | None = None) -> LocalPipelineExecutor:
     """The local executor of a stage; with `remote`, the stage's folder is on object storage and
     each task runs in a working copy (`gristmill.pipeline.staging`)."""
-    executor = LocalExecutor(
+    return LocalExecutor(
         pipeline=stage.pipeline,
         tasks=stage.tasks,
         workers=stage.workers,
         logging_dir=str(stage.folder) if remote is None else _store_folder(remote.stage_url()),
         skip_completed=True,
+        # the tasks reach URLs (inputs, models) with the run's storage settings
+        storage_config=storage_config if storage_config is not None else storage.settings(),
+        remote=remote,
     )
-    # the tasks reach URLs (inputs, models) with this process's storage settings
-    executor.storage_config = storage_config if storage_config is not None else storage.settings()
-    executor.remote = remote
-    return executor
 
 
 def _store_folder(url: str):
@@ -334,7 +233,7 @@ class SlurmSubmitFailed(ValueError):
     submitted are cancelled."""
 
 
-class SlurmExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, SlurmPipelineExecutor):
+class SlurmExecutor(SlurmPipelineExecutor):
     """A stage as one or more job arrays of at most `max_array_size` tasks.
 
     datatrove submits the arrays of a wide stage one after the other (each `afterany` on the
@@ -346,6 +245,13 @@ class SlurmExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, SlurmPipelineE
     waits for all of them. The tasks run datatrove's own `run()`: array task i of array k
     (`RUN_OFFSET=k`) runs entry k·max_array_size + i of `ranks_to_run.json`.
     """
+
+    def __init__(self, *args, storage_config: storage.StorageConfig, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.storage_config, self.remote = storage_config, None  # a Slurm run directory is a shared folder
+
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
+        return run_task(self, rank, local_rank, node_rank)
 
     def launch_merge_stats(self):
         pass  # merged from the per-task stats files by gristmill instead
@@ -471,7 +377,7 @@ def make_slurm_executor(
     sbatch.setdefault("mem-per-cpu", f"{int(mem_gb * 1024)}M")
     if slurm.account:
         sbatch.setdefault("account", slurm.account)
-    executor = SlurmExecutor(
+    return SlurmExecutor(
         pipeline=stage.pipeline,
         tasks=stage.tasks,
         time=(over and over.time) or slurm.time,
@@ -489,7 +395,6 @@ def make_slurm_executor(
         skip_completed=True,
         requeue=slurm.requeue,
         mail_type="NONE",
+        # inputs and models may be URLs (the run directory is local: a store's is refused with Slurm)
+        storage_config=storage_config if storage_config is not None else storage.settings(),
     )
-    # inputs and models may be URLs (the run directory is local: a store's is refused with Slurm)
-    executor.storage_config = storage_config if storage_config is not None else storage.settings()
-    return executor

@@ -5,7 +5,7 @@ planner's per-stage memory estimate unless configured) and runs as many at once 
 cluster holds. gristmill sequences the stages, as it does locally: a stage starts when every
 task of the one before has its completion marker.
 
-A Ray task runs its rank the way the local executor does (`executors._run_task`): in a child
+A Ray task runs its rank the way the local executor does (`task.task_process`): in a child
 process of the Ray worker, forked from the worker's task zygote (`task_zygote`: the imports
 paid once per worker, not ~1 CPU s per task; exec where tasks start so), so that
 - `getrusage` in that process measures the task alone (`<stage>/usage/task_NNNNN.json`), the
@@ -46,24 +46,22 @@ from contextlib import contextmanager
 import dill
 from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 
-from gristmill.compat.datatrove import QuietTaskLogs
 from gristmill.config import ConfigError, RunConfig
 from gristmill.core import storage
 from gristmill.pipeline import task_zygote
-from gristmill.pipeline.executors import (
-    _TASK_CMD,
+from gristmill.pipeline.planner import Stage, estimate_memory
+from gristmill.pipeline.task import (
     POLL_S,
     STOP_GRACE_S,
+    TASK_CMD,
     Interrupted,
+    Signals,
     TaskFailed,
-    _Signals,
     describe_exit,
+    run_task,
+    task_process,
 )
-from gristmill.pipeline.executors import _run_task as _run_task_body
-from gristmill.pipeline.planner import Stage, estimate_memory
-from gristmill.pipeline.staging import StagedTasks
 from gristmill.pipeline.task_zygote import ZygoteUnavailable
-from gristmill.pipeline.usage import RecordsTaskUsage
 
 GB = 1 << 30
 #: environment variables of the command that its tasks see on Ray too (the local executor's
@@ -74,7 +72,7 @@ FORWARDED_ENV_PREFIX = "GRISTMILL_"
 def _run_forked(status_fd: int, executor_fd: int, rank: str, local_rank: str, parent: str) -> None:
     """In the task's process forked by the Ray worker's zygote: the local executor's task body,
     the pickled executor read from the fd it was handed."""
-    _run_task_body(status_fd, f"/dev/fd/{executor_fd}", rank, local_rank, parent)
+    task_process(status_fd, f"/dev/fd/{executor_fd}", rank, local_rank, parent)
 
 
 _FORKED_TARGET = "gristmill.pipeline.ray_executor:_run_forked"
@@ -93,7 +91,7 @@ def _start_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str], sta
         except ZygoteUnavailable as e:
             task_zygote.give_up(str(e))
     return subprocess.Popen(
-        [sys.executable, "-c", _TASK_CMD, json.dumps(sys.path), f"/dev/fd/{executor_fd}", str(rank), "0"]
+        [sys.executable, "-c", TASK_CMD, json.dumps(sys.path), f"/dev/fd/{executor_fd}", str(rank), "0"]
         + [str(os.getpid()), str(status_w)],
         cwd=cwd,
         env={**os.environ, **env},
@@ -178,14 +176,19 @@ def _run_task(payload: bytes, rank: int, cwd: str, env: dict[str, str], retries:
     return {"node": node, "returncode": returncode, "error": error, "attempts": attempt}
 
 
-class RayExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, PipelineExecutor):
+class RayExecutor(PipelineExecutor):
     """One stage on Ray; `run` submits its incomplete tasks and follows them to the end."""
 
-    def __init__(self, pipeline, tasks: int, logging_dir: str, options: dict, max_retries: int):
+    def __init__(self, pipeline, tasks: int, logging_dir: str, options: dict, max_retries: int, storage_config) -> None:
         super().__init__(pipeline, logging_dir, skip_completed=True)
         self.tasks = tasks
         self.options = options  # ray.remote options: num_cpus, memory
         self.max_retries = max_retries
+        # travel with the pickled executor to each task; a Ray run directory is a shared folder
+        self.storage_config, self.remote = storage_config, None
+
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
+        return run_task(self, rank, local_rank, node_rank)
 
     @property
     def world_size(self) -> int:
@@ -282,7 +285,7 @@ class RayExecutor(StagedTasks, RecordsTaskUsage, QuietTaskLogs, PipelineExecutor
         return None
 
 
-class _SignalsThroughRay(_Signals):
+class _SignalsThroughRay(Signals):
     """SIGTERM/SIGHUP raise Interrupted, as locally; but a handler's exception raised while Ray
     waits comes out of `ray.wait` as a plain KeyboardInterrupt, so the signal is noted here and
     `named()` gives it back its name (the runner reports it and exits 128 + signal)."""
@@ -407,16 +410,15 @@ class RayCluster:
             )
 
     def executor(self, stage: Stage) -> RayExecutor:
-        executor = RayExecutor(
+        return RayExecutor(
             pipeline=stage.pipeline,
             tasks=stage.tasks,
             logging_dir=str(stage.folder.absolute()),
             options=self.resources(stage),
             max_retries=self.ray_cfg.max_retries,
+            # the tasks reach URLs (inputs, models) with the run's storage settings, on every node
+            storage_config=storage.settings(),
         )
-        # the tasks reach URLs (inputs, models) with the run's storage settings, on every node
-        executor.storage_config = storage.settings()
-        return executor
 
     def close(self) -> None:
         import ray

@@ -40,7 +40,7 @@ from loguru import logger
 from gristmill.core import storage
 from gristmill.core.working_copy import WorkingCopy, active
 
-__all__ = ["RemoteStage", "StagedTasks", "plan_root", "rebase", "run_key", "task_root"]
+__all__ = ["RemoteStage", "plan_root", "rebase", "run_in_working_copy", "run_key", "task_root"]
 
 
 def run_key(url: str) -> str:
@@ -129,29 +129,14 @@ def _rebase(value, old: str, new: str, seen: set[int]):
     return value
 
 
-# --- the executor mixin --------------------------------------------------------------------------------
+# --- a task in a working copy ---------------------------------------------------------------------------
 
 
-class StagedTasks:
-    """Mixin for gristmill's executors (before datatrove's class): installs the run's storage
-    settings in each task's process and, when the run directory is on object storage
-    (`remote` set), runs each task in a working copy and commits it (see the module doc).
-
-    `logging_dir` is then the stage's folder on the store: datatrove's completion checks
-    (`is_rank_completed`, `get_incomplete_ranks`) read the markers there.
-    """
-
-    storage_config: storage.StorageConfig | None = None
-    remote: RemoteStage | None = None
-
-    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
-        storage.configure(self.storage_config)
-        if self.remote is None or self.is_rank_completed(rank):
-            return super()._run_for_rank(rank, local_rank, node_rank)
-        return _run_in_working_copy(self, super()._run_for_rank, rank, local_rank, node_rank)
-
-
-def _run_in_working_copy(executor, run, rank: int, local_rank: int, node_rank: int):
+def run_in_working_copy(executor, body, rank: int):
+    """Run `body()` (the task's steps) with `executor`'s pipeline and logging folder rebased to a
+    fresh working copy of its own, then commit what it wrote (see the module doc). `executor.
+    logging_dir` is the stage's folder on the store meanwhile: datatrove's completion checks
+    (`is_rank_completed`, `get_incomplete_ranks`) read the markers there."""
     from datatrove.io import get_datafolder
 
     remote: RemoteStage = executor.remote
@@ -165,7 +150,7 @@ def _run_in_working_copy(executor, run, rank: int, local_rank: int, node_rank: i
     committed = False
     try:
         with active(work):
-            stats = run(rank, local_rank, node_rank)
+            stats = body()
         if executor.logging_dir.isfile(f"completions/{rank:05d}"):  # datatrove marked it complete here
             _check_plan_root(Path(remote.plan_root), rank)
             _commit(work, remote, rank)

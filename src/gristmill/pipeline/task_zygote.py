@@ -65,6 +65,7 @@ PRELOAD = (
     "dill",
     "datatrove.executor.local",
     "gristmill.pipeline.executors",
+    "gristmill.pipeline.task",
 )
 PRELOAD_LIBRARIES = ("fasttext", "kenlm", "tokenizers", "tiktoken")
 #: fsspec's object-storage filesystems: imported by the zygote as well when the supervisor has

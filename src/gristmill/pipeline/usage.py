@@ -43,29 +43,26 @@ def _rss_mb(ru) -> float:
     return ru.ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)
 
 
-class RecordsTaskUsage:
-    """Mixin for a datatrove executor: each completed task writes its usage file."""
-
-    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
-        if self.is_rank_completed(rank):  # skipped: its usage was written when it ran
-            return super()._run_for_rank(rank, local_rank, node_rank)
-        start, start_wall = time.time(), time.monotonic()
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        stats = super()._run_for_rank(rank, local_rank, node_rank)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        usage = {
-            "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 3),
-            "wall_s": round(time.monotonic() - start_wall, 3),
-            "max_rss_mb": round(_rss_mb(after), 1),
-            "start": round(start, 3),
-            "end": round(time.time(), 3),
-        }
-        folder = Path(self.logging_dir.resolve_paths(USAGE_FOLDER))
-        try:
-            write_text_atomic(folder / f"task_{rank:05d}.json", json.dumps(usage))
-        except OSError:
-            pass  # usage is a report: a full disk must not fail a task that completed
-        return stats
+def measured(executor, rank: int, body):
+    """`body()` (a task's steps), its usage written to `<stage>/usage/task_NNNNN.json` when it
+    returns."""
+    start, start_wall = time.time(), time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    stats = body()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    usage = {
+        "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 3),
+        "wall_s": round(time.monotonic() - start_wall, 3),
+        "max_rss_mb": round(_rss_mb(after), 1),
+        "start": round(start, 3),
+        "end": round(time.time(), 3),
+    }
+    folder = Path(executor.logging_dir.resolve_paths(USAGE_FOLDER))
+    try:
+        write_text_atomic(folder / f"task_{rank:05d}.json", json.dumps(usage))
+    except OSError:
+        pass  # usage is a report: a full disk must not fail a task that completed
+    return stats
 
 
 @dataclass
