@@ -28,7 +28,7 @@ from gristmill.core.configlib import (
     omitted_defaults,
     validate_config,
 )
-from gristmill.core.step import registered_steps
+from gristmill.core.step import registered_steps, step_id
 from gristmill.core.storage import StorageConfig
 from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
 from gristmill.core.wet_reader import MAX_RECORD_BYTES
@@ -242,7 +242,7 @@ class StepSpec(BaseModel):
 
     @property
     def step_id(self) -> str:
-        return f"{self.index:02d}_{self.name}"
+        return step_id(self.index, self.name)
 
 
 class TrainSection(Strict):

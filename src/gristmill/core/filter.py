@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.utils.stats import MetricStats
@@ -102,8 +104,40 @@ class Tally:
         self.__init__()
 
 
+@dataclass(frozen=True)
+class Threshold:
+    """A parameter of a filter that bounds a statistic the filter computes: documents (or lines)
+    below a `min` bound or above a `max` bound are dropped. Declared by the filter
+    (`Filter.thresholds`), read by `pipeline calibrate` and the report, which know no step by name."""
+
+    param: str
+    kind: Literal["min", "max"]
+    #: the n of an n-gram rule: its entry in the parameter's [n, fraction] list
+    n: int | None = None
+    #: the parameter is an integer
+    integer: bool = False
+    #: the statistic is per line (the rule removes lines, not documents): a list per document
+    lines: bool = False
+    #: a count that grows with the document (words, sentences): what share a threshold removes
+    #: depends on how a reference text was cut, so calibration scales it instead
+    length: bool = False
+    #: the bound on the filter's `score_field` (drawn on its score histogram)
+    score: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.param + (f"[{self.n}]" if self.n is not None else "")
+
+    def value(self, config):
+        """The bound in a Config of the filter (an [n, fraction] list's fraction for `n`)."""
+        value = getattr(config, self.param)
+        return dict(value).get(self.n) if self.n is not None else value
+
+
 class Filter(Step):
     type = "🔻 FILTER"
+    #: the parameters that bound what it computes (`statistics`), for calibration and the report
+    thresholds: tuple[Threshold, ...] = ()
     #: documents handed to filter_batch at once (models predict faster on batches)
     batch_size: int = 1
     #: metadata field holding the score this filter thresholds on, histogrammed per run
@@ -116,6 +150,12 @@ class Filter(Step):
     dropped: DroppedSampler | None = None
     #: set by the stage context to `<stage>/scores/<step>`; None: scores are kept but not written
     scores_folder: str | None = None
+
+    def statistics(self, text: str, language: str | None, config: Strict) -> dict[str, float | list[float] | None]:
+        """{threshold name: the statistic the filter compares with that threshold} for one
+        document, computed by the code `filter` decides with (None: the rule does not apply).
+        A filter whose thresholds calibration can fit implements it."""
+        raise NotImplementedError(f"{type(self).__name__} does not report its statistics")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -180,6 +180,18 @@ class GlobalStep(Step):
         raise TypeError(f"{self.name} is planned into stages (`stages(ctx)`), not run as a step")
 
 
+def step_id(index: int, name: str) -> str:
+    """The id of the `index`-th entry of `steps:` (its stage folders, stats and scores key):
+    `NN_name`. `config_key` is its inverse, the key path errors name."""
+    return f"{index:02d}_{name}"
+
+
+def config_key(step_id_: str) -> str:
+    """`steps[N].name`, the YAML key of the step whose id is `NN_name` (itself, for another name)."""
+    index, _, name = step_id_.partition("_")
+    return f"steps[{int(index)}].{name}" if index.isdigit() and name else step_id_
+
+
 @dataclass
 class Stage:
     """One executor stage: its steps, task count and folder (`<run_dir>/NN_<name>/`)."""

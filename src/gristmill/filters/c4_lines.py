@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass, field
 
 from datatrove.data import Document
 from datatrove.pipeline.filters.c4_filters import CITATION_REGEX, ELLIPSIS, END_PUNCTUATION, POLICY_SUBSTRINGS
 from pydantic import Field
 
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
-from gristmill.core.filter import Filter, FilterResult
+from gristmill.core.filter import Filter, FilterResult, Threshold
 from gristmill.text.words import (
     CHUNK_CHARS,
     PUNCTUATION_CHARS,
@@ -121,14 +122,49 @@ class C4Lines(Filter):
     #: measured: 7, 15 and 53 MB over 2, 8 and 30 MB pages keeping every line)
     document_factor = 8.0
 
+    thresholds = (
+        Threshold("min_words_per_line", "min", integer=True, lines=True),
+        Threshold("min_num_sentences", "min", integer=True, length=True),
+        Threshold("min_paragraph_words", "min", integer=True, length=True),
+    )
+
     def filter(self, doc: Document, c: Config) -> FilterResult:
-        language = doc.metadata.get("language")
+        walk = self._walk(doc.text, doc.metadata.get("language"), c)
+        if walk.n_lines:
+            self.stat_update("line-total", value=walk.n_lines)
+        for label, value in walk.line_drops.items():
+            self.stat_update(label, value=value)
+        if walk.kept:
+            self.stat_update("line-kept", value=len(walk.kept))
+        if walk.result is not True:
+            return walk.result
+        if walk.num_sentences < c.min_num_sentences:
+            return False, "too_few_sentences"
+        if walk.paragraph_words < c.min_paragraph_words:
+            return False, "too_few_paragraph_words"
+        doc.text = ("\n" if c.split_paragraph else " ").join(walk.kept).strip()
+        return True
+
+    def statistics(self, text: str, language: str | None, c: Config) -> dict[str, float | list[float] | None]:
+        """The words of each line the words rule decides on, and the sentences and paragraph
+        words of the lines kept: what `filter` compares with each threshold (`_walk`)."""
+        walk = self._walk(text, language, c, line_words_seen=[])
+        return {
+            "min_words_per_line": walk.line_words_seen,
+            "min_num_sentences": float(walk.num_sentences),
+            "min_paragraph_words": float(walk.paragraph_words),
+        }
+
+    def _walk(self, text: str, language: str | None, c: Config, line_words_seen: list[float] | None = None) -> _Walk:
+        """The line rules over a page: the lines kept, the lines dropped by rule, the counts the
+        document rules compare, and the result of a rule that drops the whole document.
+        `line_words_seen` collects the words of each line that reached the words rule."""
         if not c.split_paragraph:
-            lines = split_sentences(doc.text)
-        elif len(doc.text) >= CHUNK_CHARS:  # a long page's lines a piece at a time, never all listed
-            lines = (line for piece in line_chunks(doc.text) for line in piece.splitlines())
+            lines = split_sentences(text)
+        elif len(text) >= CHUNK_CHARS:  # a long page's lines a piece at a time, never all listed
+            lines = (line for piece in line_chunks(text) for line in piece.splitlines())
         else:
-            lines = doc.text.splitlines()
+            lines = text.splitlines()
         # Words of a line are whitespace-separated, as in C4, except on pages whose lid label is a
         # language written without spaces (zh, ja, th, ...): there a whitespace split sees a
         # whole line as one word, so ICU's words are counted (punctuation tokens are not words).
@@ -140,12 +176,11 @@ class C4Lines(Filter):
             line_words = str.split
         max_len = c.max_word_length
         end_punctuation = end_punctuation_for(language, c.end_punctuation)
-        kept: list[str] = []
-        line_drops = Counter()  # lines dropped, by rule, for the stats
-        num_sentences = 0
-        paragraph_words = 0  # words of the kept lines long enough to be paragraphs
-        min_paragraph = c.paragraph_words if c.min_paragraph_words > 0 else 0
-        result: FilterResult = True
+        walk = _Walk(line_words_seen=line_words_seen)
+        kept = walk.kept
+        line_drops = walk.line_drops  # lines dropped, by rule, for the stats
+        # counted where the rule is on, and always for `statistics`
+        min_paragraph = c.paragraph_words if c.min_paragraph_words > 0 or line_words_seen is not None else 0
         n_lines = 0  # lines looked at: all, or up to the one that drops the document
 
         for n_lines, line in enumerate(lines, 1):  # noqa: B007 - counted after the loop
@@ -160,39 +195,42 @@ class C4Lines(Filter):
                 line_drops["line-filter-no_terminal_punc"] += 1
                 continue
             n_words = len(line_words(uncited))
+            if line_words_seen is not None:
+                line_words_seen.append(float(n_words))
             if n_words < c.min_words_per_line:  # words counted before citations go
                 line_drops["line-filter-too_few_words"] += 1
                 continue
             line_l = line.lower()
             if c.filter_lorem_ipsum and "lorem ipsum" in line_l:
-                result = False, "lorem_ipsum"
+                walk.result = False, "lorem_ipsum"
                 break
             if c.filter_javascript and "javascript" in line_l:
                 line_drops["line-filter-javascript"] += 1
                 continue
             if c.filter_curly_bracket and "{" in line:
-                result = False, "curly_bracket"
+                walk.result = False, "curly_bracket"
                 break
             if c.filter_policy and _POLICY.search(line_l):
                 line_drops["line-filter-policy"] += 1
                 continue
             if c.min_num_sentences != -1:
-                num_sentences += len(split_sentences(line)) if c.split_paragraph else 1
+                walk.num_sentences += len(split_sentences(line)) if c.split_paragraph else 1
             if min_paragraph and n_words >= min_paragraph:
-                paragraph_words += n_words
+                walk.paragraph_words += n_words
             kept.append(line)
+        walk.n_lines = n_lines
+        return walk
 
-        if n_lines:
-            self.stat_update("line-total", value=n_lines)
-        for label, value in line_drops.items():
-            self.stat_update(label, value=value)
-        if kept:
-            self.stat_update("line-kept", value=len(kept))
-        if result is not True:
-            return result
-        if num_sentences < c.min_num_sentences:
-            return False, "too_few_sentences"
-        if paragraph_words < c.min_paragraph_words:
-            return False, "too_few_paragraph_words"
-        doc.text = ("\n" if c.split_paragraph else " ").join(kept).strip()
-        return True
+
+@dataclass
+class _Walk:
+    """What `C4Lines._walk` found on a page."""
+
+    kept: list[str] = field(default_factory=list)
+    line_drops: Counter = field(default_factory=Counter)
+    num_sentences: int = 0
+    #: words of the kept lines long enough to be paragraphs
+    paragraph_words: int = 0
+    n_lines: int = 0
+    result: FilterResult = True
+    line_words_seen: list[float] | None = None

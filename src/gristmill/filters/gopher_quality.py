@@ -24,7 +24,7 @@ from datatrove.pipeline.filters.gopher_quality_filter import STOP_WORDS
 from pydantic import Field
 
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
-from gristmill.core.filter import Filter, FilterResult
+from gristmill.core.filter import Filter, FilterResult, Threshold
 from gristmill.text.words import line_counts, page_words, spaced_word_counts, split_words
 
 #: the languages whose default stop words are datatrove's English list (None: no langid label)
@@ -105,6 +105,17 @@ class GopherQuality(Filter):
             "others; a language without a list skips the rule)",
         )
 
+    thresholds = (
+        Threshold("min_doc_words", "min", integer=True, length=True),
+        Threshold("max_doc_words", "max", integer=True, length=True),
+        Threshold("min_avg_word_length", "min"),
+        Threshold("max_avg_word_length", "max"),
+        Threshold("max_non_alpha_words_ratio", "min"),
+        Threshold("min_stop_words", "min", integer=True),
+        Threshold("max_bullet_lines_ratio", "max"),
+        Threshold("max_ellipsis_lines_ratio", "max"),
+    )
+
     #: a long page's distinct words and their counts, and a piece's words at a time (measured:
     #: 30, 44 and 53 MB over 2, 8 and 30 MB pages, docs/scale.md "Large records")
     document_factor = 1.0
@@ -124,6 +135,28 @@ class GopherQuality(Filter):
             words = frozenset(given) if given is not None else language_stop_words(language)
             self._stop_words[language] = words
             return words
+
+    def statistics(self, text: str, language: str | None, c: Config) -> dict[str, float | None]:
+        """Each rule's statistic, from the counts `filter` decides on (the same C functions)."""
+        words = page_words(text, language)
+        n_words, n_content, content_chars, n_alpha = words.quality_counts()
+        n_lines, bullets, ellipses = line_counts(text)
+        if c.alpha_words == "whitespace":
+            n_spaced, n_lettered = spaced_word_counts(text)
+            alpha = n_lettered / n_spaced if n_spaced else 0.0
+        else:
+            alpha = n_alpha / n_words if n_words else None
+        stop_words = self.stop_words_for(language, c)
+        return {
+            "min_doc_words": float(n_content),
+            "max_doc_words": float(n_content),
+            "min_avg_word_length": content_chars / n_content if n_content else None,
+            "max_avg_word_length": content_chars / n_content if n_content else None,
+            "max_non_alpha_words_ratio": alpha,
+            "min_stop_words": float(words.present(stop_words)) if stop_words is not None else None,
+            "max_bullet_lines_ratio": bullets / n_lines if n_lines else None,
+            "max_ellipsis_lines_ratio": ellipses / n_lines if n_lines else None,
+        }
 
     def filter(self, doc: Document, c: Config) -> FilterResult:
         language = doc.metadata.get("language")

@@ -26,11 +26,13 @@ of repeated n-grams stops once its count breaks the rule (the count only grows).
 
 from __future__ import annotations
 
+import math
+
 from datatrove.data import Document
 from pydantic import Field, field_validator
 
 from gristmill.core.configlib import FilterConfig
-from gristmill.core.filter import Filter, FilterResult
+from gristmill.core.filter import Filter, FilterResult, Threshold
 from gristmill.text.words import line_duplicates, page_words, paragraph_duplicates
 
 
@@ -73,11 +75,42 @@ class GopherRepetition(Filter):
                 raise ValueError("n-gram rules need a fraction >= 0")
             return rules
 
+    thresholds = (
+        Threshold("dup_line_frac", "max"),
+        Threshold("dup_para_frac", "max"),
+        Threshold("dup_line_char_frac", "max"),
+        Threshold("dup_para_char_frac", "max"),
+        *(Threshold("top_n_grams", "max", n=n) for n in (2, 3, 4)),
+        *(Threshold("dup_n_grams", "max", n=n) for n in range(5, 11)),
+    )
+
     #: the distinct paragraphs and lines, then `Words` (4 bytes a word, the distinct words, a
     #: rule's table of up to 64 bytes a word; ~6 bytes a word of text; measured with
     #: benchmarks/large_record_steps.py: 51, 133 and 401 MB over 2, 8 and 30 MB pages)
     document_factor = 12.0
     document_fixed = 72 << 20
+
+    def statistics(self, text: str, language: str | None, c: Config) -> dict[str, float | None]:
+        """Each rule's statistic, from the counts `filter` decides on; the repeated n-grams'
+        share counted whole (`filter` stops a scan once its rule is broken)."""
+        if not text:
+            return {t.name: None for t in self.thresholds}
+        n_chars = len(text)
+        n_para, para_dups, para_chars = paragraph_duplicates(text)
+        n_line, line_dups, line_chars = line_duplicates(text)
+        words = page_words(text, language)
+        out = {
+            "dup_para_frac": para_dups / n_para,
+            "dup_para_char_frac": para_chars / n_chars,
+            "dup_line_frac": line_dups / n_line,
+            "dup_line_char_frac": line_chars / n_chars,
+        }
+        for n in range(2, 5):
+            top = words.top_chars(n)
+            out[f"top_n_grams[{n}]"] = top / n_chars if top is not None else None
+        for n in range(5, 11):
+            out[f"dup_n_grams[{n}]"] = words.repeated_chars(n, n_chars, math.inf) / n_chars
+        return out
 
     def filter(self, doc: Document, c: Config) -> FilterResult:
         language = doc.metadata.get("language")

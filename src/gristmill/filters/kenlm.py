@@ -34,7 +34,7 @@ from pydantic import Field, field_validator
 
 from gristmill.core import storage
 from gristmill.core.configlib import FilterConfig
-from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.filter import FilterResult, ModelFilter, Threshold
 from gristmill.filters.ccnet_normalize import iter_normalized_lines
 from gristmill.filters.model_check import Checked, ModelError, check_kenlm, unchanged
 
@@ -98,6 +98,7 @@ class KenLM(ModelFilter):
     drop_reasons = ("perplexity_above_max", "perplexity_bucket_<bucket>")
     output_fields = {"perplexity": pa.float64(), "perplexity_bucket": pa.string()}
     score_field = "perplexity"
+    thresholds = (Threshold("max_perplexity", "max", score=True),)
     score_bins = {"scale": "log", "lo": 0.0, "hi": 5.0, "n": 25}  # perplexity 1 to 100,000
 
     class Config(FilterConfig):

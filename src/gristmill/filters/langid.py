@@ -25,7 +25,7 @@ from pydantic import Field
 
 from gristmill.core import storage
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig, Fraction
-from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.filter import FilterResult, ModelFilter, Threshold
 from gristmill.core.scores import LINEAR_01
 from gristmill.core.step import BuildContext, Workload
 from gristmill.filters import fasttext_native
@@ -64,6 +64,7 @@ class LangId(ModelFilter):
     batch_size = 256
     output_fields = {"language": pa.string(), "language_score": pa.float32()}
     score_field = "language_score"
+    thresholds = (Threshold("min_score", "min", score=True),)
     score_bins = LINEAR_01
 
     class Config(FilterConfig):

@@ -20,7 +20,7 @@ from datatrove.data import Document
 from pydantic import Field
 
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig, Fraction
-from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.filter import FilterResult, ModelFilter, Threshold
 from gristmill.core.scores import LINEAR_01
 from gristmill.core.step import Workload
 from gristmill.filters import fasttext_native
@@ -39,6 +39,7 @@ class Quality(ModelFilter):
     batch_size = 256
     output_fields = {"quality_score": pa.float32()}
     score_field = "quality_score"
+    thresholds = (Threshold("min_score", "min", score=True),)
     score_bins = LINEAR_01
 
     class Config(FilterConfig):

@@ -105,7 +105,7 @@ from tldextract.remote import lenient_netloc
 from gristmill.core.configlib import OMIT_DEFAULT, ConfigError, FilterConfig, Strict
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.core.messages import printable
-from gristmill.core.step import BuildContext, Workload
+from gristmill.core.step import BuildContext, Workload, config_key
 from gristmill.filters.url_lookup import (
     SET_ENTRY_BYTES,
     MappedHashes,
@@ -441,8 +441,7 @@ class UrlFilter(Filter):
             self.subwords = tuple(sorted(subwords))
         self.soft_threshold = c.soft_banned_threshold
         # errors name the key the user wrote: `steps[2].url_filter.deny[0].domains_file`
-        m = re.fullmatch(r"(\d+)_(\w+)", self.name)
-        key = f"steps[{int(m.group(1))}].{m.group(2)}" if m else self.name
+        key = config_key(self.name)
         self.user: list[_UserSource] = []
         for action, lists in (("allow", c.allow), ("deny", c.deny)):
             for i, user_list in enumerate(lists):

@@ -31,30 +31,21 @@ The command itself (arguments, reading the reference files, the summary) is cali
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from gristmill.core.configlib import ConfigError
-from gristmill.filters.c4_lines import end_punctuation_for
-from gristmill.filters.gopher_quality import language_stop_words
+from gristmill.core.filter import Filter, Threshold
+from gristmill.core.step import registered_steps
 from gristmill.pipeline.calibration_rules import (
     STEP_DEFAULTS,
     not_a_threshold,
     switches_off,
-)
-from gristmill.text.words import (
-    PUNCTUATION_CHARS,
-    UNSPACED_LANGUAGES,
-    Words,
-    split_lines,
-    split_paragraphs,
-    split_sentences,
-    split_words,
 )
 
 __all__ = ["RULES", "UDHR_FILES", "Rule", "calibrate", "chunks", "read_udhr", "refusal"]
@@ -185,144 +176,61 @@ UDHR_FILES = {
 }
 
 
-# --- the statistic each rule thresholds, as the filter computes it ------------------------
+# --- the statistic each rule thresholds: the filter's own ------------------------------
 
 
-def _content(words: list[str]) -> list[str]:
-    return [w for w in words if w.strip(PUNCTUATION_CHARS)]
+#: the filters calibrated: their thresholds and statistics are their own (`Filter.thresholds`,
+#: `Filter.statistics`), computed here by the code each filter decides with
+CALIBRATED_STEPS = ("gopher_quality", "gopher_repetition", "c4_lines")
 
 
-def _avg_word_length(text: str, lang: str) -> float | None:
-    content = _content(split_words(text, lang))
-    return sum(map(len, content)) / len(content) if content else None
+@functools.cache
+def _filter(step: str) -> Filter:
+    return registered_steps()[step]()  # the step with its defaults: the English thresholds
 
 
-def _alpha_share(text: str, lang: str) -> float | None:
-    words = split_words(text, lang)
-    return sum(1 for w in words if any(map(str.isalpha, w))) / len(words) if words else None
-
-
-def _stop_words(text: str, lang: str) -> float | None:
-    stop = language_stop_words(lang)
-    if stop is None:
-        return None  # no list: the rule does not apply to the language
-    return float(len(stop & set(split_words(text, lang))))
-
-
-def _line_share(test: Callable[[str], bool]) -> Callable[[str, str], float | None]:
-    def stat(text: str, lang: str) -> float | None:
-        lines = text.splitlines()
-        return sum(map(test, lines)) / len(lines) if lines else None
-
-    return stat
-
-
-def _dup_frac(split: Callable[[str], list[str]], chars: bool) -> Callable[[str, str], float | None]:
-    def stat(text: str, lang: str) -> float | None:
-        parts = split(text)
-        distinct = set(parts)
-        if chars:
-            return (sum(map(len, parts)) - sum(map(len, distinct))) / len(text) if text else None
-        return (len(parts) - len(distinct)) / len(parts) if parts else None
-
-    return stat
-
-
-# the n-gram arithmetic is gopher_repetition's own (datatrove's, checked against it there)
-def _top_ngram(n: int) -> Callable[[str, str], float | None]:
-    def stat(text: str, lang: str) -> float | None:
-        top = Words(split_words(text, lang)).top_chars(n) if text else None
-        return top / len(text) if top is not None else None
-
-    return stat
-
-
-def _dup_ngrams(n: int) -> Callable[[str, str], float | None]:
-    def stat(text: str, lang: str) -> float | None:
-        if not text:
-            return None
-        return Words(split_words(text, lang)).repeated_chars(n, len(text), math.inf) / len(text)  # no early stop
-
-    return stat
-
-
-def _line_words(line: str, lang: str) -> list[str]:
-    """Words of a line as c4_lines counts them."""
-    if lang in UNSPACED_LANGUAGES:
-        return _content(split_words(line, lang))
-    return line.split()
-
-
-def _words_per_line(text: str, lang: str) -> list[float]:
-    """Words of each line the rule decides on (c4_lines drops lines without terminal punctuation first)."""
-    ends = end_punctuation_for(lang)
-    lines = [line.strip() for line in text.splitlines()]
-    return [float(len(_line_words(line, lang))) for line in lines if line.endswith(ends)]
-
-
-def _sentences(text: str, lang: str, min_words: int = 3) -> float | None:
-    """c4_lines' sentence count: sentences of the lines that end a sentence and hold enough words."""
-    ends = end_punctuation_for(lang)
-    lines = [line.strip() for line in text.splitlines()]
-    return float(
-        sum(
-            len(split_sentences(line))
-            for line in lines
-            if line.endswith(ends) and len(_line_words(line, lang)) >= min_words
-        )
-    )
+@functools.lru_cache(maxsize=4096)  # every rule of a step asks for the same document's statistics
+def _statistics(step: str, text: str, lang: str) -> dict:
+    return _filter(step).statistics(text, lang, STEP_DEFAULTS[step])
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One threshold: the step's parameter, whether documents (or lines) below (`min`) or above
-    (`max`) it are removed, and the statistic it is compared with."""
+    """One threshold of a calibrated filter: its parameter, whether documents (or lines) below
+    (`min`) or above (`max`) it are removed (`Threshold`), and the statistic it is compared with."""
 
     step: str
-    param: str
-    kind: Literal["min", "max"]
-    stat: Callable[[str, str], float | None | list[float]]
-    integer: bool = False
-    n: int | None = None  # the n of an n-gram rule: its entry in the [n, fraction] list
-    lines: bool = False  # the statistic is per line (the rule removes lines, not documents)
-    #: a count that grows with the document (words, sentences): what share a threshold removes
-    #: depends on how the reference was cut, so the threshold is scaled by the ratio of the
-    #: medians over the same (parallel) documents instead: Chinese says in 30 ICU words what
-    #: English says in 50
-    length: bool = False
+    threshold: Threshold
+
+    param = property(lambda self: self.threshold.param)
+    kind = property(lambda self: self.threshold.kind)
+    n = property(lambda self: self.threshold.n)
+    integer = property(lambda self: self.threshold.integer)
+    lines = property(lambda self: self.threshold.lines)
+    length = property(lambda self: self.threshold.length)
 
     @property
     def name(self) -> str:
-        return f"{self.step}.{self.param}" + (f"[{self.n}]" if self.n is not None else "")
+        return f"{self.step}.{self.threshold.name}"
 
     def default(self):
-        value = getattr(STEP_DEFAULTS[self.step], self.param)
-        if self.n is not None:
-            return dict(value)[self.n]
-        return value
+        return self.threshold.value(STEP_DEFAULTS[self.step])
+
+    def stat(self, text: str, lang: str) -> float | None | list[float]:
+        return _statistics(self.step, text, lang)[self.threshold.name]
 
 
-def _doc_words(text: str, lang: str) -> float | None:
-    return float(len(_content(split_words(text, lang))))
+def _on_by_default(rule: Rule) -> bool:
+    value = rule.default()
+    return value is not None and value > 0 and switches_off(rule.step, rule.param, value) is None
 
 
-RULES: tuple[Rule, ...] = (
-    Rule("gopher_quality", "min_doc_words", "min", _doc_words, integer=True, length=True),
-    Rule("gopher_quality", "max_doc_words", "max", _doc_words, integer=True, length=True),
-    Rule("gopher_quality", "min_avg_word_length", "min", _avg_word_length),
-    Rule("gopher_quality", "max_avg_word_length", "max", _avg_word_length),
-    Rule("gopher_quality", "max_non_alpha_words_ratio", "min", _alpha_share),
-    Rule("gopher_quality", "min_stop_words", "min", _stop_words, integer=True),
-    Rule("gopher_quality", "max_bullet_lines_ratio", "max", _line_share(lambda s: s.lstrip().startswith(("•", "-")))),
-    Rule("gopher_quality", "max_ellipsis_lines_ratio", "max", _line_share(lambda s: s.rstrip().endswith(("...", "…")))),
-    Rule("gopher_repetition", "dup_line_frac", "max", _dup_frac(split_lines, chars=False)),
-    Rule("gopher_repetition", "dup_para_frac", "max", _dup_frac(split_paragraphs, chars=False)),
-    Rule("gopher_repetition", "dup_line_char_frac", "max", _dup_frac(split_lines, chars=True)),
-    Rule("gopher_repetition", "dup_para_char_frac", "max", _dup_frac(split_paragraphs, chars=True)),
-    *(Rule("gopher_repetition", "top_n_grams", "max", _top_ngram(n), n=n) for n in (2, 3, 4)),
-    *(Rule("gopher_repetition", "dup_n_grams", "max", _dup_ngrams(n), n=n) for n in range(5, 11)),
-    Rule("c4_lines", "min_words_per_line", "min", _words_per_line, integer=True, lines=True),
-    Rule("c4_lines", "min_num_sentences", "min", _sentences, integer=True, length=True),
+#: every threshold of the calibrated filters that their English defaults switch on
+RULES: tuple[Rule, ...] = tuple(
+    rule
+    for step in CALIBRATED_STEPS
+    for rule in (Rule(step, t) for t in registered_steps()[step].thresholds)
+    if _on_by_default(rule)
 )
 
 

@@ -19,6 +19,7 @@ import yaml
 
 from gristmill.core.files import replacing
 from gristmill.core.scores import bin_edges
+from gristmill.core.step import registered_steps, step_id
 from gristmill.pipeline.charts import AFTER, BEFORE, DROPPED, KEPT, Figure, bar_chart, esc, histogram, line_chart
 from gristmill.pipeline.stats import (
     funnel,
@@ -35,26 +36,25 @@ from gristmill.pipeline.stats import (
 
 # --- what the report reads ------------------------------------------------------------------
 
-#: (yaml step name, parameter, label) of the thresholds drawn on score histograms
-THRESHOLDS = {"langid": ("min_score", "min"), "quality": ("min_score", "min"), "kenlm": ("max_perplexity", "max")}
-
 
 def thresholds(run_dir: Path) -> dict[str, tuple[float, str]]:
-    """step id → (threshold, label), read from the run's config.yaml."""
+    """step id → (threshold, label) of each filter's bound on its score (the `Threshold` it
+    declares with `score=True`), read from the run's config.yaml."""
     path = run_dir / "config.yaml"
     if not path.is_file():
         return {}
     cfg = yaml.safe_load(path.read_text()) or {}
+    registry = registered_steps()
     out = {}
     for i, spec in enumerate(cfg.get("steps") or []):
         if not isinstance(spec, dict) or len(spec) != 1:
             continue
         ((name, params),) = spec.items()
-        if name in THRESHOLDS and isinstance(params, dict):
-            key, label = THRESHOLDS[name]
-            value = params.get(key)
+        bound = next((t for t in getattr(registry.get(name), "thresholds", ()) if t.score), None)
+        if bound is not None and isinstance(params, dict):
+            value = params.get(bound.param)
             if isinstance(value, (int, float)):
-                out[f"{i:02d}_{name}"] = (float(value), f"{label} {key}")
+                out[step_id(i, name)] = (float(value), f"{bound.kind} {bound.param}")
     return out
 
 
