@@ -82,8 +82,8 @@ def generated_texts(texts: list[str], ngrams: int, seed: int = 0) -> list[str]:
 
 
 def documents(files):
-    from gristmill.core.wet_reader import WetReader
     from gristmill.filters.langid import LangId
+    from gristmill.input.wet import WetReader
 
     lid = LangId(model=str(LID), languages=None, min_score=0.0)
     return list(lid.run(WetReader([str(f) for f in files]).run()))

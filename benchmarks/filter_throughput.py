@@ -59,11 +59,11 @@ def run_steps(steps) -> dict:
 
 
 def gristmill_pipeline(files: list[Path]):
-    from gristmill.core.wet_reader import WetReader
     from gristmill.filters.c4_lines import C4Lines
     from gristmill.filters.gopher_quality import GopherQuality
     from gristmill.filters.gopher_repetition import GopherRepetition
     from gristmill.filters.langid import LangId
+    from gristmill.input.wet import WetReader
 
     reader = WetReader([str(f) for f in files])
     return [
@@ -80,11 +80,12 @@ def config_pipeline(files: list[Path], config: Path):
     is not streamable (dedup's phases, tokenize), built as `pipeline run` builds them."""
     from gristmill.config import load
     from gristmill.core.step import registered_steps
-    from gristmill.core.wet_reader import WetReader
-    from gristmill.pipeline.planner import PlanContext, make_fetcher
+    from gristmill.input.sources import fetcher_for
+    from gristmill.input.wet import WetReader
+    from gristmill.pipeline.planner import PlanContext
 
     cfg = load(config)
-    ctx, registry, steps = PlanContext(cfg, make_fetcher(cfg)), registered_steps(), []
+    ctx, registry, steps = PlanContext(cfg, fetcher_for(cfg.input.commoncrawl)), registered_steps(), []
     for spec in cfg.specs:
         step_class = registry[spec.name]
         if not step_class.streamable:
@@ -165,11 +166,11 @@ def copies(docs):
 
 def english_pages(files: list[Path]) -> dict[str, list]:
     """The English pages as read, and as FineWeb's Gopher and C4 filters leave them."""
-    from gristmill.core.wet_reader import WetReader
     from gristmill.filters.c4_lines import C4Lines
     from gristmill.filters.gopher_quality import GopherQuality
     from gristmill.filters.gopher_repetition import GopherRepetition
     from gristmill.filters.langid import LangId
+    from gristmill.input.wet import WetReader
 
     lid = LangId(model=str(LID), languages=["en"], min_score=0.65)
     read = list(lid.run(WetReader([str(f) for f in files]).run()))

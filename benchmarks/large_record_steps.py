@@ -114,7 +114,7 @@ def _runner(step: str, tmp: Path, pages: list[str]):
     if step == "read_wet":
         from make_large_records import write
 
-        from gristmill.core.wet_reader import WetReader
+        from gristmill.input.wet import WetReader
 
         reader = WetReader([str(tmp / "one.warc.wet.gz")], max_record_bytes=64 << 20)
 
@@ -127,7 +127,7 @@ def _runner(step: str, tmp: Path, pages: list[str]):
     if step in ("read_warc", "read_warc_trafilatura"):
         from make_large_records import write_warc
 
-        from gristmill.core.warc_reader import WarcReader, iter_warc_documents
+        from gristmill.input.warc import WarcReader, iter_warc_documents
 
         extractor = "trafilatura" if step.endswith("trafilatura") else "resiliparse"
         reader = WarcReader([str(tmp / "one.warc.gz")], max_record_bytes=64 << 20, extractor=extractor)

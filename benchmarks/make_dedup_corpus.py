@@ -38,8 +38,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gristmill.core.documents import schema_for
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dedup.text import jaccard, normalize, shingles
+from gristmill.input.wet import WetRecord, iter_wet_records
 
 DATA = Path(os.environ.get("GRISTMILL_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 PER_FILE = 10_000

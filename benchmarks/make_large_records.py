@@ -35,7 +35,7 @@ from pathlib import Path
 
 from isal import isal_zlib
 
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
+from gristmill.input.wet import WetRecord, iter_wet_records
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GRISTMILL_DATA", REPO.parent / "shared" / "data"))

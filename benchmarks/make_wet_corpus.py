@@ -57,10 +57,10 @@ from urllib.parse import urlsplit
 import numpy as np
 from isal import isal_zlib
 
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dedup.text import jaccard, shingle_hashes, words
 from gristmill.filters.fasttext_native import load_classifier
 from gristmill.filters.langid import LABEL_PREFIX
+from gristmill.input.wet import WetRecord, iter_wet_records
 
 REPO = Path(__file__).resolve().parents[1]
 # as in make_dedup_corpus.py (not imported from there: it imports the WET reader from one place only)

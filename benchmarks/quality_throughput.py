@@ -44,7 +44,7 @@ QUALITY = REPO / "models" / "quality" / "en.bin"
 def documents(files):
     from datatrove.data import Document
 
-    from gristmill.core.wet_reader import WetRecord, iter_wet_records
+    from gristmill.input.wet import WetRecord, iter_wet_records
 
     return [
         Document(text=r.text, id=r.record_id, metadata={"language": "en"})

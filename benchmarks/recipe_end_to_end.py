@@ -231,7 +231,6 @@ def step_profile(files: list[Path], records: int, work: Path) -> list[str]:
     from datatrove.pipeline.formatters import PIIFormatter
     from recipe_compare import datatrove_filter, datatrove_offline, url_filter, warc_reader
 
-    from gristmill.core.wet_reader import WetReader
     from gristmill.filters.c4_lines import C4Lines
     from gristmill.filters.fineweb_quality import FineWebQuality
     from gristmill.filters.gopher_quality import GopherQuality
@@ -239,6 +238,7 @@ def step_profile(files: list[Path], records: int, work: Path) -> list[str]:
     from gristmill.filters.langid import LangId
     from gristmill.filters.pii import PII
     from gristmill.filters.url_filter import UrlFilter
+    from gristmill.input.wet import WetReader
 
     datatrove_offline()
     filters = {

@@ -35,7 +35,7 @@ DATA = Path(os.environ.get("GRISTMILL_DATA", REPO.parent / "shared" / "data"))
 def documents(copies: int, limit: int | None = None):
     from datatrove.data import Document
 
-    from gristmill.core.wet_reader import WetReader
+    from gristmill.input.wet import WetReader
 
     base = list(WetReader([str(f) for f in sorted((DATA / "cc" / "wet").glob("*.warc.wet.gz"))]).run(None, 0, 1))
     base = base[:limit]

@@ -74,8 +74,8 @@ def peak_rss() -> int:
 def make_urls(n: int, scan: int | None = None) -> list[str]:
     """The sample's URLs, then generated ones up to `n`, each with a host of its own; 2% of the
     hosts are drawn from every 997th domain of the blocklist's first `scan` (None: all of them)."""
-    from gristmill.core.wet_reader import WetReader
     from gristmill.filters.url_filter import BLOCKLIST_TARBALL, DATATROVE_ASSETS, blocklist_entries
+    from gristmill.input.wet import WetReader
 
     docs = list(WetReader([str(p) for p in sorted((DATA / "cc" / "wet").glob("*.warc.wet.gz"))]).run())
     urls = [d.metadata["url"] for d in docs]

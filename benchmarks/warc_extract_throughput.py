@@ -21,7 +21,7 @@ pages are in a legacy charset (windows-1252, iso-8859-1/-2, windows-1251, koi8-r
 Shift_JIS, EUC-JP, EUC-KR, windows-1256), declared in the HTTP header, in a <meta>, in both,
 or nowhere (detection's turn).
 
-Per extractor (gristmill's settings: `gristmill.core.warc_reader.load_extractor`), CPU time of
+Per extractor (gristmill's settings: `gristmill.input.warc.load_extractor`), CPU time of
 this process, best of `--repeat`:
 - extract: the extractor alone on each page already decoded to a string;
 - reader: `iter_warc_documents` over a WARC file of the pages (gzip member per record, as
@@ -448,8 +448,8 @@ def write_warc(pages, path: Path, seed: int) -> None:
 
 def sample_pages() -> list[tuple[str, bytes, str]]:
     """The shared sample's HTML responses as (url, body, Content-Type), read with gristmill's own parsing."""
-    from gristmill.core.warc_reader import decode_body, http_head
-    from gristmill.core.wet_reader import iter_records
+    from gristmill.input.warc import decode_body, http_head
+    from gristmill.input.wet import iter_records
 
     out = []
 
@@ -481,8 +481,8 @@ def best_of(repeat: int, fn) -> tuple[float, object]:
 
 
 def measure(name: str, pages, warc: Path, repeat: int, passes: int = 1) -> dict:
-    from gristmill.core.warc_reader import decode_html, iter_warc_documents, load_extractor
-    from gristmill.core.wet_reader import WetRecord
+    from gristmill.input.warc import decode_html, iter_warc_documents, load_extractor
+    from gristmill.input.wet import WetRecord
 
     extract = load_extractor(name)
     extract(pages[0][1].decode("utf-8", "replace"))  # imports and first-call set-up out of the timing
@@ -540,7 +540,7 @@ def report(title: str, rows: list[dict]) -> None:
 
 MEMORY_CHILD = r"""
 import json, sys
-from gristmill.core.warc_reader import iter_warc_documents
+from gristmill.input.warc import iter_warc_documents
 name, small, big = sys.argv[1:4]
 def peak():
     return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) * 1024
@@ -590,7 +590,7 @@ def memory(sizes: list[float], seed: int, tmp: Path) -> None:
 
 TAGS_CHILD = r"""
 import json, sys, time
-from gristmill.core.warc_reader import iter_warc_documents, load_extractor
+from gristmill.input.warc import iter_warc_documents, load_extractor
 name, small, big, tags, alone = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 def peak():
     return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) * 1024

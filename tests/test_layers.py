@@ -18,6 +18,7 @@ LAYERS = [
     ("gristmill.compat", 0),
     ("gristmill.dirlock", 0),
     ("gristmill.text", 1),
+    ("gristmill.input", 1),
     ("gristmill.filters", 2),
     ("gristmill.dedup", 2),
     ("gristmill.tokenize", 2),

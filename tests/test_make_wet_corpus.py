@@ -13,9 +13,9 @@ import zlib
 import numpy as np
 import pytest
 
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dedup.text import jaccard, shingles
 from gristmill.filters.fasttext_native import load_classifier
+from gristmill.input.wet import WetRecord, iter_wet_records
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -45,7 +45,7 @@ def test_every_shipped_step_module_registers_a_step_with_a_documented_config():
 
 @pytest.mark.parametrize("step", ["langid", "gopher_quality", "gopher_repetition", "c4_lines"])
 def test_declared_drop_reasons_are_the_ones_used(step, wet_files, lid_model):
-    from gristmill.core.wet_reader import WetReader
+    from gristmill.input.wet import WetReader
 
     cls = registered_steps()[step]
     params = {"model": str(lid_model), "languages": ["en"]} if step == "langid" else {}

@@ -436,7 +436,7 @@ def _plan_gb(text: str) -> float:
 
 def _plan_files(text: str) -> int:
     """`--files`: at least one WET file, and no more than MAX_PLAN_GB of them."""
-    from gristmill.pipeline.planner import CC_WET_FILE_BYTES
+    from gristmill.input.sources import CC_WET_FILE_BYTES
 
     most = int(MAX_PLAN_GB * 1e9 // CC_WET_FILE_BYTES)
     try:
@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_cli_logging()
     console = Console(stderr=True)
     from gristmill.dirlock import LockHeld
-    from gristmill.pipeline.commoncrawl import DownloadError
+    from gristmill.input.commoncrawl import DownloadError
 
     try:
         return args.func(args, console)

@@ -30,8 +30,8 @@ from gristmill.core.configlib import (
 )
 from gristmill.core.step import registered_steps, step_id
 from gristmill.core.storage import StorageConfig
-from gristmill.core.warc_reader import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
-from gristmill.core.wet_reader import MAX_RECORD_BYTES
+from gristmill.input.warc import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
+from gristmill.input.wet import MAX_RECORD_BYTES
 from gristmill.pipeline.rundir import run_dir_kind
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.core.documents import documents_to_table, schema_for
-from gristmill.core.wet_reader import WetReader
 from gristmill.dedup.lsh import components, key_range_bounds, shard_of, sort_records, sorted_band_edges
 from gristmill.dedup.near import BUCKET_BYTES_PER_RECORD, NearDedup, NearDedupBuckets, NearDedupPlan, bucket_tasks
 from gristmill.dedup.order import load_ranks, order_key
+from gristmill.input.wet import WetReader
 from gristmill.pipeline.executors import TaskFailed, make_executor
 from gristmill.pipeline.on_parquet import plan_on_parquet
 

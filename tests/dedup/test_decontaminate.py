@@ -25,10 +25,10 @@ from datatrove.data import Document
 from gristmill.config import ConfigError, from_dict
 from gristmill.core.filter import BATCH_CHARS
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE
-from gristmill.core.wet_reader import WetReader
 from gristmill.dedup.decontaminate import DOC_BYTES_PER_WORD, DOC_WORDS_BOUND, BenchmarkError, Decontaminate
 from gristmill.dedup.text import words
 from gristmill.filters.langid import LangId
+from gristmill.input.wet import WetReader
 from gristmill.pipeline.runner import run
 from tests.cli_process import pipeline
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gristmill.core.documents import documents_to_table, schema_for
-from gristmill.core.wet_reader import WetReader
+from gristmill.input.wet import WetReader
 from gristmill.pipeline.executors import TaskFailed, make_executor
 from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
 from gristmill.pipeline.stats import merge_stage

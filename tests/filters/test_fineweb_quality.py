@@ -23,13 +23,13 @@ from datatrove.data import Document
 from datatrove.pipeline.filters import fineweb_quality_filter
 from datatrove.pipeline.filters.fineweb_quality_filter import FineWebQualityFilter
 
-from gristmill.core.wet_reader import WetReader
 from gristmill.filters import fineweb_quality
 from gristmill.filters.c4_lines import C4Lines
 from gristmill.filters.fineweb_quality import FineWebQuality
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
 from gristmill.filters.langid import LangId
+from gristmill.input.wet import WetReader
 from gristmill.text.words import split_words
 
 #: the rule of newlines per word alone (the three line rules switched off), so that it decides

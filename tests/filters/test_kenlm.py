@@ -12,12 +12,12 @@ import pytest
 from datatrove.data import Document
 
 from gristmill.config import from_dict
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.filters.ccnet_normalize import normalize
 from gristmill.filters.kenlm import KenLM, stats_path
 from gristmill.filters.kenlm_train import ToolMissing, find_tool
 from gristmill.filters.langid import LangId, ModelError
 from gristmill.filters.train_corpus import is_heldout, iter_documents
+from gristmill.input.wet import WetRecord, iter_wet_records
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
 from tests.cli_process import pipeline

@@ -7,9 +7,9 @@ import pytest
 from datatrove.data import Document
 from datatrove.pipeline.filters.gopher_quality_filter import STOP_WORDS
 
-from gristmill.core.wet_reader import WetReader
 from gristmill.filters.gopher_quality import GopherQuality, language_stop_words
 from gristmill.filters.langid import LangId
+from gristmill.input.wet import WetReader
 from gristmill.text.words import split_words
 
 

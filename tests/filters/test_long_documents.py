@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from datatrove.data import Document
 
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.filters import ccnet_normalize
 from gristmill.filters.kenlm import KenLM, score_lines
 from gristmill.filters.langid import LangId, sample_text
 from gristmill.filters.quality import Quality
+from gristmill.input.wet import WetRecord, iter_wet_records
 
 
 @pytest.fixture(scope="module")

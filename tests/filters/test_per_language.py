@@ -11,11 +11,11 @@ import yaml
 from datatrove.data import Document
 
 from gristmill.config import ConfigError, from_dict
-from gristmill.core.wet_reader import WetReader
 from gristmill.filters.c4_lines import C4Lines
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
 from gristmill.filters.langid import LangId
+from gristmill.input.wet import WetReader
 
 
 @pytest.fixture(scope="module")

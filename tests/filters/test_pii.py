@@ -14,8 +14,8 @@ import pytest
 from datatrove.data import Document
 from datatrove.pipeline.formatters.pii import PIIFormatter, public_ip_validator
 
-from gristmill.core.wet_reader import WetReader
 from gristmill.filters.pii import NOT_PUBLIC, PII, find_emails, find_ips, is_public, replace_pii
+from gristmill.input.wet import WetReader
 
 #: planted at the start of a line of a real record; each must be replaced, whole
 REPLACED = [

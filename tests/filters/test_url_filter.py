@@ -22,7 +22,6 @@ from loguru import logger
 
 from gristmill.config import ConfigError, from_dict
 from gristmill.core.step import BASE_TASK_BYTES, Workload, registered_steps
-from gristmill.core.wet_reader import WetReader
 from gristmill.filters import url_filter as uf
 from gristmill.filters.url_filter import (
     BLOCKLIST_TARBALL,
@@ -35,6 +34,7 @@ from gristmill.filters.url_filter import (
     url_key,
 )
 from gristmill.filters.url_lookup import HEADER_BYTES, LookupFileError
+from gristmill.input.wet import WetReader
 from tests.cli_process import pipeline
 
 REPO = Path(__file__).resolve().parents[2]

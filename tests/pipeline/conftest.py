@@ -19,7 +19,7 @@ import pytest
 import yaml
 from loguru import logger
 
-from gristmill.pipeline.commoncrawl import Fetcher
+from gristmill.input.commoncrawl import Fetcher
 from tests.cli_process import pipeline
 
 from ..conftest import REPO, made_once

@@ -199,7 +199,7 @@ def test_multilingual_config_keeps_pages_of_other_languages_for_their_scripts_re
 
     from gristmill.config import load
     from gristmill.core.step import registered_steps
-    from gristmill.core.wet_reader import WetReader
+    from gristmill.input.wet import WetReader
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("GRISTMILL_DATA", str(wet_files[0].parents[2]))

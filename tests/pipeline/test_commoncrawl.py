@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gristmill.pipeline.commoncrawl import DownloadError, Fetcher, gzip_problem, list_wet_paths
+from gristmill.input.commoncrawl import DownloadError, Fetcher, gzip_problem, list_wet_paths
 from tests.cli_process import pipeline
 
 from .conftest import C14, C17, REL14A, REL14B, REL17, SEG14, _Handler, hits, sha256

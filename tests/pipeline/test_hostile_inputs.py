@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gristmill.config import ConfigError, from_dict
-from gristmill.core.wet_reader import WetRecord, iter_wet_records, printable
-from gristmill.pipeline.planner import make_fetcher, resolve_sources
+from gristmill.input.sources import fetcher_for, resolve
+from gristmill.input.wet import WetRecord, iter_wet_records, printable
 from tests.cli_process import pipeline
 
 SECRET = "root:$6$Zr0Jx8Qk$Vd1yqk7P7nQ0H2mVbG1Yy9Z8r.hT3sF0Lq6p0e1Q2w3E4r5T6y7U8i9O0pA1sD2fG3hJ4k:19000:0:99999:7:::\n"
@@ -62,14 +62,14 @@ def test_fifo_device_and_socket_are_refused_when_planned(odd_files, tmp_path, we
     for path, what in odd_files.items():
         cfg = from_dict(json.loads(_config(tmp_path, [wet_files[1], path]).read_text()))
         with pytest.raises(ConfigError) as e:
-            resolve_sources(cfg, make_fetcher(cfg))
+            resolve(cfg.input, fetcher_for(cfg.input.commoncrawl))
         assert str(e.value) == f"input.paths[1]: {path} is {what}, not a file"
     # reached by a glob beside a real file: the glob's match is named
     good = tmp_path / "in" / "crawl-00000.warc.wet.gz"
     os.symlink(wet_files[1], good)
     cfg = from_dict(json.loads(_config(tmp_path, [tmp_path / "in" / "*.warc.wet.gz"]).read_text()))
     with pytest.raises(ConfigError, match=r"input.paths\[0\]: .*crawl-00001.warc.wet.gz is a FIFO, not a file"):
-        resolve_sources(cfg, make_fetcher(cfg))
+        resolve(cfg.input, fetcher_for(cfg.input.commoncrawl))
 
 
 def test_a_fifo_input_is_one_line_and_exit_2_not_a_hang(odd_files, tmp_path, wet_files):
@@ -86,7 +86,7 @@ def test_a_broken_link_among_the_inputs_is_named(tmp_path, wet_files):
     os.symlink(tmp_path / "moved-away.warc.wet.gz", link)
     cfg = from_dict(json.loads(_config(tmp_path, [wet_files[1], link]).read_text()))
     with pytest.raises(ConfigError, match=rf"^input.paths\[1\]: {link}: No such file or directory$"):
-        resolve_sources(cfg, make_fetcher(cfg))
+        resolve(cfg.input, fetcher_for(cfg.input.commoncrawl))
 
 
 def test_a_file_of_secrets_is_reported_without_its_content(tmp_path, wet_files):

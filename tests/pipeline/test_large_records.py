@@ -30,9 +30,9 @@ from gristmill.config import from_dict
 from gristmill.core import parquet_io
 from gristmill.core.filter import batched_documents
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
-from gristmill.core.warc_reader import EXTRACTION_BYTES_PER_BYTE, EXTRACTORS, WarcReader
-from gristmill.core.wet_reader import WetReader
-from gristmill.pipeline.cc_stream import stream_memory_bytes
+from gristmill.input.stream import stream_memory_bytes
+from gristmill.input.warc import EXTRACTION_BYTES_PER_BYTE, EXTRACTORS, WarcReader
+from gristmill.input.wet import WetReader
 from gristmill.pipeline.planner import estimate_memory, plan
 from gristmill.pipeline.usage import stage_usage
 from tests.conftest import REPO

@@ -219,7 +219,7 @@ def test_commoncrawl_over_http_with_injected_503(tmp_path, server, lid_model):
             "crawl": C14,
             "files": 1,
             "base_url": server.base,
-            "cache": "keep",  # the download cache's path (streaming: tests/pipeline/test_cc_stream.py)
+            "cache": "keep",  # the download cache's path (streaming: tests/pipeline/test_input_stream.py)
             "cache_dir": str(tmp_path / "cache"),
             "backoff_s": 0.01,
         }

@@ -18,8 +18,8 @@ import pytest
 
 from gristmill.cli import safe
 from gristmill.config import ConfigError, from_dict
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.dirlock import LockHeld
+from gristmill.input.wet import WetRecord, iter_wet_records
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel
 from tests.cli_process import pipeline

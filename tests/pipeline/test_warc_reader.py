@@ -25,7 +25,8 @@ import pytest
 
 from gristmill.config import ConfigError, from_dict
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Workload
-from gristmill.core.warc_reader import (
+from gristmill.input.commoncrawl import list_wet_paths
+from gristmill.input.warc import (
     DEFAULT_EXTRACTOR,
     DEPTH_CHECK_TAGS,
     EXTRACTION_BYTES_PER_BYTE,
@@ -41,8 +42,7 @@ from gristmill.core.warc_reader import (
     iter_warc_documents,
     start_tags,
 )
-from gristmill.core.wet_reader import MAX_RECORD_BYTES, BadRecord, WetRecord, iter_records
-from gristmill.pipeline.commoncrawl import list_wet_paths
+from gristmill.input.wet import MAX_RECORD_BYTES, BadRecord, WetRecord, iter_records
 from gristmill.pipeline.planner import estimate_memory, plan
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import funnel, journey, journey_notes, language_funnel, language_summary
@@ -703,7 +703,7 @@ def test_a_page_at_both_limits_peaks_below_the_estimate(tmp_path, extractor):
         import re
         def peak():
             return int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
-        from gristmill.core.warc_reader import iter_warc_documents
+        from gristmill.input.warc import iter_warc_documents
         base = peak()
         events = list(iter_warc_documents({str(path)!r}, extractor={extractor!r}, max_record_bytes={limit},
                                           max_html_tags={tags}))

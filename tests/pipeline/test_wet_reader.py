@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import gristmill
-from gristmill.core.wet_reader import BadRecord, SkippedRecord, WetReader, WetRecord, iter_wet_records
+from gristmill.input.wet import BadRecord, SkippedRecord, WetReader, WetRecord, iter_wet_records
 
 UUID = re.compile(r"^<urn:uuid:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}>$")
 
@@ -291,7 +291,7 @@ def test_reader_resolve_and_limit(wet_files):
 @pytest.mark.parametrize("chunk", [997, 64 << 10])
 def test_results_do_not_depend_on_chunking(tmp_path, monkeypatch, wet2014, chunk):
     """Records and damage cross read-chunk boundaries; tiny chunks exercise every refill path."""
-    from gristmill.core import wet_reader
+    from gristmill.input import wet as wet_reader
 
     data, mem = wet2014
     broken = bytearray(data)
@@ -413,7 +413,7 @@ spec = json.loads(sys.argv[1])
 # grew with the record would run for hours: fail instead (the record takes ~2 s CPU here)
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 resource.setrlimit(resource.RLIMIT_CPU, (300, 300))
-from gristmill.core.wet_reader import iter_wet_records
+from gristmill.input.wet import iter_wet_records
 
 
 class Stream(io.RawIOBase):

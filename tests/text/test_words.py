@@ -15,11 +15,11 @@ import pytest
 from datatrove.data import Document
 
 from gristmill.core.documents import text_bytes
-from gristmill.core.wet_reader import WetRecord, iter_wet_records
 from gristmill.filters.c4_lines import C4Lines
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
 from gristmill.filters.langid import LangId
+from gristmill.input.wet import WetRecord, iter_wet_records
 from gristmill.text import words as words_mod
 from gristmill.text.words import (
     PUNCTUATION_CHARS,

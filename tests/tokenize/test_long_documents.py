@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from datatrove.data import Document
 
-from gristmill.core.wet_reader import WetReader
+from gristmill.input.wet import WetReader
 from gristmill.tokenize import encode, stages, tokenizer
 from gristmill.tokenize.shards import tokens_array
 

@@ -449,7 +449,7 @@ def test_sample_of_the_tasks_samples_is_the_sample_of_all(wet_files):
     pass over everything, for any split, including budgets met inside one task's share."""
     from datatrove.data import Document
 
-    from gristmill.core.wet_reader import WetReader
+    from gristmill.input.wet import WetReader
     from gristmill.tokenize.stages import hash_sample, hash_sample_entries
 
     docs = list(WetReader([str(p) for p in wet_files]).run())
@@ -467,7 +467,7 @@ def test_sample_of_the_tasks_samples_is_the_sample_of_all(wet_files):
 def test_tokenizer_reads_the_samples_merged_and_stops_at_the_budget(wet_files, tmp_path):
     """The tokenizer task merges the sample tasks' files in key order and stops once it holds
     the budget: the selection is the one-pass one, and it reads a prefix, not every sample."""
-    from gristmill.core.wet_reader import WetReader
+    from gristmill.input.wet import WetReader
     from gristmill.tokenize.stages import TokenizerSampleStep, hash_sample, read_samples
 
     docs = list(WetReader([str(p) for p in wet_files]).run())

@@ -3,7 +3,7 @@
 - `StreamingBody._raw_stream`: the urllib3 response under a GetObject body. Its `read1(n)` gives
   what has arrived (at most one read from the socket), where `StreamingBody.read(n)` waits for
   `n` bytes: when a connection drops, the bytes that came before it are kept, and the stream
-  resumes from the byte after the last one received (`gristmill.pipeline.cc_stream`) instead of
+  resumes from the byte after the last one received (`gristmill.input.stream`) instead of
   fetching up to a whole read again. Without it (another botocore), whole reads: slower to
   resume, still exact.
 """

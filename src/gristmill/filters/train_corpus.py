@@ -66,7 +66,7 @@ def iter_documents(paths: Iterable[str | Path], detokenize: str = "none") -> Ite
                 for batch in pq.ParquetFile(f).iter_batches(columns=["text"], batch_size=1024):
                     yield from (t for t in batch.column(0).to_pylist() if t)
         elif ".warc.wet" in name or name.endswith(".warc.gz"):
-            from gristmill.core.wet_reader import WetRecord, iter_wet_records
+            from gristmill.input.wet import WetRecord, iter_wet_records
 
             for rec in iter_wet_records(path):
                 if isinstance(rec, WetRecord) and rec.text.strip():

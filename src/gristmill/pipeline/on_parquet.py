@@ -13,8 +13,9 @@ from pathlib import Path
 
 from gristmill.config import from_dict
 from gristmill.core.step import Stage
+from gristmill.input.sources import fetcher_for
 from gristmill.pipeline.executors import make_executor
-from gristmill.pipeline.planner import PlanContext, build_steps, make_fetcher
+from gristmill.pipeline.planner import PlanContext, build_steps
 from gristmill.pipeline.stats import merge_stage
 
 
@@ -30,7 +31,7 @@ def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int =
     )
     # the memory models' input: Parquet (zstd) holds text about as densely as gzipped WET
     size = sum(f.stat().st_size for f in Path(input_folder).rglob("*.parquet"))
-    ctx = PlanContext(cfg, make_fetcher(cfg), documents=Path(input_folder), input_size=size)
+    ctx = PlanContext(cfg, fetcher_for(cfg.input.commoncrawl), documents=Path(input_folder), input_size=size)
     (global_step,) = build_steps(cfg, ctx)
     global_step.stages(ctx)
     return ctx.stages

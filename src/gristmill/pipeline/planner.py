@@ -11,10 +11,7 @@ implements the `StageContext` the steps plan against (`gristmill.core.step`).
 
 from __future__ import annotations
 
-import functools
-import glob
 import os
-import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,14 +21,13 @@ from loguru import logger
 from gristmill.config import ConfigError, RunConfig
 from gristmill.core import storage
 from gristmill.core.filter import Filter
-from gristmill.core.messages import printable
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
-from gristmill.core.warc_reader import WarcReader
-from gristmill.core.wet_reader import WetReader
-from gristmill.pipeline.cc_stream import stream_memory_bytes
-from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
+from gristmill.input.commoncrawl import Fetcher
+from gristmill.input.sources import REMOTE, InputFiles, Opener, fetcher_for, resolve
+from gristmill.input.warc import WarcReader
+from gristmill.input.wet import WetReader
 from gristmill.pipeline.staging import plan_root
 
 __all__ = [
@@ -41,11 +37,8 @@ __all__ = [
     "build_steps",
     "estimate_memory",
     "stage_memory",
-    "input_bytes",
     "input_traffic",
-    "make_fetcher",
     "plan",
-    "resolve_sources",
 ]
 
 #: What a gigabyte of compressed WET holds, for estimates made before anything is read (upper
@@ -54,169 +47,6 @@ __all__ = [
 #: (generated) to 2.2x (the shared sample) the compressed bytes.
 DOCUMENTS_PER_GB = 300_000
 TEXT_PER_COMPRESSED_BYTE = 2.2
-#: a Common Crawl WET file, compressed (files are 100-200 MB; listed, not yet downloaded)
-CC_WET_FILE_BYTES = 150_000_000
-#: sources that are read over the network
-REMOTE = ("http://", "https://", "s3://")
-
-
-def make_fetcher(cfg: RunConfig) -> Fetcher:
-    cc = cfg.input.commoncrawl
-    if cc is None:  # still needed for a langid model given as a URL
-        return Fetcher(Path("~/.cache/gristmill/downloads").expanduser())
-    return Fetcher(
-        Path(cc.cache_dir).expanduser(),
-        retries=cc.retries,
-        backoff=cc.backoff_s,
-        timeout=cc.timeout_s,
-        cache=cc.cache,
-        read_bytes=cc.read_buffer_bytes,
-    )
-
-
-def resolve_sources(cfg: RunConfig, fetcher: Fetcher) -> list[str]:
-    """The WET files of the run, in a defined order (later dedup keeps first occurrences by it)."""
-    if cfg.input.commoncrawl is not None:
-        cc = cfg.input.commoncrawl
-        return list_wet_paths(
-            cc.base_url, cc.crawl, files=cc.files, paths=cc.paths, fetcher=fetcher, kind=cfg.input.format
-        )
-    sources: list[str] = []
-    seen: dict[str, str] = {}  # real path -> how it was first named
-    for i, pattern in enumerate(cfg.input.paths):
-        if storage.is_url(pattern) and storage.protocol(pattern) not in storage.READ_ONLY:
-            sources += _store_sources(pattern, f"input.paths[{i}]", seen)
-            continue
-        if pattern.startswith(("http://", "https://")):
-            if pattern in seen:
-                logger.warning(f"input.paths[{i}]: {pattern} is listed twice; it is read once")
-                continue
-            seen[pattern] = pattern
-            sources.append(pattern)
-            continue
-        matches = sorted(glob.glob(str(storage.local_or_url(pattern))))
-        if not matches:
-            raise ConfigError(f"input.paths[{i}]: no file matches {pattern!r}")
-        folders = [m for m in matches if Path(m).is_dir()]
-        if folders:
-            raise ConfigError(
-                f"input.paths[{i}]: {folders[0]} is a directory, not a WET file;"
-                f" give the files, e.g. {str(Path(folders[0]) / '*.warc.wet.gz')!r}"
-            )
-        for m in matches:
-            _check_regular_file(m, f"input.paths[{i}]")
-            real = os.path.realpath(m)
-            if real in seen:
-                # read twice, its documents would be duplicated (and dedup would count them as such)
-                logger.warning(printable(f"input.paths[{i}]: {m} is also matched as {seen[real]}; it is read once"))
-                continue
-            seen[real] = m
-            sources.append(m)
-    return sources
-
-
-#: sizes of the objects listed by `_store_sources`, for `input_bytes` (one listing, not a HEAD each)
-_STORE_SIZES: dict[str, int] = {}
-
-
-def _store_sources(pattern: str, key: str, seen: dict[str, str]) -> list[str]:
-    """The objects a URL or glob URL names on a store (s3://, gs://, hf://), sorted."""
-    matches = storage.glob(pattern)  # a StorageError names the URL and what came back
-    if not matches:
-        raise ConfigError(f"{key}: no object matches {pattern!r}")
-    out = []
-    for url, info in matches:
-        if info.get("type") == "directory":
-            raise ConfigError(f"{key}: {url} is a folder, not a WET file; give the files, e.g. {url}/*.warc.wet.gz")
-        if url in seen:
-            logger.warning(printable(f"{key}: {url} is also matched as {seen[url]}; it is read once"))
-            continue
-        seen[url] = url
-        _STORE_SIZES[url] = int(info.get("size") or 0)
-        out.append(url)
-    return out
-
-
-def _input_path(fetcher: Fetcher, listed: bool, source: str):
-    """What a task opens for an input. An `input.paths` file on S3 (`listed`) is streamed as
-    Common Crawl's files are (ranged GETs, resumed, retried and counted), never copied to disk;
-    a file of another store (gs://, hf://) is streamed by the WET reader through fsspec; the
-    rest (Common Crawl's files, http(s):// URLs, paths) as the fetcher's `cache` says."""
-    if listed and source.startswith("s3://"):
-        return fetcher.stream(source)
-    if storage.is_url(source) and not source.startswith(REMOTE):
-        return source
-    return fetcher.open(source)
-
-
-def _streamed(fetcher: Fetcher, listed: bool, source: str) -> bool:
-    """Whether `_input_path` gives a task a `cc_stream.RemoteStream` over `source`."""
-    if listed and source.startswith("s3://"):
-        return True
-    return fetcher.cache == "none" and source.startswith(REMOTE)
-
-
-def stream_bytes(fetcher: Fetcher, listed: bool, sources: list[str]) -> int:
-    """What the reader's streams add to a task (`cc_stream.stream_memory_bytes`, the most of any
-    source: a task reads one file at a time); 0 when every file is read from disk."""
-    return max(
-        (stream_memory_bytes(s, fetcher.read_bytes) for s in sources if _streamed(fetcher, listed, s)), default=0
-    )
-
-
-_NOT_FILES = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _check_regular_file(path: str, key: str) -> None:
-    """A glob can reach a FIFO (reading it would wait forever for a writer), /dev/zero (endless
-    zeros) or a socket: refused here, naming the path and what it is."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:  # a broken symbolic link, a file gone since the glob
-        raise ConfigError(printable(f"{key}: {path}: {e.strerror}")) from None
-    for test, what in _NOT_FILES:
-        if test(mode):
-            raise ConfigError(printable(f"{key}: {path} is {what}, not a file"))
-    if not stat.S_ISREG(mode):
-        raise ConfigError(printable(f"{key}: {path} is not a regular file"))
-
-
-def input_bytes(cfg: RunConfig, sources: list[str]) -> float:
-    """Compressed bytes of the run's input: local files' sizes; Common Crawl files not yet in
-    the cache count `CC_WET_FILE_BYTES` each."""
-    cc = cfg.input.commoncrawl
-    total = 0.0
-    for s in sources:
-        if s in _STORE_SIZES:  # listed on a store (input.paths): its size came with the listing
-            total += _STORE_SIZES[s]
-            continue
-        if storage.is_url(s) and not s.startswith(REMOTE):  # gs://, hf://
-            total += storage.size(s)
-            continue
-        local = Path(s).expanduser() if not s.startswith(REMOTE) else None
-        if local is not None and local.is_file():
-            total += local.stat().st_size
-        else:
-            total += CC_WET_FILE_BYTES if cc is not None or local is None else 0
-    return total
-
-
-def input_identity(sources: list[str]) -> list[dict]:
-    """The input files as a resume compares them: path and size where known without a request
-    (local files, objects listed on a store); Common Crawl's and http(s) files by name."""
-    out = []
-    for s in sources:
-        size = _STORE_SIZES.get(s)
-        if size is None and not storage.is_url(s) and not s.startswith(REMOTE):
-            local = Path(s).expanduser()
-            size = local.stat().st_size if local.is_file() else None
-        out.append({"path": s, "bytes": size})
-    return out
 
 
 @dataclass
@@ -362,7 +192,7 @@ class PlanContext:
         as if no filter dropped any (memory estimates are upper bounds), the largest as long as
         the longest record the reader keeps (`input.max_record_bytes`)."""
         if self.input_size is None:
-            self.input_size = input_bytes(self.cfg, self._sources())
+            self.input_size = self._sources().compressed_bytes(self.cfg.input.commoncrawl is not None)
         gb = self.input_size / 1e9
         return Workload(
             gb * DOCUMENTS_PER_GB,
@@ -375,9 +205,11 @@ class PlanContext:
         probe = Stage(0, stage_name, self.run_dir, [], tasks, self.cfg.executor.workers)
         return _task_memory_limit(self.cfg, probe)[0]
 
-    def _sources(self) -> list[str]:
+    def _sources(self) -> InputFiles:
         if self.sources is None:
-            self.sources = resolve_sources(self.cfg, self.fetcher)
+            self.sources = resolve(self.cfg.input, self.fetcher)
+        elif not isinstance(self.sources, InputFiles):  # a list given by `pipeline plan`
+            self.sources = InputFiles(self.sources)
         return self.sources
 
     @property
@@ -434,12 +266,12 @@ class PlanContext:
         """The first step of a stage: the WET (or WARC) reader before any stage, then the last output."""
         if self.documents is None:
             inp = self.cfg.input
-            listed = inp.commoncrawl is None
+            opener = Opener(self.fetcher, listed=inp.commoncrawl is None)
             common = {
-                "resolve": functools.partial(_input_path, self.fetcher, listed),
+                "resolve": opener,
                 "limit": inp.limit,
                 "max_record_bytes": inp.max_record_bytes,
-                "stream_bytes": stream_bytes(self.fetcher, listed, self._sources()),
+                "stream_bytes": opener.stream_bytes(self._sources()),
             }
             if inp.format == "warc":
                 return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
@@ -481,7 +313,7 @@ def plan(
     """The run's stages. Refuses (ConfigError naming stage, estimate and setting) a stage whose
     tasks are estimated to need more memory than a task has."""
     storage.configure(cfg.storage)
-    ctx = PlanContext(cfg, make_fetcher(cfg), input_size=input_size, sources=sources)
+    ctx = PlanContext(cfg, fetcher_for(cfg.input.commoncrawl), input_size=input_size, sources=sources)
     pending: list[Step] = []  # streaming steps not yet placed in a stage
     for step in build_steps(cfg, ctx):
         if step.streamable:
@@ -494,7 +326,7 @@ def plan(
     if pending or ctx.documents is None:
         _stream_stage(ctx, pending)
     if ctx.sources is not None and ctx.stages:
-        ctx.stages[0].inputs = input_identity(ctx.sources)
+        ctx.stages[0].inputs = ctx._sources().identity()
     if cfg.output.per_language:  # folders per language in the run's final documents only
         ctx.final_writer.per_language = True
     if check_memory:

@@ -29,16 +29,9 @@ from pathlib import Path
 from gristmill.config import RunConfig
 from gristmill.core.messages import format_bytes
 from gristmill.core.step import Stage
-from gristmill.core.wet_reader import WetReader
-from gristmill.pipeline.planner import (
-    CC_WET_FILE_BYTES,
-    estimate_memory,
-    input_bytes,
-    input_traffic,
-    make_fetcher,
-    plan,
-    resolve_sources,
-)
+from gristmill.input.sources import CC_WET_FILE_BYTES, fetcher_for, resolve
+from gristmill.input.wet import WetReader
+from gristmill.pipeline.planner import estimate_memory, input_traffic, plan
 
 CALIBRATION_FILE = "scale_calibration.json"
 
@@ -208,8 +201,8 @@ def plan_for_size(cfg: RunConfig, gb: float | None, files: int | None) -> tuple[
     """The stages of `cfg` for an input of `gb` GB or `files` WET files (or its own input), without
     downloading anything and without refusing stages that do not fit (they are flagged)."""
     if gb is None and files is None:
-        sources = resolve_sources(cfg, make_fetcher(cfg))
-        size = input_bytes(cfg, sources)
+        sources = resolve(cfg.input, fetcher_for(cfg.input.commoncrawl))
+        size = sources.compressed_bytes(cfg.input.commoncrawl is not None)
     else:
         size = gb * 1e9 if gb is not None else files * CC_WET_FILE_BYTES
         sources = []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gristmill.core.files import write_text_atomic
 from gristmill.core.messages import format_bytes
-from gristmill.core.wet_reader import KEPT_REASONS
+from gristmill.input.wet import KEPT_REASONS
 from gristmill.pipeline.rundir.layout import completed_ranks
 
 

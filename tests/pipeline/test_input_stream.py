@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from gristmill.config import from_dict
-from gristmill.core.wet_reader import WetReader
-from gristmill.pipeline.cc_stream import DownloadError
-from gristmill.pipeline.commoncrawl import Fetcher, list_wet_paths
+from gristmill.input.commoncrawl import Fetcher, list_wet_paths
+from gristmill.input.stream import DownloadError
+from gristmill.input.wet import WetReader
 from gristmill.pipeline.projection import load_calibration, plan_for_size, project, render
 from gristmill.pipeline.runner import run
 from gristmill.pipeline.stats import journey, journey_notes

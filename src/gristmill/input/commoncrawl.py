@@ -44,9 +44,9 @@ from pathlib import Path
 from isal import isal_zlib
 from loguru import logger
 
-from gristmill.pipeline.cc_stream import USER_AGENT, DownloadError, RemoteStream, RetryPolicy, transport_for
-from gristmill.pipeline.cc_stream import retry_after as _retry_after
-from gristmill.pipeline.cc_stream import snippet as _snippet
+from gristmill.input.stream import USER_AGENT, DownloadError, RemoteStream, RetryPolicy, transport_for
+from gristmill.input.stream import retry_after as _retry_after
+from gristmill.input.stream import snippet as _snippet
 
 __all__ = ["DownloadError", "Fetcher", "gzip_problem", "list_wet_paths"]
 

@@ -488,7 +488,7 @@ class WetReader(Step):
         self.limit = limit
         self.max_record_bytes = max_record_bytes
         #: what `resolve`'s streams hold when the files are read over the network (the planner
-        #: sets it from `pipeline.cc_stream.stream_memory_bytes`): one read and the client
+        #: sets it from `input.stream.stream_memory_bytes`): one read and the client
         self.stream_bytes = stream_bytes
 
     def memory_bytes(self, work: Workload) -> int:

@@ -62,7 +62,7 @@ import brotli
 from isal import isal_zlib
 
 from gristmill.core.step import Workload
-from gristmill.core.wet_reader import (
+from gristmill.input.wet import (
     MAX_RECORD_BYTES,
     BadRecord,
     Record,
