@@ -6,7 +6,7 @@ TABLE: calibration files (`{step: {per_language: {...}}}`); by default the one
 configs/multilingual.yaml names and configs/calibration/udhr.yaml. The peer is FineWeb-2's
 per-language configs (`${GRISTMILL_DATA:-../shared/data}/reference/fineweb-2/configs`), each
 lid.176 label mapped to one as `pipeline calibrate --from-fineweb2` maps it
-(gristmill.pipeline.fineweb2_calibration). For each threshold FineWeb-2 sets, the value a run
+(gristmill.pipeline.calibration.fineweb2). For each threshold FineWeb-2 sets, the value a run
 with the table applies (the table's, else the English default) is compared with FineWeb-2's
 over the languages the table calibrates and FineWeb-2 has, and over the `--largest` of them by
 FineWeb-2's text: Pearson's r, the mean absolute difference, and how many languages the table
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from gristmill.pipeline.calibration_rules import default_value
-from gristmill.pipeline.fineweb2_calibration import default_configs_dir, read_distribution, read_fineweb2
+from gristmill.pipeline.calibration.fineweb2 import default_configs_dir, read_distribution, read_fineweb2
+from gristmill.pipeline.calibration.rules import default_value
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ subprocess on one core (tasks=1) so peak RSS (ru_maxrss) and CPU time are its ow
 processes it waited for: gristmill's executor runs every task in a child process of its own):
 
 * gristmill `near_dedup` (all stages: signature, buckets, shingles, verify, cluster, filter)
-  and `exact_dedup` (document level), via gristmill.pipeline.on_parquet.run_on_parquet;
+  and `exact_dedup` (document level), via gristmill.pipeline.planning.on_parquet.run_on_parquet;
 * datatrove's 4-stage MinHash with `MinhashConfig()` (spaCy word tokenizer for English),
   steps driven directly: MinhashDedupSignature, Buckets, Cluster, Filter;
 * datasketch `MinHashLSH(threshold=0.8, num_perm=128)`, streaming query-then-insert in corpus
@@ -47,7 +47,7 @@ def _ids(folder) -> set[str]:
 
 
 def _gristmill(step, params, corpus, work):
-    from gristmill.pipeline.on_parquet import run_on_parquet
+    from gristmill.pipeline.planning.on_parquet import run_on_parquet
 
     st = run_on_parquet(step, params, corpus / "docs", work / step, tasks=1, workers=1)
     return _ids(corpus / "docs") - _ids(st[-1].output)

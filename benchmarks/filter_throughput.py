@@ -82,7 +82,7 @@ def config_pipeline(files: list[Path], config: Path):
     from gristmill.core.step import registered_steps
     from gristmill.input.sources import fetcher_for
     from gristmill.input.wet import WetReader
-    from gristmill.pipeline.planner import PlanContext
+    from gristmill.pipeline.planning.planner import PlanContext
 
     cfg = load(config)
     ctx, registry, steps = PlanContext(cfg, fetcher_for(cfg.input.commoncrawl)), registered_steps(), []

@@ -96,8 +96,8 @@ def run(cfg_path: Path, src: Path) -> float:
 
 def models(cfg_path: Path) -> dict[str, float]:
     from gristmill.config import load
-    from gristmill.pipeline.planner import estimate_memory
-    from gristmill.pipeline.projection import plan_for_size
+    from gristmill.pipeline.planning.planner import estimate_memory
+    from gristmill.pipeline.planning.projection import plan_for_size
 
     with contextlib.chdir(ROOT):
         cfg = load(str(cfg_path), [], None)

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from scale_run import corpus  # noqa: E402
 
-from gristmill.pipeline.usage import stage_usage  # noqa: E402
+from gristmill.pipeline.execution.usage import stage_usage  # noqa: E402
 
 LAST_STEP = "near_dedup"
 SMOKE_LAST_STEP = "exact_dedup"  # --smoke: curate and exact dedup's three stages, the same code path

@@ -783,7 +783,7 @@ def compare_fineweb(files: list[Path], work: Path) -> Report:
 def fineweb2_codes(labels) -> dict[str, str]:
     """{lid.176 label: FineWeb-2's language-script code (datatrove's tokenizer key)}, as the
     calibration maps them."""
-    from gristmill.pipeline.fineweb2_calibration import default_configs_dir, read_fineweb2
+    from gristmill.pipeline.calibration.fineweb2 import default_configs_dir, read_fineweb2
 
     return read_fineweb2(default_configs_dir(), languages=sorted(labels)).mapping
 

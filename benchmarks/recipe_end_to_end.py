@@ -114,7 +114,7 @@ def gristmill_args(files: list[Path], run_dir: Path, tasks: int, workers: int) -
 
 
 def run_gristmill(files: list[Path], work: Path, tasks: int, workers: int, smoke: bool = False) -> dict:
-    from gristmill.pipeline.usage import stage_usage
+    from gristmill.pipeline.execution.usage import stage_usage
 
     run_dir = work / "gristmill"
     shutil.rmtree(run_dir, ignore_errors=True)

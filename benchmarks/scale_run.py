@@ -15,7 +15,7 @@ the generator planted (`truth.jsonl`).
 `--invariance` also runs the permissive config at the smallest size with 4 tasks and checks
 that its final documents and token shards are those of the run with `--tasks`.
 `--write-docs` replaces the table in `docs/scale.md`; `--write-calibration` writes the figures
-`pipeline plan` projects from (`src/gristmill/pipeline/scale_calibration.json`).
+`pipeline plan` projects from (`src/gristmill/pipeline/planning/scale_calibration.json`).
 
 `--smoke`: one 2 MB corpus, the permissive config, one task, in /tmp/gristmill-scale-smoke unless
 --work says otherwise (seconds to a minute; checks that the benchmark still runs, its figures mean
@@ -39,10 +39,10 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gristmill.pipeline.usage import stage_usage  # noqa: E402
+from gristmill.pipeline.execution.usage import stage_usage  # noqa: E402
 
 CONFIGS = {"crawl": ROOT / "configs" / "crawl.yaml", "permissive": ROOT / "configs" / "scale-permissive.yaml"}
-CALIBRATION = ROOT / "src" / "gristmill" / "pipeline" / "scale_calibration.json"
+CALIBRATION = ROOT / "src" / "gristmill" / "pipeline" / "planning" / "scale_calibration.json"
 DOC = ROOT / "docs" / "scale.md"
 BEGIN, END = "<!-- scale-run:begin -->", "<!-- scale-run:end -->"
 SMOKE_GB = 0.002  # the size of make_wet_corpus.py --smoke
@@ -117,8 +117,8 @@ def documents_in(stage_folder: Path) -> int | None:
 def model_estimates(config: Path, wet: Path, tasks: int, workers: int) -> dict[str, float]:
     """The planner's per-task memory estimate of each stage (MB), for this input and task count."""
     from gristmill.config import load
-    from gristmill.pipeline.planner import estimate_memory
-    from gristmill.pipeline.projection import plan_for_size
+    from gristmill.pipeline.planning.planner import estimate_memory
+    from gristmill.pipeline.planning.projection import plan_for_size
 
     # the configs' paths (models/...) are relative to the repository, as for the runs (cwd=ROOT)
     with contextlib.chdir(ROOT):
@@ -480,7 +480,7 @@ def projection_check(results: dict, work: Path, tasks: int, workers: int) -> dic
     """`pipeline plan`'s projection for the largest size, fitted to the smaller sizes only, against
     what the largest run measured: per stage and in total (CPU seconds, peak RSS)."""
     from gristmill.config import load
-    from gristmill.pipeline.projection import plan_for_size, project
+    from gristmill.pipeline.planning.projection import plan_for_size, project
 
     out = {}
     cal = calibration(results)

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gristmill.pipeline.usage import stage_usage  # noqa: E402
+from gristmill.pipeline.execution.usage import stage_usage  # noqa: E402
 
 CRAWL = "CC-MAIN-2024-10"
 SEGMENT = "1707947473347.0"

@@ -6,7 +6,7 @@
 Runs `pipeline run CONFIG --set train=null` (the real CLI, from the repository root) twice per
 pair: with `GRISTMILL_TASK_START=exec` (every task a fresh `python -c` that imports gristmill,
 datatrove, pyarrow and numpy first) and with the default start (tasks forked from the zygote,
-`gristmill.pipeline.task_zygote`), back to back, exec first in odd pairs and fork first in even
+`gristmill.pipeline.execution.zygote`), back to back, exec first in odd pairs and fork first in even
 ones, so that a shared machine's load weighs on both alike. Per run: the command's wall time and
 the CPU seconds of the command and everything it waited for (`getrusage(RUSAGE_CHILDREN)`: the
 command, its zygote, which it waits for at exit, and every task); the tasks' own CPU
@@ -37,8 +37,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gristmill.pipeline.task_zygote import START_ENV  # noqa: E402
-from gristmill.pipeline.usage import stage_usage  # noqa: E402
+from gristmill.pipeline.execution.usage import stage_usage  # noqa: E402
+from gristmill.pipeline.execution.zygote import START_ENV  # noqa: E402
 
 PYTHONPATH = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
 OUTPUTS = ("*.parquet", "*.arrow", "manifest.json")

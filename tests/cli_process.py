@@ -3,7 +3,7 @@
 
 The suite runs the command line ~200 times. Each fresh interpreter spent 0.5–1.5 CPU s importing
 gristmill, datatrove, pyarrow and pandas before doing anything: a fifth of the suite's CPU time on
-a 2-core machine. `pipeline()` forks each command from a zygote (`gristmill.pipeline.task_zygote`,
+a 2-core machine. `pipeline()` forks each command from a zygote (`gristmill.pipeline.execution.zygote`,
 the one that starts local tasks) that imported all of that once per test worker. The command is
 still its own process: own pid and process group, the test's environment and working directory,
 its stdout and stderr captured, its exit status what `python -m gristmill.cli` would return
@@ -27,10 +27,15 @@ import tempfile
 import threading
 import time
 
-from gristmill.pipeline import task_zygote
+from gristmill.pipeline.execution import zygote as task_zygote
 
 #: what the commands import: the task zygote's list (steps, datatrove, pyarrow) and the command line
-PRELOAD = ("gristmill.cli", "gristmill.pipeline.stats", "gristmill.pipeline.report", "gristmill.tokenize.cli")
+PRELOAD = (
+    "gristmill.cli",
+    "gristmill.pipeline.report.journey",
+    "gristmill.pipeline.report.page",
+    "gristmill.tokenize.cli",
+)
 _zygote: task_zygote.Zygote | None = None
 _lock = threading.Lock()
 

@@ -207,7 +207,7 @@ class _GroupIdsForPytest9:
 def pytest_configure(config):
     config.pluginmanager.register(_GroupIdsForPytest9(), "gristmill-xdist-group-ids")
     # every task of every command the suite starts can be handed a fault (tests/faults.py)
-    from gristmill.pipeline.task import TASK_HOOKS_ENV
+    from gristmill.pipeline.execution.task import TASK_HOOKS_ENV
 
     from .faults import HOOKS
 

@@ -1,5 +1,5 @@
 """Faults the tests inject into a run's tasks, through the task plug-in point
-(`GRISTMILL_TASK_HOOKS`, `gristmill.pipeline.task`), which tests/conftest.py installs for every
+(`GRISTMILL_TASK_HOOKS`, `gristmill.pipeline.execution.task`), which tests/conftest.py installs for every
 command the suite starts. Each hook does nothing unless its own variable is set:
 
 - GRISTMILL_KILL_TASK="RANK:SIGNAL:DOCS": task RANK sends itself SIGNAL (a name: SIGKILL,

@@ -118,13 +118,13 @@ def test_imports_run_down_the_layers():
 
 def test_the_checker_catches_each_kind_of_violation():
     fake = {
-        "gristmill.filters.x": {"gristmill.pipeline.planner", "gristmill.core.step"},
+        "gristmill.filters.x": {"gristmill.pipeline.planning.planner", "gristmill.core.step"},
         "gristmill.core.y": {"gristmill.text.words"},
         "gristmill.trainer.z": {"gristmill.filters.langid", "gristmill.tokenize.reader"},
         "gristmill.pipeline.w": {"gristmill.trainer.train", "gristmill.trainer.launch"},
     }
     assert violations(fake) == [
-        "gristmill.filters.x (layer 2) -> gristmill.pipeline.planner (layer 3)",
+        "gristmill.filters.x (layer 2) -> gristmill.pipeline.planning.planner (layer 3)",
         "gristmill.core.y (layer 0) -> gristmill.text.words (layer 1)",
         "gristmill.trainer.z -> gristmill.filters.langid (the trainer uses the core and the token-shard reader only)",
         "gristmill.pipeline.w -> gristmill.trainer.train (only the CLI uses the trainer; the pipeline starts it via "

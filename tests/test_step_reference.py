@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gristmill.core.step import STEP_MODULES, registered_steps
-from gristmill.pipeline.step_reference import BEGIN, DOC, END, block, markdown, update
+from gristmill.pipeline.report.step_reference import BEGIN, DOC, END, block, markdown, update
 
 STEPS_DOC = Path(__file__).resolve().parents[1] / "docs" / "steps.md"
 
@@ -19,7 +19,7 @@ def test_docs_step_reference_is_generated_from_the_steps():
     text = STEPS_DOC.read_text()
     assert BEGIN in text and END in text
     assert block(text) == markdown(shipped_only=True), (
-        "docs/steps.md is stale: run `python -m gristmill.pipeline.step_reference` to rewrite it"
+        "docs/steps.md is stale: run `python -m gristmill.pipeline.report.step_reference` to rewrite it"
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 from gristmill.config import ConfigError, config_differences, from_dict
 from gristmill.core import storage
 from gristmill.core.working_copy import listed, staged
-from gristmill.pipeline.staging import rebase
+from gristmill.pipeline.execution.staging import rebase
 
 
 def _cfg(tmp_path, **over) -> dict:

@@ -52,7 +52,7 @@ def cmd_validate(args, console: Console) -> int:
 
 
 def cmd_steps(args, console: Console) -> int:
-    from gristmill.pipeline.step_reference import markdown, reference
+    from gristmill.pipeline.report.step_reference import markdown, reference
 
     if args.json:
         print(json.dumps(reference(), indent=2))
@@ -98,7 +98,7 @@ def _readable(run_dir: str) -> Path:
 
 
 def cmd_stats(args, console: Console) -> int:
-    from gristmill.pipeline.stats import (
+    from gristmill.pipeline.report.journey import (
         as_json,
         funnel,
         journey,
@@ -198,7 +198,7 @@ def _share(n: int, of: int) -> str:
 def _print_journey(out: Console, run_dir: Path, rows: list) -> None:
     """The documents' journey: one row per step that decides (read, each YAML step, tokens),
     then its drops by reason."""
-    from gristmill.pipeline.stats import journey_notes
+    from gristmill.pipeline.report.journey import journey_notes
 
     table = Table(
         title=f"funnel: the documents' journey, {run_dir}",
@@ -317,7 +317,7 @@ def _print_language(out: Console, run_dir: Path, lang: str, rows: list, lang_row
 
 
 def cmd_report(args, console: Console) -> int:
-    from gristmill.pipeline.report import write
+    from gristmill.pipeline.report.page import write
 
     run_dir = _readable(args.run_dir)
     if not (run_dir / "plan.json").is_file():
@@ -328,7 +328,7 @@ def cmd_report(args, console: Console) -> int:
 
 
 def cmd_status(args, console: Console) -> int:
-    from gristmill.pipeline.status import resume_command, stage_statuses
+    from gristmill.pipeline.report.run_status import resume_command, stage_statuses
 
     run_dir = _readable(args.run_dir)
     if not (run_dir / "plan.json").is_file():
@@ -355,7 +355,7 @@ def cmd_status(args, console: Console) -> int:
 
 
 def cmd_plan(args, console: Console) -> int:
-    from gristmill.pipeline.projection import load_calibration, plan_for_size, project, render
+    from gristmill.pipeline.planning.projection import load_calibration, plan_for_size, project, render
 
     if args.gb is not None and args.files is not None:
         raise ValueError("give --gb or --files, not both")
@@ -398,7 +398,7 @@ def cmd_plan(args, console: Console) -> int:
 def _scratch_column(cfg, stages, header: list[str], rows: list[list[str]], footer: list[str]) -> None:
     """A run directory on object storage: what each task stages on local scratch disk."""
     from gristmill.core import storage
-    from gristmill.pipeline.staging import scratch_bytes
+    from gristmill.pipeline.execution.staging import scratch_bytes
 
     if not storage.is_url(cfg.run_dir):
         return
@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_kenlm_parser(sub)  # kenlm train
     add_quality_parser(sub)  # quality train
-    from gristmill.pipeline.calibrate_cli import add_parser as add_calibrate_parser
+    from gristmill.pipeline.calibration.cli import add_parser as add_calibrate_parser
 
     add_calibrate_parser(sub)  # calibrate
     from gristmill.trainer.cli import add_parsers as add_train_parsers

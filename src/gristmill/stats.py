@@ -18,7 +18,7 @@
     s.plot_length("00_langid")
     s.plot_funnel()     # documents out of each step of the journey
 
-The figures are the ones `pipeline report` puts in its HTML page. (`gristmill.pipeline.stats`
+The figures are the ones `pipeline report` puts in its HTML page. (`gristmill.pipeline.report.journey`
 merges the per-task files; this module only reads and shapes them.)
 """
 
@@ -30,8 +30,9 @@ from pathlib import Path
 import pandas as pd
 
 from gristmill.core.scores import bin_edges
-from gristmill.pipeline import charts, report
-from gristmill.pipeline.stats import (
+from gristmill.pipeline.report import charts
+from gristmill.pipeline.report import page as report
+from gristmill.pipeline.report.journey import (
     funnel,
     journey,
     journey_notes,

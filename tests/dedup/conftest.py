@@ -32,7 +32,7 @@ def corpus_ids(dedup_corpus) -> list[str]:
 def near_dedup_run(dedup_corpus, tmp_path_factory):
     """near_dedup at threshold 0.8 over the corpus in 2 tasks, run once: the recall test reads what
     it kept, the bounded-memory test compares its run in small parts with it. Its stages (read-only)."""
-    from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
+    from gristmill.pipeline.planning.on_parquet import plan_on_parquet, run_on_parquet
 
     def args(folder):
         return "near_dedup", {"threshold": 0.8}, dedup_corpus / "docs", folder / "run", 2

@@ -8,9 +8,9 @@ import json
 
 import pyarrow.parquet as pq
 
-from gristmill.pipeline.executors import make_executor
-from gristmill.pipeline.on_parquet import plan_on_parquet
-from gristmill.pipeline.stats import merge_stage
+from gristmill.pipeline.execution.executors import make_executor
+from gristmill.pipeline.planning.on_parquet import plan_on_parquet
+from gristmill.pipeline.report.journey import merge_stage
 
 
 def _run(stages, shrink: bool) -> list[tuple[str, str]]:

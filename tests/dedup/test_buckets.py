@@ -20,8 +20,8 @@ from gristmill.dedup.lsh import components, key_range_bounds, shard_of, sort_rec
 from gristmill.dedup.near import BUCKET_BYTES_PER_RECORD, NearDedup, NearDedupBuckets, NearDedupPlan, bucket_tasks
 from gristmill.dedup.order import load_ranks, order_key
 from gristmill.input.wet import WetReader
-from gristmill.pipeline.executors import TaskFailed, make_executor
-from gristmill.pipeline.on_parquet import plan_on_parquet
+from gristmill.pipeline.execution.executors import TaskFailed, make_executor
+from gristmill.pipeline.planning.on_parquet import plan_on_parquet
 
 
 def _reference_edges(keys: np.ndarray, nodes: np.ndarray) -> list[list[int]]:

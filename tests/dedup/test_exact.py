@@ -13,7 +13,7 @@ from gristmill.core.documents import schema_for
 from gristmill.dedup.bloom import BloomFilter
 from gristmill.dedup.exact import filter_slices
 from gristmill.dedup.text import normalize
-from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
+from gristmill.pipeline.planning.on_parquet import plan_on_parquet, run_on_parquet
 from tests.cli_process import pipeline
 
 

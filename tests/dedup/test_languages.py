@@ -11,7 +11,7 @@ import pytest
 
 from gristmill.core.documents import schema_for
 from gristmill.dedup.text import normalize, shingles, words
-from gristmill.pipeline.on_parquet import run_on_parquet
+from gristmill.pipeline.planning.on_parquet import run_on_parquet
 from gristmill.text.words import split_words
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from gristmill.config import from_dict
-from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
+from gristmill.pipeline.planning.on_parquet import plan_on_parquet, run_on_parquet
 from gristmill.pipeline.runner import run
 
 
@@ -43,7 +43,7 @@ def test_same_clusters_and_output_for_1_2_and_4_tasks(dedup_corpus, near_dedup_r
     kept_for_some = np.unique(roots[nodes != roots])  # a kept document and those removed for it
     assert sum(k * v for k, v in sizes.items()) == len(kept_for_some) + int((nodes != roots).sum())
     assert sum(sizes.values()) == len(kept_for_some) and min(sizes) >= 2
-    from gristmill.pipeline.report import cluster_sizes
+    from gristmill.pipeline.report.page import cluster_sizes
 
     assert cluster_sizes(cluster.parent) == [(cluster.name, {str(k): v for k, v in sizes.items()})]
 

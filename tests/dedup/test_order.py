@@ -18,9 +18,9 @@ import pytest
 
 from gristmill.core.documents import documents_to_table, schema_for
 from gristmill.input.wet import WetReader
-from gristmill.pipeline.executors import TaskFailed, make_executor
-from gristmill.pipeline.on_parquet import plan_on_parquet, run_on_parquet
-from gristmill.pipeline.stats import merge_stage
+from gristmill.pipeline.execution.executors import TaskFailed, make_executor
+from gristmill.pipeline.planning.on_parquet import plan_on_parquet, run_on_parquet
+from gristmill.pipeline.report.journey import merge_stage
 
 COPIES = {10: 200, 20: 300, 30: 400}  # record i of the file is planted again before record j
 

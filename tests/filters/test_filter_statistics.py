@@ -14,8 +14,8 @@ from gristmill.core.step import registered_steps
 from gristmill.filters.c4_lines import C4Lines
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
-from gristmill.pipeline.calibrate import RULES, _statistics
-from gristmill.pipeline.calibration_rules import STEP_DEFAULTS
+from gristmill.pipeline.calibration.calibrate import RULES, _statistics
+from gristmill.pipeline.calibration.rules import STEP_DEFAULTS
 
 from .test_heuristics import read_wet
 

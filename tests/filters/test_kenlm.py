@@ -18,8 +18,8 @@ from gristmill.filters.kenlm_train import ToolMissing, find_tool
 from gristmill.filters.langid import LangId, ModelError
 from gristmill.filters.train_corpus import is_heldout, iter_documents
 from gristmill.input.wet import WetRecord, iter_wet_records
+from gristmill.pipeline.report.journey import funnel
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import funnel
 from tests.cli_process import pipeline
 
 

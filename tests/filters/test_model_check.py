@@ -20,7 +20,7 @@ from gristmill.filters.kenlm import KenLM
 from gristmill.filters.langid import LangId
 from gristmill.filters.model_check import ModelError, trial_load
 from gristmill.filters.quality import Quality
-from gristmill.pipeline.planner import plan
+from gristmill.pipeline.planning.planner import plan
 from tests.cli_process import pipeline
 
 LID_CUTS = [2, 4, 60, 100, 5000, 500000, 900000, 937000, 938012]  # 900000: fastText segfaults

@@ -320,9 +320,9 @@ def test_a_fineweb_run_reports_replacements_and_drops_by_reason(tmp_path, wet_fi
     rule, FineWeb's rules), with `pii` after langid: the stats, `pipeline stats`' journey and the
     report carry what each step replaced and dropped."""
     from gristmill.config import from_dict
-    from gristmill.pipeline.report import build
+    from gristmill.pipeline.report.journey import journey, journey_notes
+    from gristmill.pipeline.report.page import build
     from gristmill.pipeline.runner import run
-    from gristmill.pipeline.stats import journey, journey_notes
 
     cfg = {
         "run_dir": str(tmp_path / "fineweb"),

@@ -600,9 +600,9 @@ def test_a_task_refuses_a_lookup_file_changed_since_planning(tmp_path):
 
 
 def test_a_run_counts_drops_by_rule(tmp_path, wet_files, cache_dir, sample_urls):
-    from gristmill.pipeline.report import build as build_report
+    from gristmill.pipeline.report.journey import funnel
+    from gristmill.pipeline.report.page import build as build_report
     from gristmill.pipeline.runner import run
-    from gristmill.pipeline.stats import funnel
 
     cfg = {
         "run_dir": str(tmp_path / "run"),

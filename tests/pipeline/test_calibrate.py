@@ -17,7 +17,14 @@ from gristmill.cli import main
 from gristmill.config import from_dict
 from gristmill.filters.gopher_quality import GopherQuality
 from gristmill.filters.gopher_repetition import GopherRepetition
-from gristmill.pipeline.calibrate import _values, calibrate, calibration_table, chunks, read_udhr, removed_share
+from gristmill.pipeline.calibration.calibrate import (
+    _values,
+    calibrate,
+    calibration_table,
+    chunks,
+    read_udhr,
+    removed_share,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 LANGS = ["zh", "ja", "ar", "fa", "ru", "hi", "de"]
@@ -331,7 +338,7 @@ def test_rules_the_english_reference_trips_mostly_are_not_calibrated(udhr_zip, s
 
 
 def test_refusal_of_thresholds_that_switch_a_rule_off():
-    from gristmill.pipeline.calibrate import RULES, Result, refusal
+    from gristmill.pipeline.calibration.calibrate import RULES, Result, refusal
 
     rule = {r.name: r for r in RULES}
     alpha, dup = rule["gopher_quality.max_non_alpha_words_ratio"], rule["gopher_repetition.dup_line_frac"]
@@ -455,7 +462,7 @@ def test_calibrated_letter_share_bound_is_at_least_half(udhr_zip, tmp_path, caps
 
 
 def test_guard_table_rules():
-    from gristmill.pipeline.calibration_rules import guard_table, prune_defaults
+    from gristmill.pipeline.calibration.rules import guard_table, prune_defaults
 
     table = {
         "gopher_quality": {
@@ -498,8 +505,8 @@ def test_guard_table_rules():
 
 
 def test_every_calibrated_rule_has_its_bound_kind():
-    from gristmill.pipeline.calibrate import RULES
-    from gristmill.pipeline.calibration_rules import BOUNDS
+    from gristmill.pipeline.calibration.calibrate import RULES
+    from gristmill.pipeline.calibration.rules import BOUNDS
 
     for rule in RULES:
         kind, share = BOUNDS[(rule.step, rule.param)]
@@ -520,7 +527,7 @@ def test_a_value_that_switches_a_rule_off_is_written_only_when_asked(udhr_zip, t
 
 
 def test_refusal_lets_off_switches_through_only_when_asked():
-    from gristmill.pipeline.calibrate import RULES, Result, refusal
+    from gristmill.pipeline.calibration.calibrate import RULES, Result, refusal
 
     rule = {r.name: r for r in RULES}
     alpha, dup = rule["gopher_quality.max_non_alpha_words_ratio"], rule["gopher_repetition.dup_line_frac"]
@@ -544,7 +551,7 @@ def fineweb2_configs(shared_data) -> Path:
 
 def test_every_lid176_label_has_its_fineweb2_codes_and_the_rule_picks_the_largest(fineweb2_configs):
     from gristmill.core.configlib import LID176_LABELS
-    from gristmill.pipeline.fineweb2_calibration import LID176_ISO639_3, read_fineweb2
+    from gristmill.pipeline.calibration.fineweb2 import LID176_ISO639_3, read_fineweb2
 
     assert set(LID176_ISO639_3) == set(LID176_LABELS)
     fw = read_fineweb2(fineweb2_configs)
@@ -681,7 +688,7 @@ def test_multilingual_calibration_agrees_with_fineweb2_on_the_letter_share(finew
     FineWeb-2's (set with model ablations) across the languages both have (Pearson r >= 0.6)."""
     import statistics
 
-    from gristmill.pipeline.fineweb2_calibration import read_fineweb2
+    from gristmill.pipeline.calibration.fineweb2 import read_fineweb2
 
     named = yaml.safe_load((REPO / "configs" / "multilingual.yaml").read_text())["calibration"]
     table = yaml.safe_load((REPO / named).read_text())["gopher_quality"]["per_language"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from gristmill.pipeline import stats
+from gristmill.pipeline.report import journey as stats
 
 from ..conftest import REPO
 

@@ -22,9 +22,9 @@ from gristmill.config import from_dict
 from gristmill.input.commoncrawl import Fetcher, list_wet_paths
 from gristmill.input.stream import DownloadError
 from gristmill.input.wet import WetReader
-from gristmill.pipeline.projection import load_calibration, plan_for_size, project, render
+from gristmill.pipeline.planning.projection import load_calibration, plan_for_size, project, render
+from gristmill.pipeline.report.journey import journey, journey_notes
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import journey, journey_notes
 from tests.cli_process import pipeline
 from tests.conftest import REPO
 from tests.fault_proxy import FaultProxy

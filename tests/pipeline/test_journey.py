@@ -15,9 +15,7 @@ import pytest
 import yaml
 
 from gristmill.config import from_dict
-from gristmill.pipeline.report import JOURNEY_CHART, write
-from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import (
+from gristmill.pipeline.report.journey import (
     as_json,
     funnel,
     journey,
@@ -25,6 +23,8 @@ from gristmill.pipeline.stats import (
     language_journey,
     merge_run,
 )
+from gristmill.pipeline.report.page import JOURNEY_CHART, write
+from gristmill.pipeline.runner import run
 from tests.cli_process import pipeline
 
 from .conftest import demo_config

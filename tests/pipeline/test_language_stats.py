@@ -14,9 +14,7 @@ from datatrove.data import Document
 
 from gristmill.config import from_dict
 from gristmill.core.scores import LENGTH_BINS, MAX_LANGUAGES, OTHER_LANGUAGES, ScoreRecorder, merge
-from gristmill.pipeline.report import write
-from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import (
+from gristmill.pipeline.report.journey import (
     as_json,
     funnel,
     journey,
@@ -25,6 +23,8 @@ from gristmill.pipeline.stats import (
     language_summary,
     merge_run,
 )
+from gristmill.pipeline.report.page import write
+from gristmill.pipeline.runner import run
 from tests.cli_process import pipeline
 
 from .test_report import _chromium

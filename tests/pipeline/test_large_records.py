@@ -33,8 +33,8 @@ from gristmill.core.parquet_io import ParquetReader, ParquetWriter
 from gristmill.input.stream import stream_memory_bytes
 from gristmill.input.warc import EXTRACTION_BYTES_PER_BYTE, EXTRACTORS, WarcReader
 from gristmill.input.wet import WetReader
-from gristmill.pipeline.planner import estimate_memory, plan
-from gristmill.pipeline.usage import stage_usage
+from gristmill.pipeline.execution.usage import stage_usage
+from gristmill.pipeline.planning.planner import estimate_memory, plan
 from tests.conftest import REPO
 from tests.s3_server import PlainS3Server
 

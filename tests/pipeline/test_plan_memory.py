@@ -16,7 +16,7 @@ import yaml
 from gristmill.config import from_dict
 from gristmill.core.step import BASE_TASK_BYTES
 from gristmill.dedup.near import BUCKET_BYTES_PER_RECORD
-from gristmill.pipeline.planner import DOCUMENTS_PER_GB, estimate_memory, plan
+from gristmill.pipeline.planning.planner import DOCUMENTS_PER_GB, estimate_memory, plan
 from tests.cli_process import pipeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ def test_a_tasks_peak_memory_is_its_own_not_its_parents():
     held = bytearray(600 << 20)
     held[:: 1 << 12] = b"\1" * len(held[:: 1 << 12])  # touch every page: resident
     probe = (
-        "import json, resource; from gristmill.pipeline.usage import _rss_mb; "
+        "import json, resource; from gristmill.pipeline.execution.usage import _rss_mb; "
         "ru = resource.getrusage(resource.RUSAGE_SELF); print(json.dumps([ru.ru_maxrss / 1024, _rss_mb(ru)]))"
     )
     res = subprocess.run(
@@ -154,5 +154,5 @@ def test_a_tasks_peak_memory_is_its_own_not_its_parents():
     )
     inherited, own = json.loads(res.stdout)
     assert inherited > 600  # what getrusage alone reports on Linux
-    assert own < 200  # the task's own: an interpreter with gristmill.pipeline.usage imported
+    assert own < 200  # the task's own: an interpreter with gristmill.pipeline.execution.usage imported
     del held

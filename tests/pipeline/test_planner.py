@@ -10,14 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import Field
 
-import gristmill.pipeline.planner as planner_mod
+import gristmill.pipeline.planning.planner as planner_mod
 from gristmill.config import ConfigError, from_dict
 from gristmill.core.configlib import FilterConfig, Strict
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, Step, registered_steps
+from gristmill.pipeline.report.journey import funnel
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import funnel
 from tests.cli_process import pipeline
 
 # Two steps defined in this test module alone: nothing else in gristmill is edited to add them.
@@ -146,7 +146,7 @@ def test_planning_imports_no_torch(tmp_path, wet_files, lid_model):
     code = (
         "import sys, json\n"
         "from gristmill.config import from_dict\n"
-        "from gristmill.pipeline.planner import plan\n"
+        "from gristmill.pipeline.planning.planner import plan\n"
         f"cfg = from_dict({{'run_dir': {str(tmp_path / 'r')!r}, 'input': {{'paths': [{str(wet_files[1])!r}]}},"
         f" 'steps': [{{'langid': {{'model': {str(lid_model)!r}}}}}], 'train': {{'preset': 'tiny'}}}})\n"
         "plan(cfg)\n"

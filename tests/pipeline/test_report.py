@@ -15,9 +15,9 @@ import pytest
 
 from gristmill.config import from_dict
 from gristmill.core.scores import SAMPLE_SIZE
-from gristmill.pipeline.report import CSS, build, write
+from gristmill.pipeline.report.journey import funnel, load_scores, merge_run
+from gristmill.pipeline.report.page import CSS, build, write
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import funnel, load_scores, merge_run
 from tests.cli_process import pipeline
 
 from .test_run import config

@@ -14,8 +14,8 @@ import pytest
 
 from gristmill.config import ConfigError, from_dict
 from gristmill.filters.langid import ModelError
+from gristmill.pipeline.report.journey import as_json, funnel, merge_run
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import as_json, funnel, merge_run
 from tests.cli_process import pipeline
 from tests.faults import FAULT_ENV
 

@@ -20,8 +20,8 @@ from gristmill.cli import safe
 from gristmill.config import ConfigError, from_dict
 from gristmill.dirlock import LockHeld
 from gristmill.input.wet import WetRecord, iter_wet_records
+from gristmill.pipeline.report.journey import funnel
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import funnel
 from tests.cli_process import pipeline
 
 from .test_run import config, files_bytes

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gristmill.config import from_dict
-from gristmill.pipeline.executors import cluster_array_limit
+from gristmill.pipeline.execution.executors import cluster_array_limit
+from gristmill.pipeline.report.run_status import stage_statuses
 from gristmill.pipeline.runner import StageFailed, run
-from gristmill.pipeline.status import stage_statuses
 from tests.cli_process import pipeline
 from tests.faults import FAIL_TASK_ENV
 
@@ -153,8 +153,8 @@ def _release_requeue_hold(job: str, released: set[str]) -> None:
 def test_training_job_resumes_after_scancel_and_after_preemption(tmp_path, wet_files, lid_model, slurm_cluster):
     """curate → tokenize → 2 CPU processes under `srun torchrun`: killed and resubmitted, then
     preempted (SIGUSR1: checkpoint, requeue); each time it resumes from its last checkpoint."""
+    from gristmill.pipeline.execution.slurm_state import wait_until_gone
     from gristmill.pipeline.rundir import LocalRunDir
-    from gristmill.pipeline.slurm_state import wait_until_gone
 
     # a checkpoint every 5 steps, the kill after the first, the preemption a checkpoint or two
     # after the resume (near step 17): 50 steps leave the signal some 30 steps to arrive in
@@ -274,7 +274,7 @@ def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
 
     # cancel rank 1 of the hash stage (task 1 of its first array) while it waits for curate
     subprocess.run(["scancel", f"{hash_arrays[0]}_1"], check=True)
-    from gristmill.pipeline.slurm_state import wait_until_gone
+    from gristmill.pipeline.execution.slurm_state import wait_until_gone
 
     wait_until_gone([j for a in arrays.values() for j in a])
     run_dir = tmp_path / "run"
@@ -306,8 +306,8 @@ def test_wide_stage_is_several_arrays_each_waited_on_and_resumed(
 def test_an_array_larger_than_the_cluster_takes_is_refused_in_one_line(tmp_path, wet_files, lid_model, slurm_cluster):
     """An executor built past the cluster's limit (as a config of 1001 would be without the
     cluster's limit applied): sbatch's refusal, in one line naming the stage and array."""
-    from gristmill.pipeline.executors import SlurmSubmitFailed, make_slurm_executor
-    from gristmill.pipeline.planner import plan
+    from gristmill.pipeline.execution.executors import SlurmSubmitFailed, make_slurm_executor
+    from gristmill.pipeline.planning.planner import plan
 
     cfg = _cfg(tmp_path / "run", wet_files, lid_model, {**SLURM, "tasks": 2})
     stage = plan(cfg)[0]
@@ -327,7 +327,7 @@ def test_an_array_larger_than_the_cluster_takes_is_refused_in_one_line(tmp_path,
 
 def test_max_array_size_follows_the_cluster(slurm_cluster):
     from gristmill.config import ConfigError
-    from gristmill.pipeline.executors import array_size
+    from gristmill.pipeline.execution.executors import array_size
 
     assert cluster_array_limit() == MAX_ARRAY_SIZE  # read from `scontrol show config`
     assert array_size(1001, MAX_ARRAY_SIZE) == MAX_ARRAY_SIZE  # the config's 1001: the cluster's 2
@@ -342,7 +342,7 @@ def test_sbatch_lines_of_a_crawl_wide_stage(max_array):
     """4,000 tasks a stage (configs/slurm-crawl.yaml): every rank in exactly one array task under
     datatrove's mapping (array k, task i → entry k·max_array + i of ranks_to_run.json), and the
     dependency on 800 arrays of the stage before well inside the kernel's limit of one argument."""
-    from gristmill.pipeline.executors import array_submissions
+    from gristmill.pipeline.execution.executors import array_submissions
 
     tasks = 4000
     before = [str(10_000_000 + 7 * k) for k in range(-(-tasks // max_array))]  # 8-digit job ids

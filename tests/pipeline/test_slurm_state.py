@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from gristmill.pipeline.execution.slurm_state import SlurmQueryFailed, job_states, wait_until_gone
+from gristmill.pipeline.report.run_status import stage_statuses
 from gristmill.pipeline.rundir import LocalRunDir
-from gristmill.pipeline.slurm_state import SlurmQueryFailed, job_states, wait_until_gone
-from gristmill.pipeline.status import stage_statuses
 
 UNKNOWN = (1, "slurm_load_jobs error: Invalid job id specified")
 BUSY = (1, "slurm_load_jobs error: Socket timed out on send/recv operation")

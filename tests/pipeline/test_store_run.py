@@ -30,7 +30,7 @@ import yaml
 
 from gristmill.core import storage
 from gristmill.filters.model_check import check_fasttext, unchanged
-from gristmill.pipeline import lease
+from gristmill.pipeline.rundir import lease
 from tests.cli_process import pipeline
 
 from ..conftest import REPO, WET_2014, WET_2017, _missing

@@ -1,4 +1,4 @@
-"""Task processes forked from the zygote (gristmill.pipeline.task_zygote).
+"""Task processes forked from the zygote (gristmill.pipeline.execution.zygote).
 
 The children run `_probe` below, which reports what it sees of its own process on the status
 pipe; the executor tests run real `LocalExecutor` stages of a step that records its process.
@@ -23,9 +23,9 @@ import pytest
 from datatrove.pipeline.base import PipelineStep
 
 from gristmill.config import from_dict
-from gristmill.pipeline import task_zygote
-from gristmill.pipeline.executors import LocalExecutor, describe_exit, make_executor
-from gristmill.pipeline.planner import plan
+from gristmill.pipeline.execution import zygote as task_zygote
+from gristmill.pipeline.execution.executors import LocalExecutor, describe_exit, make_executor
+from gristmill.pipeline.planning.planner import plan
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = f"{__name__}:_probe"
@@ -49,7 +49,7 @@ def _probe(status_fd: int, what: str = "", *args: str) -> None:
         "numpy_draw": __import__("numpy").random.randint(1 << 30),
     }
     if what == "rss":
-        from gristmill.pipeline.usage import _rss_mb
+        from gristmill.pipeline.execution.usage import _rss_mb
 
         facts["rss_mb"] = _rss_mb(resource.getrusage(resource.RUSAGE_SELF))
     elif what == "unpickle":
@@ -494,7 +494,7 @@ def test_a_zygote_that_cannot_start_leaves_exec_and_one_warning(tmp_path, monkey
 _SUPERVISOR = """
 import os, sys, threading, time
 sys.path[:0] = [{src!r}, {repo!r}]
-from gristmill.pipeline import task_zygote
+from gristmill.pipeline.execution import zygote as task_zygote
 from tests.pipeline.test_task_zygote import _spawn, _facts
 zygote = None
 def start():
@@ -536,7 +536,7 @@ def test_supervisor_killed_by_sigkill_leaves_no_zygote_and_no_task(from_thread):
 _COUNTED = """
 import json, os, resource, sys
 sys.path[:0] = [{src!r}, {repo!r}]
-from gristmill.pipeline import task_zygote
+from gristmill.pipeline.execution import zygote as task_zygote
 from tests.pipeline.test_task_zygote import _run
 _run(task_zygote.shared(), "burn", "1.0")
 own = resource.getrusage(resource.RUSAGE_SELF)

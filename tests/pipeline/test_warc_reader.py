@@ -43,9 +43,9 @@ from gristmill.input.warc import (
     start_tags,
 )
 from gristmill.input.wet import MAX_RECORD_BYTES, BadRecord, WetRecord, iter_records
-from gristmill.pipeline.planner import estimate_memory, plan
+from gristmill.pipeline.planning.planner import estimate_memory, plan
+from gristmill.pipeline.report.journey import funnel, journey, journey_notes, language_funnel, language_summary
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.stats import funnel, journey, journey_notes, language_funnel, language_summary
 
 from .test_wet_reader import members, starts
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from gristmill.config import from_dict
+from gristmill.pipeline.execution.task import describe_exit
 from gristmill.pipeline.runner import run
-from gristmill.pipeline.task import describe_exit
 from tests.faults import FAIL_TASK_ENV, KILL_TASK_ENV
 
 HANG_S = 120  # far above any run here: reaching it means the run hung

@@ -15,7 +15,7 @@ import pytest
 import xxhash
 
 from gristmill.config import from_dict
-from gristmill.pipeline.planner import plan
+from gristmill.pipeline.planning.planner import plan
 from gristmill.pipeline.runner import run
 from gristmill.tokenize import encode, open_tokens
 from gristmill.tokenize.shards import bucket_of, is_val, plan_shards, shuffle_key

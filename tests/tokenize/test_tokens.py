@@ -21,7 +21,7 @@ import pytest
 from datatrove.data import Document
 
 from gristmill.config import ConfigError, from_dict
-from gristmill.pipeline.planner import plan
+from gristmill.pipeline.planning.planner import plan
 from gristmill.pipeline.runner import run
 from gristmill.tokenize import TokenShardError, encode, open_tokens, token_dtype, tokenizer
 from gristmill.tokenize.shards import sha256_file

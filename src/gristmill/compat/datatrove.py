@@ -7,7 +7,7 @@
   terminal gets one line per warning or error, tracebacks stay in the file.
 - `PipelineExecutor._run_for_rank(rank, local_rank, node_rank)`: runs one task (skips it if
   complete, writes stats and the completion marker). Each of gristmill's executors (local,
-  Slurm, Ray) overrides it with `gristmill.pipeline.task.run_task`, the one task body, which
+  Slurm, Ray) overrides it with `gristmill.pipeline.execution.task.run_task`, the one task body, which
   calls datatrove's own (`run_steps`) once it has installed the logging above.
 - Importing `datatrove.utils.logging` configures loguru (INFO to stderr); the CLI imports it
   first so that its own setup afterwards wins.
@@ -83,7 +83,7 @@ def quiet_task_logging() -> None:
 
 def run_rank(executor, rank: int, local_rank: int = 0):
     """Run one task of `executor` in this process (datatrove's per-rank entry: the executor's
-    `_run_for_rank`, which gristmill's executors point at `gristmill.pipeline.task.run_task`)."""
+    `_run_for_rank`, which gristmill's executors point at `gristmill.pipeline.execution.task.run_task`)."""
     return executor._run_for_rank(rank, local_rank)
 
 

@@ -3,7 +3,7 @@
 Much of a run maps files into memory or builds them in place (`np.load(mmap_mode=...)`, the
 Bloom filter's `np.memmap`, `pa.memory_map` of token shards, renames of `.tmp` files), which an
 object store cannot do. So when the run directory is a URL, each task works in a folder of its
-own on local scratch disk laid out like the run directory (`gristmill.pipeline.staging` sets it
+own on local scratch disk laid out like the run directory (`gristmill.pipeline.execution.staging` sets it
 up and uploads what the task wrote once it completes). The task's steps write there as to any
 local run directory; what they read of earlier stages comes from the store, fetched on first
 use by the two functions below, which every step calls where it reads a run directory:

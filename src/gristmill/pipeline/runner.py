@@ -12,10 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gristmill.config import RunConfig
 from gristmill.core import storage
-from gristmill.pipeline.executors import TaskFailed, make_executor, make_slurm_executor
-from gristmill.pipeline.planner import Stage, plan
+from gristmill.pipeline.execution.executors import TaskFailed, make_executor, make_slurm_executor
+from gristmill.pipeline.planning.planner import Stage, plan
+from gristmill.pipeline.report.journey import funnel
 from gristmill.pipeline.rundir import RunDir, open_run_dir
-from gristmill.pipeline.stats import funnel
 
 
 class StageFailed(RuntimeError):
@@ -75,7 +75,7 @@ def submit_slurm(cfg: RunConfig, stages: list[Stage], run_dir: RunDir, console: 
         if run_dir.training_complete():
             jobs["train"] = "-1"
         else:
-            from gristmill.pipeline.slurm_train import submit_training
+            from gristmill.pipeline.execution.slurm_train import submit_training
 
             last = jobs[stages[-1].label]
             jobs["train"] = submit_training(cfg, Path(cfg.run_dir), None if last == "-1" else last)
@@ -90,7 +90,7 @@ def submit_slurm(cfg: RunConfig, stages: list[Stage], run_dir: RunDir, console: 
 
 def follow_slurm(run_dir: RunDir, stages: list[Stage], jobs: dict[str, str], console: Console) -> None:
     """`--wait`: progress per stage until the chain's jobs have left the queue."""
-    from gristmill.pipeline.slurm_state import wait_until_gone
+    from gristmill.pipeline.execution.slurm_state import wait_until_gone
 
     with Progress(
         TextColumn("[bold]{task.description}[/]"),
@@ -134,7 +134,7 @@ def run(
     with run_dir.lock(cfg, command, force_lock):
         if cfg.executor.type != "ray":
             return _run_locked(cfg, stages, run_dir, force, console, wait, command)
-        from gristmill.pipeline.ray_executor import RayCluster
+        from gristmill.pipeline.execution.ray import RayCluster
 
         # Connected once, before anything is written: an unreachable cluster is one line.
         with RayCluster(cfg, stages) as cluster:

@@ -24,7 +24,7 @@ from gristmill.pipeline.rundir import layout
 if TYPE_CHECKING:
     from gristmill.config import RunConfig
     from gristmill.core.step import Stage
-    from gristmill.pipeline.staging import RemoteStage
+    from gristmill.pipeline.execution.staging import RemoteStage
 
 
 class RunDir(ABC):

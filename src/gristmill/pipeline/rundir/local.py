@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from gristmill.core.files import write_text_atomic
 from gristmill.core.messages import ConfigError
 from gristmill.dirlock import hold
-from gristmill.pipeline import stats as st
+from gristmill.pipeline.report import journey as st
 from gristmill.pipeline.rundir import layout
 from gristmill.pipeline.rundir.base import RunDir
 

@@ -4,11 +4,11 @@ It keeps the layout and the promises of a local one (docs/run-directory.md):
 
 - resume redoes nothing completed: a task counts as complete once its marker
   `<stage>/completions/NNNNN` exists on the store, and its marker is written only after every
-  file it wrote is (`gristmill.pipeline.staging`);
+  file it wrote is (`gristmill.pipeline.execution.staging`);
 - outputs appear whole or not at all: each object is one PUT; a task's objects count only with
   its marker, and its re-run rewrites the same names with the same bytes;
 - one run per directory at a time: a lease object created with `If-None-Match: *`
-  (`gristmill.pipeline.lease`), probed first on the store;
+  (`gristmill.pipeline.rundir.lease`), probed first on the store;
 - the same checks as a local run directory before anything is written (`RunDir.prepare`);
 - what it cannot do (training in place, Slurm, Ray) is refused when the config is validated
   (`StoreRunDir.refusals`).
@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING
 
 from gristmill.core import storage
 from gristmill.core.messages import ConfigError
-from gristmill.pipeline import lease
-from gristmill.pipeline import stats as st
-from gristmill.pipeline.rundir import layout
+from gristmill.pipeline.execution.staging import RemoteStage, plan_root, run_key, scratch_bytes
+from gristmill.pipeline.report import journey as st
+from gristmill.pipeline.rundir import layout, lease
 from gristmill.pipeline.rundir.base import RunDir
-from gristmill.pipeline.staging import RemoteStage, plan_root, run_key, scratch_bytes
 
 if TYPE_CHECKING:
     from gristmill.config import RunConfig

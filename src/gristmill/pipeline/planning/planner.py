@@ -28,7 +28,7 @@ from gristmill.input.commoncrawl import Fetcher
 from gristmill.input.sources import REMOTE, InputFiles, Opener, fetcher_for, resolve
 from gristmill.input.warc import WarcReader
 from gristmill.input.wet import WetReader
-from gristmill.pipeline.staging import plan_root
+from gristmill.pipeline.execution.staging import plan_root
 
 __all__ = [
     "MemoryEstimate",
@@ -216,7 +216,7 @@ class PlanContext:
     def run_dir(self) -> Path:
         """The run directory the steps are planned against: the local one, or for a run
         directory on object storage the root that each task's working copy replaces
-        (`gristmill.pipeline.staging`)."""
+        (`gristmill.pipeline.execution.staging`)."""
         if storage.is_url(self.cfg.run_dir):
             return plan_root(self.cfg.run_dir)
         return Path(self.cfg.run_dir)

@@ -64,8 +64,8 @@ PRELOAD = (
     "pyarrow.dataset",
     "dill",
     "datatrove.executor.local",
-    "gristmill.pipeline.executors",
-    "gristmill.pipeline.task",
+    "gristmill.pipeline.execution.executors",
+    "gristmill.pipeline.execution.task",
 )
 PRELOAD_LIBRARIES = ("fasttext", "kenlm", "tokenizers", "tiktoken")
 #: fsspec's object-storage filesystems: imported by the zygote as well when the supervisor has
@@ -86,7 +86,7 @@ _RLIMITS = (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_FSIZE, res
 
 _ZYGOTE_CMD = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-    "from gristmill.pipeline.task_zygote import _zygote_main; _zygote_main()"
+    "from gristmill.pipeline.execution.zygote import _zygote_main; _zygote_main()"
 )
 
 

@@ -42,10 +42,9 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 
 from gristmill.config import SlurmConfig
 from gristmill.core import storage
-from gristmill.pipeline import task_zygote
-from gristmill.pipeline.planner import Stage
-from gristmill.pipeline.staging import RemoteStage, task_log
-from gristmill.pipeline.task import (
+from gristmill.pipeline.execution import zygote as task_zygote
+from gristmill.pipeline.execution.staging import RemoteStage, task_log
+from gristmill.pipeline.execution.task import (
     POLL_S,
     STOP_GRACE_S,
     TASK_CMD,
@@ -56,7 +55,8 @@ from gristmill.pipeline.task import (
     describe_exit,
     run_task,
 )
-from gristmill.pipeline.task_zygote import ZygoteUnavailable
+from gristmill.pipeline.execution.zygote import ZygoteUnavailable
+from gristmill.pipeline.planning.planner import Stage
 
 __all__ = ["Interrupted", "LocalExecutor", "SlurmExecutor", "TaskFailed", "make_executor", "make_slurm_executor"]
 
@@ -107,7 +107,7 @@ class LocalExecutor(LocalPipelineExecutor):
 
     def __init__(self, *args, storage_config: storage.StorageConfig, remote: RemoteStage | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        # travel with the pickled executor to each task (`gristmill.pipeline.task.run_task`)
+        # travel with the pickled executor to each task (`gristmill.pipeline.execution.task.run_task`)
         self.storage_config, self.remote = storage_config, remote
 
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
@@ -210,7 +210,7 @@ class LocalExecutor(LocalPipelineExecutor):
 
 def make_executor(stage: Stage, storage_config=None, remote: RemoteStage | None = None) -> LocalPipelineExecutor:
     """The local executor of a stage; with `remote`, the stage's folder is on object storage and
-    each task runs in a working copy (`gristmill.pipeline.staging`)."""
+    each task runs in a working copy (`gristmill.pipeline.execution.staging`)."""
     return LocalExecutor(
         pipeline=stage.pipeline,
         tasks=stage.tasks,

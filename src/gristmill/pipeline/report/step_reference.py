@@ -1,6 +1,6 @@
 """The step reference, written from the registered steps: `pipeline steps` prints it, and
 docs/steps.md holds this text between its markers (a test keeps the two equal;
-`python -m gristmill.pipeline.step_reference` rewrites it there).
+`python -m gristmill.pipeline.report.step_reference` rewrites it there).
 
 Each step contributes its YAML name, the first paragraph of its docstring (or of its module's),
 what it writes onto documents, and every parameter of its `Config` with default and description.
@@ -19,7 +19,7 @@ from gristmill.core.step import STEP_MODULES, registered_steps
 BEGIN = "<!-- steps: written by `pipeline steps --markdown`; edit the steps' docstrings and Configs -->"
 END = "<!-- /steps -->"
 #: the page that holds the reference, in a source checkout (the path tests and `update` use)
-DOC = Path(__file__).resolve().parents[3] / "docs" / "steps.md"
+DOC = Path(__file__).resolve().parents[4] / "docs" / "steps.md"
 
 
 def _summary(cls) -> str:

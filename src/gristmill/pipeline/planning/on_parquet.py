@@ -14,9 +14,9 @@ from pathlib import Path
 from gristmill.config import from_dict
 from gristmill.core.step import Stage
 from gristmill.input.sources import fetcher_for
-from gristmill.pipeline.executors import make_executor
-from gristmill.pipeline.planner import PlanContext, build_steps
-from gristmill.pipeline.stats import merge_stage
+from gristmill.pipeline.execution.executors import make_executor
+from gristmill.pipeline.planning.planner import PlanContext, build_steps
+from gristmill.pipeline.report.journey import merge_stage
 
 
 def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int = 1, workers: int = 1) -> list[Stage]:

@@ -59,7 +59,7 @@ def cmd_calibrate(args, console) -> int:
     from rich.text import Text
 
     from gristmill.core.files import write_text_atomic
-    from gristmill.pipeline.calibrate import (
+    from gristmill.pipeline.calibration.calibrate import (
         MIN_DOCUMENTS,
         UDHR_FILES,
         Result,
@@ -71,14 +71,14 @@ def cmd_calibrate(args, console) -> int:
         refusal,
         rule_key,
     )
-    from gristmill.pipeline.calibration_rules import (
+    from gristmill.pipeline.calibration.fineweb2 import cmd_from_fineweb2
+    from gristmill.pipeline.calibration.rules import (
         changes_comment,
         dump_table,
         grouped_changes,
         guard_table,
         prune_defaults,
     )
-    from gristmill.pipeline.fineweb2_calibration import cmd_from_fineweb2
 
     languages = [x for x in args.languages.split(",") if x] if args.languages else None
     for lang in languages or []:
@@ -168,7 +168,7 @@ def cmd_calibrate(args, console) -> int:
     table, changes = guard_table(calibration_table(kept), args.allow_off)
     table = prune_defaults(table)
     header = (
-        f"# Written by `pipeline calibrate` (gristmill.pipeline.calibrate): thresholds that remove the same share\n"
+        f"# Written by `pipeline calibrate` (gristmill.pipeline.calibration): thresholds that remove the same share\n"
         f"# of each language's reference text as the English defaults remove of English reference text.\n"
         f"# Reference: {', '.join(filter(None, [args.udhr, *args.english, *args.reference]))}; "
         f"{len(english)} English documents, about {round(statistics.mean(len(v) for v in others.values()))}"

@@ -45,7 +45,7 @@ import yaml
 from gristmill.config import ConfigError
 from gristmill.core.files import write_text_atomic
 from gristmill.core.step import registered_steps
-from gristmill.pipeline.calibration_rules import (
+from gristmill.pipeline.calibration.rules import (
     Change,
     changes_comment,
     comment,
@@ -354,7 +354,7 @@ def header(fw: FineWeb2, changes: list[Change], args, commented: bool) -> str:
     command += (f" --base {shlex.quote(args.base)}" if args.base else "") + (" --allow-off" if args.allow_off else "")
     command += (f" --languages {args.languages}" if args.languages else "") + f" -o {shlex.quote(args.output)}"
     text = comment(
-        "Written by `pipeline calibrate --from-fineweb2` (gristmill.pipeline.fineweb2_calibration): FineWeb-2's "
+        "Written by `pipeline calibrate --from-fineweb2` (gristmill.pipeline.calibration.fineweb2): FineWeb-2's "
         "per-language filter thresholds for lid.176 languages. Numbers derived from FineWeb-2's configs/*.yml "
         "and fineweb2-language-distribution.csv (github huggingface/fineweb-2, Apache-2.0), read from "
         f"{args.from_fineweb2 or '${GRISTMILL_DATA:-../shared/data}/reference/fineweb-2/configs'}; no file of "

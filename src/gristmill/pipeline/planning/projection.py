@@ -31,7 +31,7 @@ from gristmill.core.messages import format_bytes
 from gristmill.core.step import Stage
 from gristmill.input.sources import CC_WET_FILE_BYTES, fetcher_for, resolve
 from gristmill.input.wet import WetReader
-from gristmill.pipeline.planner import estimate_memory, input_traffic, plan
+from gristmill.pipeline.planning.planner import estimate_memory, input_traffic, plan
 
 CALIBRATION_FILE = "scale_calibration.json"
 
@@ -42,7 +42,7 @@ def load_calibration(path: str | Path | None = None) -> dict:
             return json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise ValueError(f"calibration file {path}: {e}") from None
-    return json.loads(resources.files("gristmill.pipeline").joinpath(CALIBRATION_FILE).read_text())
+    return json.loads(resources.files("gristmill.pipeline.planning").joinpath(CALIBRATION_FILE).read_text())
 
 
 def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:

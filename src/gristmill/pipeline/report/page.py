@@ -6,7 +6,7 @@ escaped with `html.escape`, so a crawled `<script>` shows as text. The page's on
 (our own) marks `document.body.dataset.ok` on load, which the tests read from headless Chromium.
 
 The same figures back `gristmill.stats` (they have `_repr_svg_`, so Jupyter draws them); the SVG
-charts themselves are `pipeline/charts.py`.
+charts themselves are `pipeline/report/charts.py`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import yaml
 from gristmill.core.files import replacing
 from gristmill.core.scores import bin_edges
 from gristmill.core.step import registered_steps, step_id
-from gristmill.pipeline.charts import AFTER, BEFORE, DROPPED, KEPT, Figure, bar_chart, esc, histogram, line_chart
-from gristmill.pipeline.stats import (
+from gristmill.pipeline.report.charts import AFTER, BEFORE, DROPPED, KEPT, Figure, bar_chart, esc, histogram, line_chart
+from gristmill.pipeline.report.journey import (
     funnel,
     journey,
     journey_notes,

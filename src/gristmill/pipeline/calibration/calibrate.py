@@ -42,7 +42,7 @@ from pathlib import Path
 from gristmill.core.configlib import ConfigError
 from gristmill.core.filter import Filter, Threshold
 from gristmill.core.step import registered_steps
-from gristmill.pipeline.calibration_rules import (
+from gristmill.pipeline.calibration.rules import (
     STEP_DEFAULTS,
     not_a_threshold,
     switches_off,

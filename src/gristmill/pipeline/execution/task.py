@@ -8,8 +8,8 @@ array task, a Ray task's child), a task does the same, in this order:
    pickled executor, never through a global of the process that planned);
 2. skips a rank already complete (datatrove logs it);
 3. where the run directory is on object storage (`executor.remote`), runs in a working copy of
-   its own and commits it (`gristmill.pipeline.staging`);
-4. records its CPU time, wall time and peak memory (`gristmill.pipeline.usage`);
+   its own and commits it (`gristmill.pipeline.execution.staging`);
+4. records its CPU time, wall time and peak memory (`gristmill.pipeline.execution.usage`);
 5. logs quietly (`compat.datatrove.quiet_task_logging`: INFO to its log file only);
 6. runs the steps: datatrove's per-rank body (stats, the completion marker).
 
@@ -32,9 +32,9 @@ import dill
 from gristmill.compat.datatrove import quiet_task_logging, run_steps
 from gristmill.core import storage
 from gristmill.core.messages import os_error_line
-from gristmill.pipeline.staging import run_in_working_copy
-from gristmill.pipeline.task_zygote import die_with_parent
-from gristmill.pipeline.usage import measured
+from gristmill.pipeline.execution.staging import run_in_working_copy
+from gristmill.pipeline.execution.usage import measured
+from gristmill.pipeline.execution.zygote import die_with_parent
 
 TASK_HOOKS_ENV = "GRISTMILL_TASK_HOOKS"
 POLL_S = 0.25  # how often a supervisor looks at its tasks and the progress bar
@@ -151,9 +151,9 @@ def _task_main() -> None:
 #: a task's process started with exec: `python -c TASK_CMD SYS_PATH EXECUTOR RANK LOCAL_RANK PARENT STATUS_FD`
 TASK_CMD = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-    "from gristmill.pipeline.task import _task_main; _task_main()"
+    "from gristmill.pipeline.execution.task import _task_main; _task_main()"
 )
-TASK_TARGET = "gristmill.pipeline.task:task_process"  # what a zygote's child calls
+TASK_TARGET = "gristmill.pipeline.execution.task:task_process"  # what a zygote's child calls
 
 
 class Signals:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from gristmill.config import RunConfig
-from gristmill.pipeline.executors import default_venv_activate
+from gristmill.pipeline.execution.executors import default_venv_activate
 from gristmill.trainer.launch import PREEMPT_ENV, default_nproc, pipeline_train_config, write_resolved
 
 

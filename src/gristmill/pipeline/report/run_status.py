@@ -47,7 +47,7 @@ def _failed_tasks(folder: Path, tasks: int) -> dict[int, str]:
 def _read_states(st: StageStatus) -> None:
     """The job's state counts into `st.job_states`; where scontrol gives no answer, its error into
     `st.query_error` (the stage's state is then unknown, not read as failed from its files)."""
-    from gristmill.pipeline.slurm_state import SlurmQueryFailed, job_states
+    from gristmill.pipeline.execution.slurm_state import SlurmQueryFailed, job_states
 
     try:
         st.job_states = dict(job_states(st.job))
@@ -62,7 +62,7 @@ def _unknown(st: StageStatus) -> str:
 def stage_statuses(run_dir: Path) -> list[StageStatus]:
     import json
 
-    from gristmill.pipeline.slurm_state import is_active
+    from gristmill.pipeline.execution.slurm_state import is_active
 
     plan = json.loads((run_dir / "plan.json").read_text())
     jobs = LocalRunDir(run_dir).read_jobs()
@@ -102,7 +102,7 @@ def stage_statuses(run_dir: Path) -> list[StageStatus]:
 
 
 def _train_status(run_dir: Path, job: str, upstream_failed: bool) -> StageStatus:
-    from gristmill.pipeline.slurm_state import is_active
+    from gristmill.pipeline.execution.slurm_state import is_active
 
     st = StageStatus("train", 1, int(LocalRunDir(run_dir).training_complete()), job)
     if job != "-1":

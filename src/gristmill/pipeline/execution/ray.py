@@ -48,9 +48,8 @@ from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 
 from gristmill.config import ConfigError, RunConfig
 from gristmill.core import storage
-from gristmill.pipeline import task_zygote
-from gristmill.pipeline.planner import Stage, estimate_memory
-from gristmill.pipeline.task import (
+from gristmill.pipeline.execution import zygote as task_zygote
+from gristmill.pipeline.execution.task import (
     POLL_S,
     STOP_GRACE_S,
     TASK_CMD,
@@ -61,7 +60,8 @@ from gristmill.pipeline.task import (
     run_task,
     task_process,
 )
-from gristmill.pipeline.task_zygote import ZygoteUnavailable
+from gristmill.pipeline.execution.zygote import ZygoteUnavailable
+from gristmill.pipeline.planning.planner import Stage, estimate_memory
 
 GB = 1 << 30
 #: environment variables of the command that its tasks see on Ray too (the local executor's
@@ -75,7 +75,7 @@ def _run_forked(status_fd: int, executor_fd: int, rank: str, local_rank: str, pa
     task_process(status_fd, f"/dev/fd/{executor_fd}", rank, local_rank, parent)
 
 
-_FORKED_TARGET = "gristmill.pipeline.ray_executor:_run_forked"
+_FORKED_TARGET = "gristmill.pipeline.execution.ray:_run_forked"
 
 
 def _start_child(executor_fd: int, rank: int, cwd: str, env: dict[str, str], status_w: int):
