@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gristmill.core import storage
 from gristmill.core.configlib import ConfigError
+from gristmill.core.files import temporary_path
 
 
 def _documents(inputs: list[str]):
@@ -187,7 +188,7 @@ def cmd_tokens_export(args, console: Console) -> int:
     args.split = splits[0]
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = temporary_path(out)  # two exports to one file: each renames its own whole file
     n = 0
     try:
         with open(tmp, "wb") as f:
