@@ -38,6 +38,12 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
   is `too_deep` (lost): resiliparse's main-content pass takes time quadratic in the depth
   (20,000 nested `<div>`s: 9 CPU seconds), and Chrome's HTML parser stops nesting at 512
   levels too.
+  An element with more than `MAX_ATTRIBUTES` attributes is `too_many_attributes` (lost): both
+  parsers compare each attribute of an element with those before it, so their time is
+  quadratic in one element's attributes (16,000 distinct ones: 0.7 s resiliparse, 2.7 s
+  trafilatura; 300,000 never finish) while the page stays within both limits above. They are
+  counted before parsing, as the HTML standard's tokenizer reads tags, from every `<` that could
+  start one (`gristmill.native._html`, linear in the page whatever its markup).
 - The extractor's text, stripped; nothing left: `empty_text` (counted, not logged: it is what
   boilerplate removal is for, not damage). An extractor that raises: `extraction_error`. A text
   longer than `max_record_bytes` in UTF-8 (a page in a single-byte charset of Thai or Cyrillic
@@ -73,6 +79,7 @@ from gristmill.core.wet_reader import (
     _warn,
     iter_records,
 )
+from gristmill.native._html import most_attributes
 
 Extractor = Literal["resiliparse", "trafilatura"]
 EXTRACTORS: tuple[str, ...] = ("resiliparse", "trafilatura")
@@ -88,6 +95,11 @@ META_PRESCAN = 4096  # bytes searched for a <meta> charset (WHATWG says 1024; 2 
 MAX_HTML_TAGS = 100_000
 #: elements nested deeper than this make a page `too_deep` (Chrome's parser nests no deeper either)
 MAX_DEPTH = 512
+#: attributes an element may have: parsers take time quadratic in an element's distinct attributes
+#: (lexbor and libxml2 compare each with those before it); the sample's pages have at most 57 (in a
+#: scan from a `<` inside a script), and pages of elements of 1,000 attributes up to the 8 MiB
+#: record limit take resiliparse ~2.3 and trafilatura ~9 CPU seconds (docs/warc.md#pages-of-tags)
+MAX_ATTRIBUTES = 1000
 #: pages with more start tags than this have their depth measured (lexbor's tree, walked in Python at
 #: ~5 us an element); fewer cannot nest deep enough to cost resiliparse much (4,096: ~0.4 s at worst)
 DEPTH_CHECK_TAGS = 4096
@@ -343,10 +355,12 @@ class WarcConverter:
         extractor: str = DEFAULT_EXTRACTOR,
         max_record_bytes: int = MAX_RECORD_BYTES,
         max_html_tags: int = MAX_HTML_TAGS,
+        max_attributes: int = MAX_ATTRIBUTES,
     ):
         self.extract = load_extractor(extractor)
         self.limit = max_record_bytes
         self.max_tags = max_html_tags
+        self.max_attributes = max_attributes
 
     def __call__(self, rec: Record) -> list[WetEvent]:
         fields, source, off = rec.fields, rec.source, rec.offset
@@ -373,14 +387,18 @@ class WarcConverter:
         del body
         # one count of "<" (~15 us a page) clears nearly every page; the exact count costs more
         # (a two-character search) and is made only for pages with more "<" than a limit
-        if html.count("<") > min(self.max_tags, DEPTH_CHECK_TAGS):
-            tags = start_tags(html)
-            if tags > self.max_tags:
-                detail = f"{rid}: {tags:,} start tags, over the limit of {self.max_tags:,} (input.max_html_tags)"
-                return [_warn(BadRecord("too_many_tags", source, off, detail))]
-            if tags > DEPTH_CHECK_TAGS and dom_depth(html) > MAX_DEPTH:
-                detail = f"{rid}: elements nested more than {MAX_DEPTH} deep ({tags:,} start tags)"
-                return [_warn(BadRecord("too_deep", source, off, detail))]
+        tags = start_tags(html) if html.count("<") > min(self.max_tags, DEPTH_CHECK_TAGS) else 0
+        if tags > self.max_tags:
+            detail = f"{rid}: {tags:,} start tags, over the limit of {self.max_tags:,} (input.max_html_tags)"
+            return [_warn(BadRecord("too_many_tags", source, off, detail))]
+        # every page (~4 counts of "<"): one tag is enough to take a parser minutes
+        attributes, at = most_attributes(html, self.max_attributes)
+        if attributes > self.max_attributes:
+            detail = f"{rid}: an element with over {self.max_attributes:,} attributes (its tag at character {at:,})"
+            return [_warn(BadRecord("too_many_attributes", source, off, detail))]
+        if tags > DEPTH_CHECK_TAGS and dom_depth(html) > MAX_DEPTH:
+            detail = f"{rid}: elements nested more than {MAX_DEPTH} deep ({tags:,} start tags)"
+            return [_warn(BadRecord("too_deep", source, off, detail))]
         try:
             # U+FEFF is no text: byte-order marks of pages pasted together (PHP includes) stay in them
             text = self.extract(html).replace("\ufeff", "").strip()
@@ -453,10 +471,11 @@ def iter_warc_documents(
     max_record_bytes: int = MAX_RECORD_BYTES,
     extractor: str = DEFAULT_EXTRACTOR,
     max_html_tags: int = MAX_HTML_TAGS,
+    max_attributes: int = MAX_ATTRIBUTES,
 ) -> Iterator[WetEvent]:
     """Yield, in file order, a WetRecord per HTML response with text, a SkippedRecord per record
     that is no page, and a BadRecord per problem (the WET reader's, and this module's)."""
-    convert = WarcConverter(extractor, max_record_bytes, max_html_tags)
+    convert = WarcConverter(extractor, max_record_bytes, max_html_tags, max_attributes)
     return iter_records(path_or_fileobj, convert, source_name, max_record_bytes)
 
 
