@@ -287,11 +287,11 @@ def test_crafted_faults_are_counted_and_never_fatal(tmp_path):
         "skipped_metadata": 1,
         "skipped_revisit": 1,
         "undecodable_bytes": 1,  # kept: flagged, not lost
-        "bad_http_header": 1,
-        "bad_content_encoding": 2,  # the corrupt gzip stream, zstd
-        "bad_chunked_encoding": 1,
+        "malformed_http_header": 1,
+        "malformed_content_encoding": 2,  # the corrupt gzip stream, zstd
+        "malformed_chunked_encoding": 1,
         "empty_text": 1,
-        "bad_warc_header": 1,
+        "malformed_warc_header": 1,
     }
     texts = {r.url.removeprefix("http://a/"): r.text for r in recs}
     assert sorted(texts) == sorted(
@@ -379,6 +379,34 @@ def test_dechunk_keeps_what_a_cut_body_holds():
     assert dechunk(bytearray(chunked(body, 7))) == body
     cut = chunked(body, 50)[:120]
     assert body.startswith(bytes(dechunk(bytearray(cut)))) and len(dechunk(bytearray(cut))) > 50
+
+
+def test_a_chunk_size_that_lies_is_counted_not_read_as_text(tmp_path):
+    """`ffffffffffffffff` (or any size past the body's last chunk) would make the framing after it
+    text: such a record is malformed_chunked_encoding; a body cut short keeps its chunks; the
+    reader's counters are `bad_<reason>` once, never `bad_bad_...`."""
+    html = page(EN).encode()
+    lies = {
+        "huge": b"ffffffffffffffff\r\n" + html + b"\r\n0\r\n\r\n",
+        "past-the-end": b"%x\r\n" % (len(html) + 500) + html + b"\r\n0\r\n\r\n",
+        "over-the-limit": b"%x\r\n" % (MAX_RECORD_BYTES + 1) + html,
+    }
+    records = [ok(f"http://a/{k}", v, Transfer_Encoding="chunked") for k, v in lies.items()]
+    records.append(ok("http://a/cut", chunked(html, 300)[:-400], Transfer_Encoding="chunked"))
+    records.append(warc_record("response", html, url="http://a/no-http"))
+    path = write_warc(tmp_path, records)
+    events = list(iter_warc_documents(path))
+    recs, reasons = split(events)
+    assert reasons == {"malformed_chunked_encoding": 3, "malformed_http_header": 1}
+    assert [r.url for r in recs] == ["http://a/cut"] and EN in recs[0].text and "\r\n0" not in recs[0].text
+    details = [e.detail for e in events if isinstance(e, BadRecord)]
+    assert "a chunk of 18,446,744,073,709,551,615 bytes at body byte 0, over 8,388,608" in details[0]
+    assert "runs past the body's last chunk" in details[1]
+    reader = WarcReader([str(path)])
+    assert len(list(reader.run())) == 1
+    counters = set(reader.stats.stats)
+    assert {"bad_malformed_chunked_encoding", "bad_malformed_http_header"} <= counters
+    assert not [c for c in counters if c.startswith(("bad_bad_", "skipped_skipped_"))]
 
 
 # --- size limits: a huge page and gzip bombs ------------------------------------------------------

@@ -8,7 +8,7 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
 
 - Only `response` records are read; request, metadata, revisit, resource... records are
   counted as `skipped_<type>`, as the WET reader counts records that are not conversions.
-- The payload is an HTTP message. No status line and header block: `bad_http_header`. A status
+- The payload is an HTTP message. No status line and header block: `malformed_http_header`. A status
   other than 2xx: `skipped_http_status`. A body that is not HTML: `skipped_non_html`. The type is
   Common Crawl's `WARC-Identified-Payload-Type` (detected from the bytes) when the record has
   one, else the HTTP `Content-Type`, else the body's first bytes (`<!doctype html`, `<html`, ...).
@@ -20,8 +20,8 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
   that is plainly not in the encoding its header names (no gzip magic, or no such stream, and it
   starts with `<`) was stored decoded under the original header, and is used as it is. A body
   cut short (a truncated record) keeps what its chunks and stream gave. Chunks that do not
-  parse: `bad_chunked_encoding`; a stream that does not inflate or an encoding we do not know:
-  `bad_content_encoding`.
+  parse: `malformed_chunked_encoding`; a stream that does not inflate or an encoding we do not know:
+  `malformed_content_encoding`.
 - Charset, in this order: a byte-order mark (it decides); the HTTP `Content-Type` charset; a
   `<meta charset>` or `<meta http-equiv=Content-Type>` in the first 4,096 bytes; uchardet's
   detection (resiliparse `detect_encoding`). Labels are read as browsers read them (WHATWG:
@@ -203,17 +203,30 @@ def _brotli(body: bytearray, limit: int) -> bytearray:
         piece = d.process(b"", output_buffer_limit=1 << 20)
 
 
-def dechunk(body: bytearray) -> bytearray:
+#: what ends a chunked body (the last chunk, no trailers): a chunk that claims to run past the
+#: body's end while the body ends so was a lie, not a record cut short
+_LAST_CHUNKS = (b"\r\n0\r\n\r\n", b"\n0\n\n")
+
+
+def dechunk(body: bytearray, limit: int = MAX_RECORD_BYTES) -> bytearray:
     """The body of `Transfer-Encoding: chunked`; a body cut short (a truncated record) keeps its
-    whole chunks and the start of the last one."""
+    whole chunks and the start of the last one. A chunk larger than `limit`, or one running past
+    the end of a body that ends with the last chunk, is `malformed_chunked_encoding`: its size
+    is a lie, and taking it would make the framing after it text."""
     out, pos = bytearray(), 0
     while pos < len(body):
         m = _CHUNK_SIZE.match(body, pos)
         if m is None:
-            raise _BodyError("bad_chunked_encoding", f"no chunk size line at body byte {pos}")
+            raise _BodyError("malformed_chunked_encoding", f"no chunk size line at body byte {pos}")
         size, pos = int(m.group(1), 16), m.end()
         if size == 0:  # the last chunk; trailers follow
             return out
+        if size > limit:
+            detail = f"a chunk of {size:,} bytes at body byte {m.start()}, over {limit:,} (input.max_record_bytes)"
+            raise _BodyError("malformed_chunked_encoding", detail)
+        if pos + size > len(body) and body.endswith(_LAST_CHUNKS):
+            detail = f"a chunk of {size:,} bytes at body byte {m.start()} runs past the body's last chunk"
+            raise _BodyError("malformed_chunked_encoding", detail)
         out += body[pos : pos + size]
         pos += size
         if body.startswith(b"\r\n", pos):
@@ -229,9 +242,9 @@ def decode_body(payload: bytearray, start: int, headers: dict[str, str], limit: 
     body = payload
     if "chunked" in headers.get("transfer-encoding", "").lower():
         if _CHUNK_SIZE.match(body):
-            body = dechunk(body)
+            body = dechunk(body, limit)
         elif not _is_markup(body):
-            raise _BodyError("bad_chunked_encoding", "no chunk size line at body byte 0")
+            raise _BodyError("malformed_chunked_encoding", "no chunk size line at body byte 0")
     for coding in reversed([c.strip() for c in headers.get("content-encoding", "").lower().split(",") if c.strip()]):
         if coding in ("identity", "none"):
             continue
@@ -246,11 +259,11 @@ def decode_body(payload: bytearray, start: int, headers: dict[str, str], limit: 
             elif coding == "br":
                 body = _brotli(body, limit)
             else:
-                raise _BodyError("bad_content_encoding", f"Content-Encoding {coding!r} is not supported")
+                raise _BodyError("malformed_content_encoding", f"Content-Encoding {coding!r} is not supported")
         except (isal_zlib.error, zlib.error, brotli.error) as e:
             if _is_markup(body):
                 continue
-            raise _BodyError("bad_content_encoding", f"{coding} body does not decode ({e})") from None
+            raise _BodyError("malformed_content_encoding", f"{coding} body does not decode ({e})") from None
     return body
 
 
@@ -369,7 +382,8 @@ class WarcConverter:
             return [SkippedRecord(rtype, source, off)]
         head = http_head(rec.payload)
         if head is None:
-            return [_warn(BadRecord("bad_http_header", source, off, f"{rid}: no HTTP status line and header block"))]
+            detail = f"{rid}: no HTTP status line and header block"
+            return [_warn(BadRecord("malformed_http_header", source, off, detail))]
         status, headers, start = head
         if not 200 <= status < 300:
             return [SkippedRecord("http_status", source, off)]
