@@ -679,7 +679,8 @@ def test_no_calibrated_word_length_bounds_exclude_each_other(fineweb2_configs, t
     out.unlink()
     assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.endswith("deu_Latn.yml: max_avg_word_length: -15 is no threshold (FineWeb-2 writes -1 to switch a rule off)")
+    want = "deu_Latn.yml: max_avg_word_length: -15 is no threshold (FineWeb-2 writes -1 to switch a rule off)"
+    assert line.endswith(want), line
     assert not out.exists()
 
 
