@@ -60,6 +60,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -466,7 +467,8 @@ def prepare_index(c: Decontaminate.Config) -> IndexInfo:
         except (OSError, ValueError, KeyError, TypeError) as e:
             logger.warning(f"decontaminate: {folder}: unusable ({e}); building it again")
             shutil.rmtree(folder, ignore_errors=True)
-    tmp = root / f"{folder.name}.tmp-{os.getpid()}"
+    # unique per process and machine: plannings on two nodes may share `index_dir` (and a pid)
+    tmp = root / f"{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     shutil.rmtree(tmp, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     with on_failure(lambda: shutil.rmtree(tmp, ignore_errors=True), tmp):
