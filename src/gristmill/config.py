@@ -30,7 +30,7 @@ from gristmill.core.configlib import (
 )
 from gristmill.core.step import registered_steps, step_id
 from gristmill.core.storage import StorageConfig
-from gristmill.input.warc import DEFAULT_EXTRACTOR, MAX_HTML_TAGS, Extractor
+from gristmill.input.warc import DEFAULT_EXTRACTOR, MAX_ATTRIBUTES, MAX_HTML_TAGS, Extractor
 from gristmill.input.wet import MAX_RECORD_BYTES
 from gristmill.pipeline.rundir import run_dir_kind
 
@@ -213,6 +213,12 @@ class InputConfig(Strict):
         description="format warc: a page with more start tags than this is skipped and counted as too_many_tags "
         "(an extractor's memory and time grow with the elements, not the bytes)",
     )
+    max_html_attributes: int = Field(
+        MAX_ATTRIBUTES,
+        ge=1,
+        description="format warc: a page with an element of more attributes than this is skipped and counted as "
+        "too_many_attributes (both extractors take time quadratic in one element's distinct attributes)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -223,6 +229,10 @@ class InputConfig(Strict):
             raise ValueError(f"`extractor: {self.extractor}` extracts HTML: it needs `format: warc`")
         if self.format != "warc" and self.max_html_tags != MAX_HTML_TAGS:
             raise ValueError(f"`max_html_tags: {self.max_html_tags}` limits HTML pages: it needs `format: warc`")
+        if self.format != "warc" and self.max_html_attributes != MAX_ATTRIBUTES:
+            raise ValueError(
+                f"`max_html_attributes: {self.max_html_attributes}` limits HTML pages: it needs `format: warc`"
+            )
         return self
 
 

@@ -475,3 +475,117 @@ def test_a_pipeline_run_drops_contaminated_records_and_refuses_a_changed_benchma
     # the config.yaml of the run names the old sha256: resuming from it refuses the file too
     pinned = pipeline("validate", str(tmp_path / "run" / "config.yaml"))
     assert pinned.returncode != 0 and "benchmarks[0].sha256: " in pinned.stderr and "changed (recorded" in pinned.stderr
+
+
+def _planning_peak(tmp_path: Path, bench: dict, **params) -> tuple[str, int]:
+    """(the error line, or "", and the peak RSS over the imports) of building the step in a
+    fresh process, as `pipeline run` plans it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import resource, sys
+        from gristmill.dedup.decontaminate import Decontaminate, BenchmarkError
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+            Decontaminate(benchmarks=[{bench!r}], index_dir={str(tmp_path / "index")!r}, **{params!r})
+            message = ""
+        except BenchmarkError as e:
+            message = str(e)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print((peak - base) * 1024, message, sep="\\t")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    peak, message = out.stdout.strip().split("\t", 1) if "\t" in out.stdout else (out.stdout.strip(), "")
+    return message, int(peak)
+
+
+def test_a_record_over_max_record_bytes_is_refused_before_it_is_held(tmp_path):
+    """A 96 MB one-line `.txt` (and a gzipped JSONL record of as much) once took planning to ~25
+    bytes a byte; now the reader holds at most `max_record_bytes` of a line, refuses it naming
+    file, line and setting, and the planning process peaks far below what the line would cost."""
+    import gzip
+
+    line = b"ab cd ef gh " * (8 << 20)  # 96 MB, no newline
+    (tmp_path / "one.txt").write_bytes(b"a fine first line of a benchmark text here\n" + line)
+    message, peak = _planning_peak(tmp_path, {"path": str(tmp_path / "one.txt")})
+    assert message == (
+        f"{tmp_path / 'one.txt'}:2: a line of over 1,048,576 bytes (decontaminate.max_record_bytes): no benchmark "
+        "text is that long; raise the setting if this one is"
+    )
+    assert peak < 64 << 20, peak  # the line held as words: ~3 GB
+    with gzip.open(tmp_path / "big.jsonl.gz", "wb") as f:
+        f.write(b'{"question": "' + line + b'"}\n')
+    message, peak = _planning_peak(tmp_path, {"path": str(tmp_path / "big.jsonl.gz"), "field": "question"})
+    assert message.startswith(f"{tmp_path / 'big.jsonl.gz'}:1: a line of over 1,048,576 bytes") and peak < 64 << 20
+    pq.write_table(
+        pa.table({"q": ["a short text of enough words to count here", "x " * (1 << 20)]}), tmp_path / "p.parquet"
+    )
+    message = _error(tmp_path, {"path": str(tmp_path / "p.parquet"), "field": "q"})
+    assert "p.parquet: row 1: field 'q' of 2,097,152 bytes, over 1,048,576 (decontaminate.max_record_bytes)" in message
+    # at the limit, and with the limit raised, the record is read
+    ok = " ".join(f"w{i}" for i in range(200_000))[: 1 << 20]
+    (tmp_path / "at.txt").write_text(ok + "\n")  # exactly the limit's bytes, and its newline
+    assert step(tmp_path, [{"path": str(tmp_path / "at.txt")}]).index.ngrams > 100_000
+    assert step(tmp_path, [{"path": str(tmp_path / "p.parquet"), "field": "q"}], max_record_bytes=4 << 20).index.ngrams
+
+
+def test_deep_json_and_lone_surrogates_are_one_line_naming_file_and_line(tmp_path):
+    ok = '{"question": "a fine benchmark question of enough words"}\n'
+    cases = {
+        "deep.jsonl": (
+            ok + '{"question": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+            "deep.jsonl:2: JSON nested too deep",
+        ),
+        "surrogate.jsonl": (
+            ok + '{"question": "text with a lone \\ud800 surrogate in it"}\n',
+            "surrogate.jsonl:2: field 'question' holds a lone surrogate (U+D800",
+        ),
+        "in_a_list.jsonl": (ok + '{"question": ["fine", "\\udfff"]}\n', "in_a_list.jsonl:2: field 'question' holds"),
+    }
+    for name, (content, expected) in cases.items():
+        (tmp_path / name).write_text(content)
+        message = _error(tmp_path, {"path": str(tmp_path / name), "field": "question"})
+        assert expected in message and "\n" not in message and "Recursion" not in message, message
+
+
+def test_the_plan_counts_what_building_the_index_holds(tmp_path, passages):
+    """`memory_bytes` is the larger of a task's figure and the build's (a record at
+    max_record_bytes, a batch of words, the n-grams), so `pipeline plan` refuses a record limit
+    that the planning could not hold, naming the setting."""
+    from gristmill.dedup.decontaminate import BUILD_BATCH_BYTES, BUILD_BYTES_PER_NGRAM, RECORD_BYTES_PER_BYTE
+
+    bench = [{"path": str(write_jsonl(tmp_path / "b.jsonl", passages["en"])), "field": "question"}]
+    small, large = step(tmp_path, bench), step(tmp_path, bench, max_record_bytes=64 << 20)
+    assert large.index.folder == small.index.folder  # the limit does not shape the index
+    build = RECORD_BYTES_PER_BYTE * (64 << 20) + BUILD_BATCH_BYTES + BUILD_BYTES_PER_NGRAM * large.index.ngrams
+    assert large.build_bytes() == build and large.memory_bytes(None) == build > small.memory_bytes(None)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "run_dir": str(tmp_path / "run"),
+                "executor": {"memory_gb_per_task": 1},
+                "input": {"paths": [str(tmp_path / "b.jsonl")]},
+                "steps": [
+                    {
+                        "decontaminate": {
+                            "benchmarks": bench,
+                            "index_dir": str(tmp_path / "index"),
+                            "max_record_bytes": 1 << 30,
+                        }
+                    }
+                ],
+            }
+        )
+    )
+    res = pipeline("plan", str(cfg))
+    import re
+
+    out = " ".join((res.stdout + res.stderr).split())
+    m = re.search(r"✗ 01_curate: needs ~([\d.]+) GB per task", out)
+    assert m and float(m.group(1)) >= 32, out  # 32 bytes a byte of a 1 GiB record

@@ -68,3 +68,20 @@ def test_pipeline_run_with_both_dedups_is_task_count_invariant(tmp_path, wet_fil
         outputs.append(sorted(zip(t["id"], t["text"])))
     assert outputs[0] == outputs[1] == outputs[2]
     assert 300 < len(outputs[0]) < 600  # 609 records: exact paragraph dedup drops some documents
+
+
+def test_signature_tasks_ending_together_each_write_lsh_json(dedup_corpus, tmp_path):
+    """Every signature task writes the stage's `lsh.json`: 16 tasks on 4 workers end together
+    over and over, and none fails on another's temporary file; the file is whole and one of theirs."""
+    import json
+
+    from gristmill.pipeline.execution.executors import make_executor
+
+    stages = plan_on_parquet("near_dedup", {}, dedup_corpus / "docs", tmp_path / "run", tasks=16, workers=4)
+    signature = stages[0]
+    assert signature.name == "near_dedup_signature" and signature.tasks == 16
+    make_executor(signature).run()
+    assert sorted(p.name for p in (signature.folder / "completions").iterdir()) == [f"{r:05d}" for r in range(16)]
+    meta = json.loads((signature.folder / "lsh.json").read_text())
+    assert meta["bands"] * meta["rows"] <= meta["num_perm"] and meta["sorted_by_key"] is True
+    assert not [p for p in signature.folder.rglob("*") if p.name.endswith(".tmp")]

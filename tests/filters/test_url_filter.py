@@ -303,10 +303,25 @@ def test_decisions_equal_datatrove_on_the_wet_sample(ours, datatrove, sample_url
     assert decisions.count("blocklisted_domain") == 24 and decisions.count("banned_word") == 1
 
 
+def _reads_another_host(url: str) -> bool:
+    """tldextract's host of `url` is not the one a browser goes to."""
+    from tldextract.remote import lenient_netloc
+
+    from gristmill.filters.url_host import browser_host
+
+    browser = browser_host(url)
+    return browser is not None and browser != normalize_host(lenient_netloc(url))
+
+
 def test_decisions_equal_datatrove_on_generated_adversarial_urls(ours, datatrove, generated):
+    """Equal, but where tldextract reads another host than a browser's (`http:/bad.com/`, a
+    leading space): there the browser's host is looked up too, and drops it when listed (before
+    the word rules, which datatrove then applies)."""
     assert len(generated) > 3000
     bad = _disagreements(ours, datatrove, generated)
-    assert bad == [], f"{len(bad)} disagreements, first: {bad[:10]}"
+    blocked = ("blocklisted_domain", "blocklisted_subdomain")
+    misread = [(u, a, b) for u, a, b in bad if a in blocked and b not in blocked and _reads_another_host(u)]
+    assert len(misread) == len(bad) > 0, f"{len(bad)} disagreements, first: {[x for x in bad if x not in misread][:10]}"
     reasons = {datatrove_decide(datatrove, u) for u in generated}
     assert reasons == {True, *DATATROVE_REASONS.values()}  # every rule fired somewhere
 
@@ -659,3 +674,100 @@ def test_memory_of_a_task_is_the_estimate_and_small(cache_dir, ours):
     )
     assert peak - base <= estimate
     assert peak <= BASE_TASK_BYTES + estimate
+
+
+def _browser_forms(host: str) -> list[str]:
+    """URLs a browser reads as `http://{host}/`, which a lenient split reads otherwise."""
+    first = f"%{ord(host[0]):02X}{host[1:]}"
+    return [
+        f"http://{first}/",  # a percent-encoded host
+        f"http://{host}\\@elsewhere.example/",  # a backslash before the userinfo's @
+        f"http:/{host}/",  # one slash
+        f"http:{host}/",  # none
+        f"http:\\\\{host}/",  # backslashes
+        f"https:///{host}/x",  # three slashes
+        f" http://{host}/",  # leading space
+        f"http://{host[:1]}\t{host[1:]}/",  # a tab inside (removed)
+        f"http://u:p@{host}:8080/",  # userinfo and port
+        f"http://{host}%2E/",  # an encoded trailing dot
+        f"http://{host}./",  # a trailing dot
+    ]
+
+
+def test_browser_forms_of_a_listed_host_are_decided_as_the_host(ours, suffixes, listed):
+    """For ~230 real blocklisted domains and hosts, every form a browser reads as the same host
+    (percent-encoding, `\\` before userinfo, one or no slash, ...) gets the plain URL's decision
+    in both matches: 100% of them passed before. IPv4 hosts in their other forms (hex, octal,
+    one number) as the dotted form: dropped by `host_suffixes`, kept by `datatrove` (its quirk)."""
+    hosts = listed["domains"] + listed["hosts"][:20]
+    assert len(hosts) > 200
+    for step in (ours, suffixes):
+        for host in hosts:
+            plain = decide(step, f"http://{host}/")
+            assert plain in ("blocklisted_domain", "blocklisted_subdomain"), (host, plain)
+            for url in _browser_forms(host):
+                assert decide(step, url) == plain, (step.config.blocklist_match, url)
+    for ip in listed["ips"][:10]:
+        a, b, c, d = map(int, ip.split("."))
+        forms = [
+            f"http://0x{a:x}.{b}.{c}.{d}/",
+            f"http://0{a:o}.{b}.{c}.{d}/",
+            f"http://{a << 24 | b << 16 | c << 8 | d}/",
+        ]
+        forms.append(f"http://{a}.{b}.{c << 8 | d}/")
+        assert decide(suffixes, f"http://{ip}/") == "blocklisted_domain"
+        for url in forms:
+            assert decide(suffixes, url) == "blocklisted_domain", url
+            assert decide(ours, url) is True, url  # datatrove's: an IP host has no registered domain
+    # the quirks datatrove mode keeps are kept: case, and no lookup between host and domain
+    assert decide(ours, "http://WWW.0-800-EMAIL.COM/") is True
+
+
+def test_an_allow_list_is_not_fooled_by_a_backslash(cache_dir):
+    """`http://bad.com\\@good.com/` goes to bad.com: an allow list of good.com does not keep it,
+    the blocklist drops it, in both matches; good.com's own pages stay allowed."""
+    listed_host = "0-800-email.com"
+    for match in ("datatrove", "host_suffixes"):
+        step = UrlFilter(cache_dir=str(cache_dir), blocklist_match=match, allow=[{"domains": ["good.com"]}])
+        for url in (
+            f"http://{listed_host}\\@good.com/",
+            f"http://{listed_host}\\@www.good.com/x",
+            f"http:/{listed_host}\\@good.com",
+            f"http://%{ord(listed_host[0]):02x}{listed_host[1:]}\\@good.com/",
+        ):
+            assert decide(step, url) == "blocklisted_domain", (match, url)
+        assert decide(step, f"http://{listed_host}@good.com/") is True  # userinfo: good.com's page
+        assert decide(step, "http://www.good.com/porn") is True  # allowed over a banned word
+        assert step.stats["allowed_domain"].total == 2
+    # a URL allow list: the same reading (`url_key`)
+    step = UrlFilter(cache_dir=str(cache_dir), allow=[{"urls": ["good.com/@x"]}])
+    assert url_key(f"http://{listed_host}\\@good.com/@x") == f"{listed_host}/@good.com/@x"
+    assert decide(step, f"http://{listed_host}\\@good.com/@x") == "blocklisted_domain"
+    assert decide(step, "http://good.com/@x") is True and step.stats["allowed_url"].total == 1
+
+
+def test_hosts_are_parsed_as_the_url_standard_parses_them():
+    from gristmill.filters.url_host import browser_host, parse
+
+    cases = {
+        "http://%62ad.com/": "bad.com",
+        "http://bad.com\\@x/": "bad.com",
+        "http:/bad.com/": "bad.com",
+        "HTTP:\\\\BAD.com.:80": "bad.com",
+        "http://b\u00fccher.de/": "xn--bcher-kva.de",
+        "http://\uff42\uff41\uff44.com/": "bad.com",  # fullwidth letters map to ASCII
+        "http://0x7f.1/": "127.0.0.1",
+        "http://2130706433/": "127.0.0.1",
+        "http://0177.0.0.1/": "127.0.0.1",
+        "http://[2001:DB8:0::1]/": "[2001:db8::1]",
+        "http://@bad.com/": "bad.com",
+        "android-app://com.Example/x": "com.Example",  # an opaque host: as written
+    }
+    for url, host in cases.items():
+        assert browser_host(url) == host, url
+    # what no browser opens: no host
+    for url in ("http://256.1.1.1/", "http://x@/", "http://bad.com:99999/", "http://a%00b.com/", "mailto:a@bad.com"):
+        assert browser_host(url) is None, url
+    assert browser_host("noscheme.com/x") is None
+    assert parse("http://a.com\\p\\q?x\\y#z\\").rest == "/p/q?x\\y#z\\"  # the path's backslashes only
+    assert parse("file:///etc/x").host == "" and parse("file://srv/x").host == "srv"

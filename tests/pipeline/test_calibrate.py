@@ -626,6 +626,71 @@ def test_fineweb2_stop_words_decide_the_stop_word_rule(fineweb2_configs, tmp_pat
     assert flt.filter_batch([iso_only, fineweb2]) == [(False, "gopher_enough_stop_words"), True]
 
 
+def _fineweb2_copy(fineweb2_configs: Path, tmp_path: Path, name: str, **edits) -> Path:
+    """A FineWeb-2 configs folder holding one of its configs, edited."""
+    import shutil
+
+    configs = tmp_path / "fw" / "configs"
+    configs.mkdir(parents=True)
+    shutil.copyfile(fineweb2_configs.parent / "fineweb2-language-distribution.csv", configs.parent / "x.csv")
+    (configs.parent / "x.csv").rename(configs.parent / "fineweb2-language-distribution.csv")
+    cfg = yaml.safe_load((fineweb2_configs / f"{name}.yml").read_text())
+    (configs / f"{name}.yml").write_text(yaml.safe_dump({**cfg, **edits}, allow_unicode=True))
+    return configs
+
+
+def test_no_calibrated_stop_word_rule_drops_every_page(fineweb2_configs, tmp_path, capsys):
+    """FineWeb-2's Tibetan list keeps one entry gristmill's tokenizer leaves whole (`།`; 9 of its
+    10 are split) while its `min_stop_words` is 2: every Tibetan page would be dropped. The
+    calibration lowers the bound to the list's distinct words, says so, and a Tibetan page
+    passes; an empty list is left out and named."""
+    out = tmp_path / "bo.yaml"
+    assert main(["calibrate", "--from-fineweb2", str(fineweb2_configs), "--languages", "bo", "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    bo = yaml.safe_load(out.read_text())["gopher_quality"]["per_language"]["bo"]
+    assert bo["stop_words"] == ["\u0f0d"] and bo["min_stop_words"] == 1
+    want = "gopher_quality.min_stop_words changed, more than the 1 distinct words of its stop_words: no page could"
+    assert want + " pass (1): bo 2->1" in err
+    assert "min_stop_words changed" in " ".join(out.read_text().replace("#", " ").split())  # and in the file
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(out), "steps": ["gopher_quality"]})
+    params = {**_OFF["gopher_quality"], "min_stop_words": 2, "per_language": cfg.specs[0].params.per_language}
+    page = " ".join(["\u0f56\u0f7c\u0f51"] * 10) + " \u0f0d"  # ten words and a shad
+    doc = Document(text=page, id="1", metadata={"language": "bo"})
+    assert GopherQuality(**params).filter_batch([doc]) == [True]
+    # an empty list: no stop word could be found; left out, so the language's own list (none for bo) applies
+    configs = _fineweb2_copy(fineweb2_configs, tmp_path, "bod_Tibt", stopwords=[])
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "gopher_quality.stop_words left out (the default applies), an empty list: no page could hold" in err
+    bo = yaml.safe_load(out.read_text())["gopher_quality"]["per_language"]["bo"]
+    assert "stop_words" not in bo and "min_stop_words" not in bo
+    cfg = from_dict({"input": {"paths": ["x"]}, "calibration": str(out), "steps": ["gopher_quality"]})
+    params = {**_OFF["gopher_quality"], "min_stop_words": 2, "per_language": cfg.specs[0].params.per_language}
+    assert GopherQuality(**params).filter_batch([doc]) == [True]
+
+
+def test_no_calibrated_word_length_bounds_exclude_each_other(fineweb2_configs, tmp_path, capsys):
+    """A mean word length of at least 99 and at most 23 passes no page: both are left out and
+    named. A negative other than FineWeb-2's -1 (its off-switch) is no threshold: refused, one
+    line naming file and key, nothing written."""
+    out = tmp_path / "cal.yaml"
+    configs = _fineweb2_copy(fineweb2_configs, tmp_path, "deu_Latn", min_avg_word_length=99)
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    de = yaml.safe_load(out.read_text())["gopher_quality"]["per_language"]["de"]
+    assert "min_avg_word_length" not in de and "max_avg_word_length" not in de
+    assert "min_avg_word_length 99 above max_avg_word_length" in err
+    (configs / "deu_Latn.yml").write_text(
+        yaml.safe_dump({**yaml.safe_load((fineweb2_configs / "deu_Latn.yml").read_text()), "max_avg_word_length": -15})
+    )
+    out.unlink()
+    assert main(["calibrate", "--from-fineweb2", str(configs), "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    want = "deu_Latn.yml: max_avg_word_length: -15 is no threshold (FineWeb-2 writes -1 to switch a rule off)"
+    assert line.endswith(want), line
+    assert not out.exists()
+
+
 def test_fineweb2_merged_onto_a_base_replaces_its_keys_and_keeps_the_rest(fineweb2_configs, tmp_path):
     base = REPO / "configs" / "calibration" / "udhr.yaml"
     out = tmp_path / "merged.yaml"

@@ -147,14 +147,14 @@ def test_nul_bytes_are_escaped_in_every_line_and_each_record_counted_once(tmp_pa
     logs = b"".join(p.read_bytes() for p in (tmp_path / "run").rglob("*.log"))
     for what in (res.stderr, logs):  # what the terminal and the task's log received
         assert b"\x00" not in what and b"\x1b" not in what
-    warned = [ln for ln in res.stderr.decode().splitlines() if "bad_content_length" in ln]
+    warned = [ln for ln in res.stderr.decode().splitlines() if "wrong_content_length" in ln]
     assert len(warned) == flawed
     assert any("<urn:uuid:\\x00\\x1b[2Jcafe>" in ln for ln in warned), warned
     stats = json.loads(_cli("stats", tmp_path / "run", "--json").stdout)
     read = stats["journey"][0]
     # 21 records: 21 documents, 7 of them with a flaw noted, none counted twice
     assert (read["docs_in"], read["docs_out"], read["dropped"]) == (21, 21, 0), read
-    assert "kept despite bad_content_length 7" in read["notes"], read["notes"]
+    assert "kept despite wrong_content_length 7" in read["notes"], read["notes"]
     assert stats["funnel"][0]["docs_in"] == 21 and stats["funnel"][-1]["docs_out"] == 21
     shown = _cli("stats", tmp_path / "run").stdout
     assert b"\x00" not in shown and b"\x1b" not in shown

@@ -31,6 +31,7 @@ from gristmill.input.warc import (
     DEPTH_CHECK_TAGS,
     EXTRACTION_BYTES_PER_BYTE,
     EXTRACTORS,
+    MAX_ATTRIBUTES,
     MAX_DEPTH,
     MAX_HTML_TAGS,
     TREE_BYTES_PER_TAG,
@@ -286,11 +287,11 @@ def test_crafted_faults_are_counted_and_never_fatal(tmp_path):
         "skipped_metadata": 1,
         "skipped_revisit": 1,
         "undecodable_bytes": 1,  # kept: flagged, not lost
-        "bad_http_header": 1,
-        "bad_content_encoding": 2,  # the corrupt gzip stream, zstd
-        "bad_chunked_encoding": 1,
+        "malformed_http_header": 1,
+        "malformed_content_encoding": 2,  # the corrupt gzip stream, zstd
+        "malformed_chunked_encoding": 1,
         "empty_text": 1,
-        "bad_warc_header": 1,
+        "malformed_warc_header": 1,
     }
     texts = {r.url.removeprefix("http://a/"): r.text for r in recs}
     assert sorted(texts) == sorted(
@@ -378,6 +379,34 @@ def test_dechunk_keeps_what_a_cut_body_holds():
     assert dechunk(bytearray(chunked(body, 7))) == body
     cut = chunked(body, 50)[:120]
     assert body.startswith(bytes(dechunk(bytearray(cut)))) and len(dechunk(bytearray(cut))) > 50
+
+
+def test_a_chunk_size_that_lies_is_counted_not_read_as_text(tmp_path):
+    """`ffffffffffffffff` (or any size past the body's last chunk) would make the framing after it
+    text: such a record is malformed_chunked_encoding; a body cut short keeps its chunks; the
+    reader's counters are `bad_<reason>` once, never `bad_bad_...`."""
+    html = page(EN).encode()
+    lies = {
+        "huge": b"ffffffffffffffff\r\n" + html + b"\r\n0\r\n\r\n",
+        "past-the-end": b"%x\r\n" % (len(html) + 500) + html + b"\r\n0\r\n\r\n",
+        "over-the-limit": b"%x\r\n" % (MAX_RECORD_BYTES + 1) + html,
+    }
+    records = [ok(f"http://a/{k}", v, Transfer_Encoding="chunked") for k, v in lies.items()]
+    records.append(ok("http://a/cut", chunked(html, 300)[:-400], Transfer_Encoding="chunked"))
+    records.append(warc_record("response", html, url="http://a/no-http"))
+    path = write_warc(tmp_path, records)
+    events = list(iter_warc_documents(path))
+    recs, reasons = split(events)
+    assert reasons == {"malformed_chunked_encoding": 3, "malformed_http_header": 1}
+    assert [r.url for r in recs] == ["http://a/cut"] and EN in recs[0].text and "\r\n0" not in recs[0].text
+    details = [e.detail for e in events if isinstance(e, BadRecord)]
+    assert "a chunk of 18,446,744,073,709,551,615 bytes at body byte 0, over 8,388,608" in details[0]
+    assert "runs past the body's last chunk" in details[1]
+    reader = WarcReader([str(path)])
+    assert len(list(reader.run())) == 1
+    counters = set(reader.stats.stats)
+    assert {"bad_malformed_chunked_encoding", "bad_malformed_http_header"} <= counters
+    assert not [c for c in counters if c.startswith(("bad_bad_", "skipped_skipped_"))]
 
 
 # --- size limits: a huge page and gzip bombs ------------------------------------------------------
@@ -504,6 +533,135 @@ def test_a_page_of_too_many_tags_is_counted_not_parsed(tmp_path):
         assert [r.url.removeprefix("http://a/") for r in recs] == kept
         assert reasons == {"too_many_tags": 3 - len(kept)}
     assert start_tags("<p>a</p><!-- x --><!DOCTYPE html><br/>") == 4  # comments make nodes too
+
+
+_WS = " \t\n\f\r"
+
+
+def _attribute_step(state: str, c: str) -> tuple[str | None, int]:
+    """The HTML standard's tokenizer from "tag name" to "self-closing start tag", one character:
+    (the next state, None once the tag ends; 1 if a new attribute began). The reference
+    `gristmill.native._html` is tested equal to."""
+    while True:
+        if state == "tag":
+            return ("before" if c in _WS else "self" if c == "/" else None if c == ">" else "tag"), 0
+        if state == "before":
+            if c in _WS:
+                return "before", 0
+            if c in "/>":
+                state = "after"
+                continue
+            return "name", 1
+        if state == "name":
+            if c in _WS or c in "/>":
+                state = "after"
+                continue
+            return ("value?" if c == "=" else "name"), 0
+        if state == "after":
+            if c in _WS:
+                return "after", 0
+            if c in "/=>":
+                return {"/": "self", "=": "value?", ">": None}[c], 0
+            return "name", 1
+        if state == "value?":
+            return ("value?" if c in _WS else {'"': "dq", "'": "sq", ">": None}.get(c, "unquoted")), 0
+        if state in ("dq", "sq"):
+            return ("quoted" if c == {"dq": '"', "sq": "'"}[state] else state), 0
+        if state == "unquoted":
+            return ("before" if c in _WS else None if c == ">" else "unquoted"), 0
+        if state == "quoted":
+            if c in _WS + "/>":
+                return {"/": "self", ">": None}.get(c, "before"), 0
+            state = "before"
+            continue
+        if c == ">":  # self-closing start tag
+            return None, 0
+        state = "before"
+
+
+def most_attributes_reference(html: str) -> tuple[int, int]:
+    """(most attributes, first `<` with that many) over a scan from every `<` and `</` before
+    an ASCII letter, each scan on its own: quadratic, for tests."""
+    best, at = 0, -1
+    for s in range(len(html) - 1):
+        if html[s] != "<":
+            continue
+        j = s + 1 + (html[s + 1] == "/")
+        if j >= len(html) or not (html[j].isascii() and html[j].isalpha()):
+            continue
+        state, k = "tag", 0
+        for c in html[j + 1 :]:
+            state, added = _attribute_step(state, c)
+            if state is None:
+                break
+            k += added
+        if k > best:
+            best, at = k, s
+    return best, at
+
+
+def test_attributes_are_counted_as_the_tokenizer_reads_tags(sample):
+    """`most_attributes` (C) equals the quadratic reference on the sample's 16 pages and on 5,000
+    random strings of markup characters, and finds the tags a parser would not see as such."""
+    import random
+
+    from gristmill.input.warc import decode_body, http_head
+    from gristmill.native._html import most_attributes
+
+    pages = []
+
+    def keep(rec):
+        head = http_head(rec.payload)
+        if rec.fields["warc-type"] == "response" and head is not None:
+            pages.append(decode_html(decode_body(rec.payload, head[2], head[1], 1 << 25), None)[0])
+        return []
+
+    list(iter_records(sample, keep, None, 1 << 25))
+    assert len(pages) == 16
+    for html in pages:
+        assert most_attributes(html, 1 << 40) == most_attributes_reference(html)
+        assert most_attributes(html, 1 << 40)[0] < 100  # real elements have a few
+    rnd = random.Random(7)
+    pieces = list("<>/=\"' \t\nab") + ["é", "<a", "</b", "\u4e00", "\U0001f600"]
+    for _ in range(5000):
+        html = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 50)))
+        assert most_attributes(html, 1 << 40) == most_attributes_reference(html), repr(html)
+    cases = {
+        "<div a b c>": (3, 0),
+        "<p x=\"1\"y='2'z=3/v /w>": (4, 0),  # none needed after a quoted value; `/` separates, not in a value
+        "<p =x>": (1, 0),  # `=` begins a name here
+        "<!-- <p a b> -->x": (2, 5),  # a tag in a comment is counted too (it may be none)
+        '<p a=">" b=">" c>': (3, 0),  # `>` inside quotes ends nothing
+        "</p a b>": (2, 0),  # an end tag's attributes (parsers read them, then drop them)
+        "a < b c d": (0, -1),  # `<` before a space starts no tag
+    }
+    for html, expected in cases.items():
+        assert most_attributes(html, 1 << 40) == most_attributes_reference(html) == expected, html
+    assert most_attributes("<div " + "a " * 5000, 10) == (11, 0)  # it stops once over the limit
+
+
+def test_an_element_of_300000_attributes_is_counted_not_parsed(tmp_path):
+    """One `<div a0=1 ... a299999=1>` (2.7 MB) would keep either parser busy for minutes: the
+    reader counts it `too_many_attributes` and reads on; attributes hidden from a naive count
+    (quoted `>`s, a tag opened in a script) are found too; a page at the limit is extracted."""
+    hostile = "<html><body><div " + " ".join(f"a{i}=1" for i in range(300_000)) + f">{EN}</div></body></html>"
+    quoted = "<html><body><p " + " ".join(f'a{i}=">"' for i in range(5000)) + f">{EN}</p></body></html>"
+    # a `<b` in a script opens a quote that a tokenizer never sees; `<style>` in `<svg>` is markup
+    in_script = "<html><head><script>if (a<b) { s = '' }</script></head><body>"
+    in_script += "<svg><style><p " + " ".join(f"b{i}" for i in range(2000)) + f"></style></svg><p>{EN}</p>"
+    at_limit = page(EN).replace("<main>", "<main><p " + " ".join(f"a{i}" for i in range(MAX_ATTRIBUTES)) + ">", 1)
+    pages = {"hostile": hostile, "quoted": quoted, "in-script": in_script, "at-limit": at_limit, "after": page(EN)}
+    path = write_warc(tmp_path, [ok(f"http://a/{k}", v.encode()) for k, v in pages.items()])
+    for extractor in EXTRACTORS:
+        events = list(iter_warc_documents(path, extractor=extractor))
+        recs, reasons = split(events)
+        assert reasons == {"too_many_attributes": 3}, extractor
+        assert [r.url for r in recs] == ["http://a/at-limit", "http://a/after"] and EN in recs[0].text
+        details = [e.detail for e in events if isinstance(e, BadRecord)]
+        assert f"an element with over {MAX_ATTRIBUTES:,} attributes (its tag at character 12)" in details[0]
+    # the limit is the most attributes of one element
+    recs, reasons = split(iter_warc_documents(path, max_attributes=MAX_ATTRIBUTES - 1))
+    assert reasons == {"too_many_attributes": 4} and [r.url for r in recs] == ["http://a/after"]
 
 
 def test_a_page_nested_too_deep_is_counted_not_parsed(tmp_path):

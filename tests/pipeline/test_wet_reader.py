@@ -170,7 +170,7 @@ def test_bad_content_length_keeps_text(tmp_path, wet2014, delta):
     edited = plain.replace(f"Content-Length: {declared}".encode(), new, 1)
     assert edited != plain
     recs, bad, _ = split(iter_wet_records(write(tmp_path, rebuild(mem, 200, edited))))
-    assert [(b.reason, b.offset) for b in bad] == [("bad_content_length", starts([m[2] for m in mem])[200])]
+    assert [(b.reason, b.offset) for b in bad] == [("wrong_content_length", starts([m[2] for m in mem])[200])]
     assert len(recs) == 566
     # the whole text is recovered from the member boundary, and the neighbours are untouched
     for i in (198, 199, 200, 201):
@@ -203,7 +203,7 @@ def test_bad_warc_header_and_other_types(tmp_path, wet2014):
     plains.insert(30, not_warc)
     parts = [gzip.compress(p) for p in plains]
     recs, bad, skipped = split(iter_wet_records(write(tmp_path, b"".join(parts))))
-    assert Counter(b.reason for b in bad) == {"bad_warc_header": 2}
+    assert Counter(b.reason for b in bad) == {"malformed_warc_header": 2}
     assert [(s.type, s.offset) for s in skipped] == [("request", starts(plains)[20])]
     assert len(recs) == 564
     assert record_id(mem[10][2]) not in {r.record_id for r in recs}
@@ -228,7 +228,7 @@ def test_uncompressed_warc_bad_content_length(tmp_path, wet2014):
     edited = plain.replace(f"Content-Length: {n}".encode(), f"Content-Length: {n + 77}".encode())
     whole = b"".join(m[2] for m in mem[:400]) + edited + b"".join(m[2] for m in mem[401:])
     recs, bad, _ = split(iter_wet_records(write(tmp_path, whole, "x.warc.wet")))
-    assert [b.reason for b in bad] == ["bad_content_length"]
+    assert [b.reason for b in bad] == ["wrong_content_length"]
     assert len(recs) == 566
     assert [r.text for r in recs[398:402]] == [payload(m[2]).decode() for m in mem[399:403]]
 
@@ -305,7 +305,7 @@ def test_results_do_not_depend_on_chunking(tmp_path, monkeypatch, wet2014, chunk
     got = [list(iter_wet_records(f)) for f in files]
     assert got == want
     assert Counter(type(e).__name__ for e in want[0]) == {"WetRecord": 565, "BadRecord": 1}
-    assert Counter(getattr(e, "reason", "") for e in want[1]) == {"": 566, "bad_content_length": 1}
+    assert Counter(getattr(e, "reason", "") for e in want[1]) == {"": 566, "wrong_content_length": 1}
 
 
 # --- one WARC, three layouts: a gzip member per record, one member for the file, uncompressed ---
@@ -387,7 +387,7 @@ def test_record_at_the_limit_is_kept(tmp_path, wet2014, declare):
     plains[100] = oversized(plains[100], LIMIT, declare)
     for path in layouts(tmp_path, plains).values():
         recs, bad, _ = split(iter_wet_records(path, max_record_bytes=LIMIT))
-        assert [b.reason for b in bad] == ([] if declare == "honest" else ["bad_content_length"])
+        assert [b.reason for b in bad] == ([] if declare == "honest" else ["wrong_content_length"])
         assert len(recs) == 566 and len(recs[99].text) == LIMIT
         recs, bad, _ = split(iter_wet_records(path, max_record_bytes=LIMIT - 1))
         assert [b.reason for b in bad] == ["record_too_large"] and len(recs) == 565

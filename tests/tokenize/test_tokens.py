@@ -427,6 +427,35 @@ def test_export_names_a_split_the_manifest_lacks(tmp_path, gpt2_run):
     ), res.stderr
 
 
+def test_a_manifest_of_no_shards_is_one_line_for_inspect_and_every_export(tmp_path, gpt2_run):
+    """A token directory whose manifest names no shard and no split (no document reached
+    tokenization): `tokens inspect` and each export format say so in one line, exit 2, no
+    StopIteration traceback, nothing written."""
+    root = tmp_path / "tokens"
+    shutil.copytree(gpt2_run / "tokens", root)
+    _edit_manifest(root, lambda m: m.update(shards=[], splits={}))
+    want = rf"error: {re.escape(str(root))}/manifest\.json: no shards in any split \(no documents were tokenized\)"
+    for cmd, what in (
+        (["inspect", str(root)], "inspect"),
+        (["inspect", str(root), "--split", "train"], "inspect"),
+        (["export", str(root), "-o", str(tmp_path / "x.bin")], "export"),
+        (["export", str(root), "--format", "megatron", "-o", str(tmp_path / "meg")], "export"),
+    ):
+        res = pipeline("tokens", *cmd)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert re.fullmatch(want + f": nothing to {what}\n", res.stderr), res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens"]
+    # splits listed but every one empty: the same
+    _edit_manifest(root, lambda m: m.update(splits={"train": {"shards": 0, "documents": 0, "tokens": 0}}))
+    res = pipeline("tokens", "export", str(root), "--format", "megatron", "-o", str(tmp_path / "meg"))
+    assert res.returncode == 2 and "nothing to export" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    # a split the manifest lacks, for inspect as for export
+    shutil.rmtree(root)
+    shutil.copytree(gpt2_run / "tokens", root)
+    res = pipeline("tokens", "inspect", str(root), "--split", "test")
+    assert res.returncode == 2 and "--split test: " in res.stderr and "has no shards of this split" in res.stderr
+
+
 def test_tokenize_config_errors_name_the_key(tmp_path, wet_files):
     cfg = config(tmp_path / "e", wet_files, {"path": "x", "train": {"vocab_size": 512}})
     with pytest.raises(ConfigError, match=r"tokenize.tokenizer: give exactly one of `path`"):

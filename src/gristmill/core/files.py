@@ -4,12 +4,17 @@ mid-write (or a full disk) never leaves a half file that a re-run would take for
 A write that fails (a full disk, a read-only filesystem) removes its temporary file and raises
 an OSError naming the file: numpy's, pyarrow's and Python's own write errors name none, and
 "No space left on device" alone does not say which disk filled.
+
+Every write has a temporary name of its own (`temporary_path`): several tasks may write the same
+file (each near-dedup signature task writes the stage's `lsh.json`), on one machine or on many
+sharing a filesystem, and a temporary name they shared would be renamed away under the others.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,13 +61,22 @@ def on_failure(cleanup: Callable[[], None], path: str | os.PathLike) -> Iterator
         raise
 
 
+def temporary_path(path: str | os.PathLike) -> Path:
+    """A name beside `path` for one writer's temporary file: unique per process, thread and
+    machine (a random part: pids repeat across the nodes of a cluster), ending in `.tmp` so that
+    listings of finished files (`*.json`, `*.npy`, a store's keys) never take it for one."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+
+
 @contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """The temporary file to write; renamed to `path` once the block ends without error, removed
-    if it raises."""
+    """The temporary file to write (`temporary_path`); renamed to `path` once the block ends
+    without error, removed if it raises. Concurrent writers of one `path` each rename a whole
+    file of their own: the last rename wins, and every reader sees one writer's file whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temporary_path(path)
     with on_failure(lambda: remove_quietly(tmp), path):
         yield tmp
         os.replace(tmp, path)

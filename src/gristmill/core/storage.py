@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import Strict
+from gristmill.core.files import temporary_path
 
 __all__ = [
     "READ_ONLY",
@@ -339,7 +340,7 @@ def cached_copy(url: str, folder: Path | None = None) -> Path:
     if dest.is_file() and dest.stat().st_size == info.get("size", dest.stat().st_size):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp = temporary_path(dest)  # tasks of several machines may share a scratch folder
     try:
         with errors(url, "downloading"):
             fs.get_file(path, str(tmp))

@@ -44,8 +44,11 @@ benchmark example is contaminated. Here:
   benchmark file (`contaminated_by_<file name>`).
 
 Bad benchmark input (a missing file, a line that is not JSON, a record without the field or with
-an empty one, a Parquet file without the column) stops the planning with one line naming the
-file, the line or row, and the field.
+an empty one, a Parquet file without the column, a line or value over `max_record_bytes`, JSON
+nested too deep or holding a lone surrogate) stops the planning with one line naming the file,
+the line or row, and the field. What the build holds is bounded by settings (`build_bytes`: a
+record up to `max_record_bytes`, a batch of words, the n-grams), and `memory_bytes`, which
+`pipeline plan` adds up, is the larger of that and a task's figure.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -75,7 +79,14 @@ from gristmill.core.files import on_failure
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.core.messages import format_bytes, printable
 from gristmill.core.step import Workload
-from gristmill.dedup.benchmark_files import BenchmarkError, Format, format_of, read_texts, sha256_of
+from gristmill.dedup.benchmark_files import (
+    MAX_RECORD_BYTES,
+    BenchmarkError,
+    Format,
+    format_of,
+    read_texts,
+    sha256_of,
+)
 from gristmill.dedup.text import _fmix64, _multipliers, shingle_hashes, words
 from gristmill.text.words import IDEOGRAPHIC_CHARS, SYLLABIC_CHARS, UNSPACED_LANGUAGES
 
@@ -87,8 +98,23 @@ INDEX_FORMAT = "gristmill-decontaminate-index"
 DOC_BYTES_PER_WORD = 64
 #: the largest document the memory model allows for: 1M words, about 6 MB of text
 DOC_WORDS_BOUND = 1_000_000
-#: benchmark texts hashed at once while the index is built
+#: benchmark texts hashed at once while the index is built, and the most words they hold (a
+#: batch's words as strings, ~60 bytes each, and their hashes: the build's memory, whatever
+#: the number of texts)
 _BUILD_BATCH = 20_000
+_BUILD_BATCH_WORDS = 250_000
+#: peak bytes of reading one benchmark record per byte of it, beyond the batch and its n-grams:
+#: its bytes, the decoded text, `words`' casefolded and stripped copies, its words as strings
+#: (measured over a fresh process's imports, n-grams' share taken out: 8.7-8.9 for one-line
+#: records of 8 and 32 MB of 10-letter words, 30.2 for 8 MB of 2-letter words, the worst: a
+#: word per 3 bytes)
+RECORD_BYTES_PER_BYTE = 32
+#: a batch's words at `_BUILD_BATCH_WORDS`: ~60 bytes a word as str and list slot, 8 of hash,
+#: and the n-grams hashed from them
+BUILD_BATCH_BYTES = 80 * _BUILD_BATCH_WORDS
+#: bytes per benchmark n-gram while the index is sorted and written: the collected hashes and
+#: file indexes (int64 each), their concatenation, the sort order and the sorted copies
+BUILD_BYTES_PER_NGRAM = 56
 
 # characters of the scripts written without spaces (split_words makes each one a word unless
 # the page's language picks ICU)
@@ -341,7 +367,8 @@ def build_index(c: Decontaminate.Config, folder: Path) -> dict:
         counts = {"texts": 0, "ngrams": 0, "short_texts": 0, "short_texts_ignored": 0, "unspaced_without_language": 0}
         first_unspaced = None
         batch: list[list[str]] = []
-        for loc, text in read_texts(path, fmt, b.field):
+        batch_words = 0
+        for loc, text in read_texts(path, fmt, b.field, c.max_record_bytes):
             counts["texts"] += 1
             if b.language not in UNSPACED_LANGUAGES and _UNSPACED_SCRIPT.search(text):
                 counts["unspaced_without_language"] += 1
@@ -353,9 +380,10 @@ def build_index(c: Decontaminate.Config, folder: Path) -> dict:
             if len(w) < n:
                 counts["short_texts"] += 1
             batch.append(w)
-            if len(batch) >= _BUILD_BATCH:
+            batch_words += len(w)
+            if len(batch) >= _BUILD_BATCH or batch_words >= _BUILD_BATCH_WORDS:
                 counts["ngrams"] += got.add(batch, fid, n, min_words)
-                batch = []
+                batch, batch_words = [], 0
         counts["ngrams"] += got.add(batch, fid, n, min_words)
         if not counts["texts"]:
             raise BenchmarkError(f"{where}: holds no text" + (f" in field {b.field!r}" if b.field else ""))
@@ -439,7 +467,8 @@ def prepare_index(c: Decontaminate.Config) -> IndexInfo:
         except (OSError, ValueError, KeyError, TypeError) as e:
             logger.warning(f"decontaminate: {folder}: unusable ({e}); building it again")
             shutil.rmtree(folder, ignore_errors=True)
-    tmp = root / f"{folder.name}.tmp-{os.getpid()}"
+    # unique per process and machine: plannings on two nodes may share `index_dir` (and a pid)
+    tmp = root / f"{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     shutil.rmtree(tmp, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     with on_failure(lambda: shutil.rmtree(tmp, ignore_errors=True), tmp):
@@ -484,7 +513,14 @@ class Decontaminate(Filter):
 
     class Config(FilterConfig):
         # one index per step: only what happens after a cut may differ by language
-        language_fixed: ClassVar[tuple[str, ...]] = ("benchmarks", "n", "min_words", "action", "index_dir")
+        language_fixed: ClassVar[tuple[str, ...]] = (
+            "benchmarks",
+            "n",
+            "min_words",
+            "action",
+            "index_dir",
+            "max_record_bytes",
+        )
 
         benchmarks: list[Benchmark] = Field(
             min_length=1,
@@ -506,6 +542,12 @@ class Decontaminate(Filter):
         )
         min_words_after_cut: int = Field(
             1, ge=0, description="cut: drop a document left with fewer words (too_short_after_cut)"
+        )
+        max_record_bytes: int = Field(
+            MAX_RECORD_BYTES,
+            ge=1,
+            description="the longest line (JSONL, text) or value (Parquet) of a benchmark file; a longer one stops "
+            "the planning, naming file and line (reading one costs up to 32 bytes per byte)",
         )
         index_dir: str = Field(
             "~/.cache/gristmill/decontaminate",
@@ -534,12 +576,26 @@ class Decontaminate(Filter):
         state["_found"] = {}
         return state
 
+    memory_setting = "the task memory, or lower decontaminate.max_record_bytes"
+
     def memory_bytes(self, work: Workload) -> int:
-        """The index (per benchmark n-gram: 8 bytes of hash, 2 of file index, 2 to 4 of bitmap;
-        19 per short text; mapped, so shared by the tasks of one machine), and the n-grams of
-        the document being checked: 64 bytes per word, for documents of up to 1M words. And what
-        every filter holds (`Filter.memory_bytes`: the batch, the dropped sample)."""
-        return self.index.bytes + DOC_BYTES_PER_WORD * DOC_WORDS_BOUND + super().memory_bytes(work)
+        """The most a process holds for the step: a task's figure or the index build's, which
+        the planning process runs (`build_bytes`), whichever is larger. A task holds the index
+        (per benchmark n-gram: 8 bytes of hash, 2 of file index, 2 to 4 of bitmap; 19 per short
+        text; mapped, so shared by the tasks of one machine), and the n-grams of the document
+        being checked: 64 bytes per word, for documents of up to 1M words. And what every
+        filter holds (`Filter.memory_bytes`: the batch, the dropped sample)."""
+        task = self.index.bytes + DOC_BYTES_PER_WORD * DOC_WORDS_BOUND + super().memory_bytes(work)
+        return max(task, self.build_bytes())
+
+    def build_bytes(self) -> int:
+        """What building the index holds at most: one record being read
+        (`RECORD_BYTES_PER_BYTE` per byte of `max_record_bytes`), a batch of texts' words
+        (`_BUILD_BATCH_WORDS`), and the n-grams collected and sorted (`BUILD_BYTES_PER_NGRAM`
+        each): set by the settings and the benchmarks, never by a file's lines."""
+        c = self.config
+        record = RECORD_BYTES_PER_BYTE * c.max_record_bytes
+        return record + BUILD_BATCH_BYTES + BUILD_BYTES_PER_NGRAM * self.index.ngrams
 
     def tables(self) -> Index:
         """The index, memory-mapped; refused if its files changed since the planning process

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from gristmill.core.files import temporary_path
 from gristmill.filters import fasttext_native
 from gristmill.filters.quality import prepare
 from gristmill.filters.train_corpus import is_heldout, iter_documents, text_hash
@@ -142,7 +143,7 @@ def train(
             thread=thread,
             verbose=0,
         )
-    tmp_model = Path(f"{output}.tmp")
+    tmp_model = temporary_path(output)  # two trainings of one output: each renames its own file
     model.save_model(str(tmp_model))
 
     held = split["heldout"]

@@ -52,17 +52,26 @@ follows from that, kept for equality and pinned by tests:
 - The list's URLs have no scheme and the page's URL has one: the URL rule matches only a
   page URL written without a scheme.
 
-`blocklist_match: host_suffixes` matches as a user would expect instead: the host lower-cased,
-IDNA-encoded label by label (Unicode and punycode forms match), and it and each parent domain
-down to the registered domain looked up (an IP address as itself); URLs compared as user URLs
-are (below). It drops a superset of datatrove's pages, all as `blocklisted_domain` or
+Where tldextract reads another host than a browser goes to (the WHATWG URL standard's,
+`url_host.browser_host`: `http://%62ad.com/` percent-decoded, `http://bad.com\\@x/` ending its
+authority at the backslash, `http:/bad.com/` with one slash or none, a leading space, a tab
+inside, `http://0x7f.1/` as an IPv4 address), the browser's host gets the same two lookups
+too: a page a link would open at a listed host is dropped, whatever way the URL is written.
+Where the two read the same host, nothing is added, so the quirks above stay.
+
+`blocklist_match: host_suffixes` matches as a user would expect instead: the host a browser
+goes to, lower-cased, IDNA-encoded label by label (Unicode and punycode forms match), and it and
+each parent domain down to the registered domain looked up (an IP address as itself); URLs
+compared as user URLs are (below). It drops a superset of datatrove's pages, all as `blocklisted_domain` or
 `blocklisted_url`.
 
 User lists. A domain entry covers its host and every host under it (`example.com` covers
-`a.b.example.com`), compared as `host_suffixes` compares (lower-cased, IDNA, trailing dots,
-userinfo and port ignored; a leading `*.` or `.` is dropped). A URL entry is compared without
-its scheme, userinfo and port, host normalised so, path, query and fragment exact, an empty
-path read as `/`: `example.com/a?b` covers `https://user@EXAMPLE.com:8080/a?b`. Files hold one
+`a.b.example.com`), compared as `host_suffixes` compares (the browser's host: lower-cased, IDNA,
+trailing dots, userinfo and port ignored; a leading `*.` or `.` is dropped), so
+`http://bad.com\\@good.com/` is no page of an allowed `good.com`. A URL entry is compared
+without its scheme, userinfo and port, host normalised so, the URL split where a browser splits
+it (`url_key`), path, query and fragment exact but the path's backslashes read as `/`, an
+empty path read as `/`: `example.com/a?b` covers `https://user@EXAMPLE.com:8080/a?b`. Files hold one
 entry a line; blank lines and lines starting with `#` are skipped. Where a host matches several
 lists, the longest matching entry names the category, then the earlier list.
 
@@ -78,7 +87,7 @@ header; planning rebuilds a file that is damaged, truncated or built from other 
 refuses, in one line, a file that differs from the one planned. A key that is on no list matches
 by a hash collision with probability n / 2^64 per lookup: 2.5e-13 for the domain list, so a run
 of 25 billion URLs (three lookups each) drops by mistake ~0.02 pages expected. Host verdicts are
-cached per URL authority (`HOST_CACHE` entries, cleared when full); a page of a known host then
+cached per `scheme://authority` (`HOST_CACHE` entries, cleared when full); a page of a known host then
 costs one authority match, one dict lookup, one set lookup of the URL, and the word rules on its
 bytes (`bytes.translate` and an Aho-Corasick automaton). A task holds ~70 MB for the step (the
 planner's estimate, `memory_bytes`; measured in tests); a URL of a new host costs ~3x less CPU
@@ -106,6 +115,8 @@ from gristmill.core.configlib import OMIT_DEFAULT, ConfigError, FilterConfig, St
 from gristmill.core.filter import Filter, FilterResult
 from gristmill.core.messages import printable
 from gristmill.core.step import BuildContext, Workload, config_key
+from gristmill.filters.url_host import SPECIAL, browser_host
+from gristmill.filters.url_host import parse as browser_parse
 from gristmill.filters.url_lookup import (
     SET_ENTRY_BYTES,
     MappedHashes,
@@ -153,6 +164,8 @@ _NOT_ALNUM = bytes(b for b in range(256) if b not in _ALNUM)
 #: and the authority after it; for such a URL the host verdict depends on the authority alone
 _AUTHORITY = re.compile(r"[A-Za-z0-9+.\-]+://([^/?#]*)")
 _SCHEME = re.compile(r"[A-Za-z0-9+.\-]+://")
+#: a scheme as the URL standard reads one (after leading spaces and controls)
+_ANY_SCHEME = re.compile(r"[\x00-\x20]*([A-Za-z][A-Za-z0-9+.\-]*):")
 _PATH_START = re.compile(r"[/?#]")
 #: the dots tldextract reads as dots (ideographic and fullwidth full stops)
 _DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
@@ -258,9 +271,23 @@ def _authority_host(authority: str) -> str:
     return host.partition(":")[0]
 
 
+#: how `url_key` reads a URL: part of the name of a URL list's lookup file, so that a list built
+#: under an earlier reading is rebuilt
+URL_KEY_VERSION = "whatwg-host"
+
+
 def url_key(url: str) -> str:
     """A URL as user lists compare it: no scheme, userinfo or port, the host normalised, an
-    empty path read as `/`; path, query and fragment as written."""
+    empty path read as `/`; path, query and fragment as written. A URL of a special scheme
+    (`http:`, `https:`, ... with any slashes) or written `scheme://` is split where a browser
+    splits it (`url_host.parse`: `http://bad.com\\@good.com/x` is bad.com's `/@good.com/x`);
+    an entry without a scheme (`example.com/a`), or one no browser opens, as written."""
+    scheme = _ANY_SCHEME.match(url)
+    if scheme is not None and (scheme.group(1).lower() in SPECIAL or url[scheme.end() :].startswith("//")):
+        parsed = browser_parse(url)
+        if parsed is not None and parsed.host:
+            path = parsed.rest if parsed.rest.startswith("/") else "/" + parsed.rest
+            return normalize_host(parsed.host) + path
     m = _SCHEME.match(url)
     rest = url[m.end() :] if m else url.removeprefix("//")
     cut = _PATH_START.search(rest)
@@ -501,7 +528,7 @@ class UrlFilter(Filter):
             lookup = ensure_lookup_file(
                 cache_dir,
                 f"user-{kind}s",
-                sources_key(file_sha256(path), kind),
+                sources_key(file_sha256(path), kind, *([URL_KEY_VERSION] if kind == "url" else [])),
                 lambda path=path, at=f"{where}.{file_key}", kind=kind, normalise=normalise: map(
                     normalise, _read_list_file(path, at, kind)
                 ),
@@ -553,16 +580,21 @@ class UrlFilter(Filter):
         """(allow label, user deny reason, blocklist reason) of the URL's host: a function of its
         authority alone (`authority`: None for a URL whose scheme tldextract would not strip)."""
         block = None
+        # the host a browser goes to (percent-decoded, `\\` as `/`, userinfo and port gone,
+        # IPv4 forms read); where it opens none, the host tldextract reads
+        lenient = normalize_host(lenient_netloc(url))
+        browser = browser_host(url)
+        host = browser if browser is not None else lenient
         if self.block_domains is not None:
-            registered, fqdn, labels = self._split(url, authority)
             contains = self.block_domains.contains
             if not self.host_suffixes:  # datatrove's two lookups, as tldextract returns the names
-                if registered and contains(key_hash(registered)):
-                    block = "blocklisted_domain"
-                elif fqdn and fqdn != registered and contains(key_hash(fqdn)):
-                    block = "blocklisted_subdomain"
+                block = self._datatrove_lookups(*self._split(url, authority)[:2])
+                if block is None and browser is not None and browser != lenient:
+                    # tldextract read another host than the browser's (`http://%62ad.com/`,
+                    # `http://bad.com\\@x/`, `http:/bad.com/`): the same lookups of the browser's
+                    block = self._datatrove_lookups(*self._split(f"http://{browser}/", browser)[:2])
             else:
-                host = normalize_host(lenient_netloc(url))
+                labels = self._split(f"http://{host}/", host)[2] if host else 0
                 # down to the registered domain, never the bare public suffix; a host outside the
                 # suffix list (an IP address, `localhost`) as itself
                 keep = labels or host.count(".") + 1
@@ -570,7 +602,6 @@ class UrlFilter(Filter):
                     block = "blocklisted_domain"
         allow = deny = None
         if self.user_domains:
-            host = normalize_host(lenient_netloc(url))
             if host:
                 # longest entry first, then the list's order
                 for d in parent_domains(host):
@@ -582,6 +613,14 @@ class UrlFilter(Filter):
                             else:
                                 deny = deny or s.label
         return allow, deny, block
+
+    def _datatrove_lookups(self, registered: str, fqdn: str) -> str | None:
+        contains = self.block_domains.contains
+        if registered and contains(key_hash(registered)):
+            return "blocklisted_domain"
+        if fqdn and fqdn != registered and contains(key_hash(fqdn)):
+            return "blocklisted_subdomain"
+        return None
 
     def _url_verdict(self, url: str) -> tuple[str | None, str | None]:
         """(allow label, user deny reason) of the URL itself."""
@@ -618,16 +657,18 @@ class UrlFilter(Filter):
         if self._split is None:
             self._open()
         m = _AUTHORITY.match(url)
-        if m is None:  # no scheme tldextract would strip: the host depends on more than a prefix
-            allow, reason, block = self._host_verdict(url, None)
+        # cached by `scheme://authority`, which decides both readings of the host, unless the
+        # authority is empty or only backslashes (a browser then skips them and the slashes after)
+        if m is None or not m.group(1).lstrip("\\"):
+            allow, reason, block = self._host_verdict(url, None if m is None else m.group(1))
         else:
-            authority = m.group(1)
+            key = m.group(0)
             hosts = self._hosts
-            verdict = hosts.get(authority)
+            verdict = hosts.get(key)
             if verdict is None:
                 if len(hosts) >= HOST_CACHE:
                     hosts.clear()
-                verdict = hosts[authority] = self._host_verdict(url, authority)
+                verdict = hosts[key] = self._host_verdict(url, m.group(1))
             allow, reason, block = verdict
         if self.user_urls:
             allow_url, deny_url = self._url_verdict(url)

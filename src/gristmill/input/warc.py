@@ -8,7 +8,7 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
 
 - Only `response` records are read; request, metadata, revisit, resource... records are
   counted as `skipped_<type>`, as the WET reader counts records that are not conversions.
-- The payload is an HTTP message. No status line and header block: `bad_http_header`. A status
+- The payload is an HTTP message. No status line and header block: `malformed_http_header`. A status
   other than 2xx: `skipped_http_status`. A body that is not HTML: `skipped_non_html`. The type is
   Common Crawl's `WARC-Identified-Payload-Type` (detected from the bytes) when the record has
   one, else the HTTP `Content-Type`, else the body's first bytes (`<!doctype html`, `<html`, ...).
@@ -20,8 +20,8 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
   that is plainly not in the encoding its header names (no gzip magic, or no such stream, and it
   starts with `<`) was stored decoded under the original header, and is used as it is. A body
   cut short (a truncated record) keeps what its chunks and stream gave. Chunks that do not
-  parse: `bad_chunked_encoding`; a stream that does not inflate or an encoding we do not know:
-  `bad_content_encoding`.
+  parse: `malformed_chunked_encoding`; a stream that does not inflate or an encoding we do not know:
+  `malformed_content_encoding`.
 - Charset, in this order: a byte-order mark (it decides); the HTTP `Content-Type` charset; a
   `<meta charset>` or `<meta http-equiv=Content-Type>` in the first 4,096 bytes; uchardet's
   detection (resiliparse `detect_encoding`). Labels are read as browsers read them (WHATWG:
@@ -38,6 +38,12 @@ module turns one record at a time into events (`WarcConverter`), in the reader's
   is `too_deep` (lost): resiliparse's main-content pass takes time quadratic in the depth
   (20,000 nested `<div>`s: 9 CPU seconds), and Chrome's HTML parser stops nesting at 512
   levels too.
+  An element with more than `MAX_ATTRIBUTES` attributes is `too_many_attributes` (lost): both
+  parsers compare each attribute of an element with those before it, so their time is
+  quadratic in one element's attributes (16,000 distinct ones: 0.7 s resiliparse, 2.7 s
+  trafilatura; 300,000 never finish) while the page stays within both limits above. They are
+  counted before parsing, as the HTML standard's tokenizer reads tags, from every `<` that could
+  start one (`gristmill.native._html`, linear in the page whatever its markup).
 - The extractor's text, stripped; nothing left: `empty_text` (counted, not logged: it is what
   boilerplate removal is for, not damage). An extractor that raises: `extraction_error`. A text
   longer than `max_record_bytes` in UTF-8 (a page in a single-byte charset of Thai or Cyrillic
@@ -73,6 +79,7 @@ from gristmill.input.wet import (
     _warn,
     iter_records,
 )
+from gristmill.native._html import most_attributes
 
 Extractor = Literal["resiliparse", "trafilatura"]
 EXTRACTORS: tuple[str, ...] = ("resiliparse", "trafilatura")
@@ -88,6 +95,11 @@ META_PRESCAN = 4096  # bytes searched for a <meta> charset (WHATWG says 1024; 2 
 MAX_HTML_TAGS = 100_000
 #: elements nested deeper than this make a page `too_deep` (Chrome's parser nests no deeper either)
 MAX_DEPTH = 512
+#: attributes an element may have: parsers take time quadratic in an element's distinct attributes
+#: (lexbor and libxml2 compare each with those before it); the sample's pages have at most 57 (in a
+#: scan from a `<` inside a script), and pages of elements of 1,000 attributes up to the 8 MiB
+#: record limit take resiliparse ~2.3 and trafilatura ~9 CPU seconds (docs/warc.md#pages-of-tags)
+MAX_ATTRIBUTES = 1000
 #: pages with more start tags than this have their depth measured (lexbor's tree, walked in Python at
 #: ~5 us an element); fewer cannot nest deep enough to cost resiliparse much (4,096: ~0.4 s at worst)
 DEPTH_CHECK_TAGS = 4096
@@ -191,17 +203,30 @@ def _brotli(body: bytearray, limit: int) -> bytearray:
         piece = d.process(b"", output_buffer_limit=1 << 20)
 
 
-def dechunk(body: bytearray) -> bytearray:
+#: what ends a chunked body (the last chunk, no trailers): a chunk that claims to run past the
+#: body's end while the body ends so was a lie, not a record cut short
+_LAST_CHUNKS = (b"\r\n0\r\n\r\n", b"\n0\n\n")
+
+
+def dechunk(body: bytearray, limit: int = MAX_RECORD_BYTES) -> bytearray:
     """The body of `Transfer-Encoding: chunked`; a body cut short (a truncated record) keeps its
-    whole chunks and the start of the last one."""
+    whole chunks and the start of the last one. A chunk larger than `limit`, or one running past
+    the end of a body that ends with the last chunk, is `malformed_chunked_encoding`: its size
+    is a lie, and taking it would make the framing after it text."""
     out, pos = bytearray(), 0
     while pos < len(body):
         m = _CHUNK_SIZE.match(body, pos)
         if m is None:
-            raise _BodyError("bad_chunked_encoding", f"no chunk size line at body byte {pos}")
+            raise _BodyError("malformed_chunked_encoding", f"no chunk size line at body byte {pos}")
         size, pos = int(m.group(1), 16), m.end()
         if size == 0:  # the last chunk; trailers follow
             return out
+        if size > limit:
+            detail = f"a chunk of {size:,} bytes at body byte {m.start()}, over {limit:,} (input.max_record_bytes)"
+            raise _BodyError("malformed_chunked_encoding", detail)
+        if pos + size > len(body) and body.endswith(_LAST_CHUNKS):
+            detail = f"a chunk of {size:,} bytes at body byte {m.start()} runs past the body's last chunk"
+            raise _BodyError("malformed_chunked_encoding", detail)
         out += body[pos : pos + size]
         pos += size
         if body.startswith(b"\r\n", pos):
@@ -217,9 +242,9 @@ def decode_body(payload: bytearray, start: int, headers: dict[str, str], limit: 
     body = payload
     if "chunked" in headers.get("transfer-encoding", "").lower():
         if _CHUNK_SIZE.match(body):
-            body = dechunk(body)
+            body = dechunk(body, limit)
         elif not _is_markup(body):
-            raise _BodyError("bad_chunked_encoding", "no chunk size line at body byte 0")
+            raise _BodyError("malformed_chunked_encoding", "no chunk size line at body byte 0")
     for coding in reversed([c.strip() for c in headers.get("content-encoding", "").lower().split(",") if c.strip()]):
         if coding in ("identity", "none"):
             continue
@@ -234,11 +259,11 @@ def decode_body(payload: bytearray, start: int, headers: dict[str, str], limit: 
             elif coding == "br":
                 body = _brotli(body, limit)
             else:
-                raise _BodyError("bad_content_encoding", f"Content-Encoding {coding!r} is not supported")
+                raise _BodyError("malformed_content_encoding", f"Content-Encoding {coding!r} is not supported")
         except (isal_zlib.error, zlib.error, brotli.error) as e:
             if _is_markup(body):
                 continue
-            raise _BodyError("bad_content_encoding", f"{coding} body does not decode ({e})") from None
+            raise _BodyError("malformed_content_encoding", f"{coding} body does not decode ({e})") from None
     return body
 
 
@@ -343,10 +368,12 @@ class WarcConverter:
         extractor: str = DEFAULT_EXTRACTOR,
         max_record_bytes: int = MAX_RECORD_BYTES,
         max_html_tags: int = MAX_HTML_TAGS,
+        max_attributes: int = MAX_ATTRIBUTES,
     ):
         self.extract = load_extractor(extractor)
         self.limit = max_record_bytes
         self.max_tags = max_html_tags
+        self.max_attributes = max_attributes
 
     def __call__(self, rec: Record) -> list[WetEvent]:
         fields, source, off = rec.fields, rec.source, rec.offset
@@ -355,7 +382,8 @@ class WarcConverter:
             return [SkippedRecord(rtype, source, off)]
         head = http_head(rec.payload)
         if head is None:
-            return [_warn(BadRecord("bad_http_header", source, off, f"{rid}: no HTTP status line and header block"))]
+            detail = f"{rid}: no HTTP status line and header block"
+            return [_warn(BadRecord("malformed_http_header", source, off, detail))]
         status, headers, start = head
         if not 200 <= status < 300:
             return [SkippedRecord("http_status", source, off)]
@@ -373,14 +401,18 @@ class WarcConverter:
         del body
         # one count of "<" (~15 us a page) clears nearly every page; the exact count costs more
         # (a two-character search) and is made only for pages with more "<" than a limit
-        if html.count("<") > min(self.max_tags, DEPTH_CHECK_TAGS):
-            tags = start_tags(html)
-            if tags > self.max_tags:
-                detail = f"{rid}: {tags:,} start tags, over the limit of {self.max_tags:,} (input.max_html_tags)"
-                return [_warn(BadRecord("too_many_tags", source, off, detail))]
-            if tags > DEPTH_CHECK_TAGS and dom_depth(html) > MAX_DEPTH:
-                detail = f"{rid}: elements nested more than {MAX_DEPTH} deep ({tags:,} start tags)"
-                return [_warn(BadRecord("too_deep", source, off, detail))]
+        tags = start_tags(html) if html.count("<") > min(self.max_tags, DEPTH_CHECK_TAGS) else 0
+        if tags > self.max_tags:
+            detail = f"{rid}: {tags:,} start tags, over the limit of {self.max_tags:,} (input.max_html_tags)"
+            return [_warn(BadRecord("too_many_tags", source, off, detail))]
+        # every page (~4 counts of "<"): one tag is enough to take a parser minutes
+        attributes, at = most_attributes(html, self.max_attributes)
+        if attributes > self.max_attributes:
+            detail = f"{rid}: an element with over {self.max_attributes:,} attributes (its tag at character {at:,})"
+            return [_warn(BadRecord("too_many_attributes", source, off, detail))]
+        if tags > DEPTH_CHECK_TAGS and dom_depth(html) > MAX_DEPTH:
+            detail = f"{rid}: elements nested more than {MAX_DEPTH} deep ({tags:,} start tags)"
+            return [_warn(BadRecord("too_deep", source, off, detail))]
         try:
             # U+FEFF is no text: byte-order marks of pages pasted together (PHP includes) stay in them
             text = self.extract(html).replace("\ufeff", "").strip()
@@ -453,10 +485,11 @@ def iter_warc_documents(
     max_record_bytes: int = MAX_RECORD_BYTES,
     extractor: str = DEFAULT_EXTRACTOR,
     max_html_tags: int = MAX_HTML_TAGS,
+    max_attributes: int = MAX_ATTRIBUTES,
 ) -> Iterator[WetEvent]:
     """Yield, in file order, a WetRecord per HTML response with text, a SkippedRecord per record
     that is no page, and a BadRecord per problem (the WET reader's, and this module's)."""
-    convert = WarcConverter(extractor, max_record_bytes, max_html_tags)
+    convert = WarcConverter(extractor, max_record_bytes, max_html_tags, max_attributes)
     return iter_records(path_or_fileobj, convert, source_name, max_record_bytes)
 
 
@@ -475,6 +508,7 @@ class WarcReader(WetReader):
         extractor: str = DEFAULT_EXTRACTOR,
         max_html_tags: int = MAX_HTML_TAGS,
         stream_bytes: int = 0,
+        max_html_attributes: int = MAX_ATTRIBUTES,
     ):
         super().__init__(
             sources,
@@ -488,6 +522,7 @@ class WarcReader(WetReader):
             raise ValueError(f"unknown extractor {extractor!r}; one of {', '.join(EXTRACTORS)}")
         self.extractor = extractor
         self.max_html_tags = max_html_tags
+        self.max_html_attributes = max_html_attributes
 
     def memory_bytes(self, work: Workload) -> int:
         """Held throughout: what the WET reader holds while a document is downstream (the
@@ -505,4 +540,6 @@ class WarcReader(WetReader):
         return int(per_byte) + TREE_BYTES_PER_TAG[self.extractor] * self.max_html_tags
 
     def _events(self, path, source: str) -> Iterator[WetEvent]:
-        return iter_warc_documents(path, source, self.max_record_bytes, self.extractor, self.max_html_tags)
+        return iter_warc_documents(
+            path, source, self.max_record_bytes, self.extractor, self.max_html_tags, self.max_html_attributes
+        )

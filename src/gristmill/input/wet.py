@@ -14,7 +14,7 @@ Offsets. A record's `offset` is its byte offset in the file's *decompressed* WAR
 contents of its gzip members one after the other; the file itself when uncompressed). It does
 not depend on how the file was gzipped, so (source, offset) identifies a document for dedup.
 A damaged member counts only up to the end of its last complete record, and bytes between
-members count nothing. A `BadRecord` about a record (bad_content_length, bad_warc_header,
+members count nothing. A `BadRecord` about a record (wrong_content_length, malformed_warc_header,
 invalid_utf8, record_too_large) carries that record's stream offset; one about the gzip
 container (gzip_error, truncated_member, garbage) carries the byte offset in the file itself,
 where the damage is.
@@ -28,7 +28,7 @@ or the file does.
 Content-Length policy: a record's extent is decided by its container, not trusted blindly. The
 declared length is accepted when the payload it delimits is followed by the `\\r\\n\\r\\n`
 record separator and then the end of the member (or the next `WARC/` record). Otherwise the
-record is reported as `bad_content_length` and is KEPT, with its payload running to the next
+record is reported as `wrong_content_length` and is KEPT, with its payload running to the next
 `\\r\\n\\r\\nWARC/` separator or to the end of the member (minus the trailing separator). So a
 too-small or too-large declared length loses no text, and a too-short payload keeps what is there.
 The size limit applies to the extent so found, whatever the header declares: a record that
@@ -63,7 +63,7 @@ NEXT_RECORD = b"\r\n\r\nWARC/"
 META = ("url", "date", "crawl", "cc_language", "source", "offset")  # Document.metadata keys
 MAX_HEADER = 1 << 20  # a header block bigger than this is garbage, not a header
 #: problems reported about a record that is still read as a document (not lost: not a drop)
-KEPT_REASONS = frozenset({"bad_content_length", "invalid_utf8", "undecodable_bytes"})
+KEPT_REASONS = frozenset({"wrong_content_length", "invalid_utf8", "undecodable_bytes"})
 
 
 @dataclass
@@ -81,7 +81,7 @@ class WetRecord:
 
 @dataclass
 class BadRecord:
-    reason: str  # gzip_error, truncated_member, bad_content_length, record_too_large, ...
+    reason: str  # gzip_error, truncated_member, wrong_content_length, record_too_large, ...
     source: str
     offset: int  # in the decompressed stream for a record, in the file for gzip damage
     detail: str = ""
@@ -405,7 +405,7 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int, convert: Convert) 
                 if members.reports:
                     yield from members.drain()
                 if header is None:
-                    yield _warn(BadRecord("bad_warc_header", source, off, "no WARC/ header block"))
+                    yield _warn(BadRecord("malformed_warc_header", source, off, "no WARC/ header block"))
                     continue
                 fields = _parse_header(header)
                 rtype, rid = fields.get("warc-type"), fields.get("warc-record-id")
@@ -414,11 +414,11 @@ def _iter_file(f: io.BufferedIOBase, source: str, limit: int, convert: Convert) 
                     yield _warn(BadRecord("record_too_large", source, off, detail))
                     continue
                 if not rtype or not rid:
-                    yield _warn(BadRecord("bad_warc_header", source, off, "missing WARC-Type or WARC-Record-ID"))
+                    yield _warn(BadRecord("malformed_warc_header", source, off, "missing WARC-Type or WARC-Record-ID"))
                     continue
                 if not length_ok:
                     detail = f"{rid}: declared {fields.get('content-length')}, found {size} bytes"
-                    yield _warn(BadRecord("bad_content_length", source, off, detail))
+                    yield _warn(BadRecord("wrong_content_length", source, off, detail))
                 if rtype == "warcinfo":
                     for line in payload.decode("utf-8", errors="replace").splitlines():
                         if line.startswith("isPartOf:"):

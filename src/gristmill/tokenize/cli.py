@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gristmill.core import storage
 from gristmill.core.configlib import ConfigError
+from gristmill.core.files import temporary_path
 
 
 def _documents(inputs: list[str]):
@@ -114,10 +115,27 @@ def local_tokens(given: str) -> str | Path:
     return local
 
 
+def _some_shards(toks, what: str) -> None:
+    """A manifest that names no shard (no documents reached tokenization) has nothing to show or
+    export: one line, not the first read of a shard that is not there."""
+    from gristmill.tokenize.reader import TokenShardError
+
+    if not toks.manifest["shards"] or not toks.splits:
+        raise TokenShardError(
+            f"{toks.root / 'manifest.json'}: no shards in any split (no documents were tokenized): nothing to {what}"
+        )
+
+
 def cmd_tokens_inspect(args, console: Console) -> int:
     from gristmill.tokenize.reader import open_tokens
 
     toks = open_tokens(local_tokens(args.dir), verify=True if args.verify else False)
+    _some_shards(toks, "inspect")
+    if args.split and args.split not in toks.splits:
+        raise ConfigError(
+            f"--split {args.split}: {toks.root / 'manifest.json'} has no shards of this split"
+            f" (it has: {', '.join(toks.splits)})"
+        )
     toks.check()  # every shard opens as the manifest says and every id is in the vocabulary, or one error line
     out = Console()
     m = toks.manifest
@@ -165,6 +183,7 @@ def cmd_tokens_export(args, console: Console) -> int:
     from gristmill.tokenize.reader import open_tokens
 
     toks = open_tokens(local_tokens(args.dir), verify="lazy")
+    _some_shards(toks, "export")
     # --format bin writes one split (train unless given); megatron one prefix per split
     splits = [args.split] if args.split else (["train"] if args.format == "bin" else toks.splits)
     for split in splits:
@@ -187,7 +206,7 @@ def cmd_tokens_export(args, console: Console) -> int:
     args.split = splits[0]
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = temporary_path(out)  # two exports to one file: each renames its own whole file
     n = 0
     try:
         with open(tmp, "wb") as f:

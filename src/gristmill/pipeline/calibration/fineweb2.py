@@ -299,9 +299,11 @@ def read_fineweb2(configs_dir: Path, distribution: Path | None = None, languages
                 value = _pairs(value, where)
             else:
                 value = _number(value, where)
-                if value < 0:  # FineWeb-2's -1: `ratio < -1` never holds, its way to switch a rule off
+                if value == -1:  # FineWeb-2's -1: `ratio < -1` never holds, its way to switch a rule off
                     out.negative.append((step, label, param, value))
                     value = 0
+                elif value < 0:  # no threshold, and not FineWeb-2's off-switch: a damaged config
+                    raise ConfigError(f"{where}: {value:g} is no threshold (FineWeb-2 writes -1 to switch a rule off)")
             out.values.setdefault(step, {}).setdefault(label, {})[param] = value
         for step, params in GLOBAL.items():
             out.values.setdefault(step, {}).setdefault(label, {}).update(params)

@@ -10,7 +10,10 @@ these rules and names each value it changes or leaves out:
 * a top-n-gram bound is at most MAX_TOP_NGRAM, a letter-share bound at least MIN_LETTER_SHARE;
 * a value that is no threshold (null, NaN, negative) is left out, and so is one that switches
   its rule off (0; a share's `max` bound of 1 or more; a mean word length of at most 1) unless
-  asked (`--allow-off`): the language then keeps the step's default.
+  asked (`--allow-off`): the language then keeps the step's default;
+* no rule that no page could pass: `min_stop_words` at most the distinct words of the
+  language's `stop_words` (an empty list left out), a lower bound (`min_doc_words`,
+  `min_avg_word_length`) at most its upper bound (both left out otherwise).
 """
 
 from __future__ import annotations
@@ -207,7 +210,45 @@ def guard_table(table: dict, allow_off: bool = False) -> tuple[dict, list[Change
                     )
                     value = MIN_LETTER_SHARE
                 kept[param] = value
+            _guard_satisfiable(step, lang, kept, changes)
     return out, changes
+
+
+#: (lower bound, upper bound) of one statistic: a lower above the upper is a rule no page passes
+_RANGES = (("min_doc_words", "max_doc_words"), ("min_avg_word_length", "max_avg_word_length"))
+
+
+def _guard_satisfiable(step: str, lang: str, kept: dict, changes: list[Change]) -> None:
+    """A language's values that together no page could satisfy, made satisfiable: a stop-word rule
+    asking for more distinct stop words than its list holds is lowered to the list's (FineWeb-2's
+    Tibetan list keeps one word that gristmill's tokenizer leaves whole; it asks for 2); an empty
+    list is left out (the language's own list, or none, applies); a lower bound above its upper
+    bound leaves both out (the defaults apply). Each is a Change, named in the file and on the
+    console."""
+    if step != "gopher_quality":
+        return
+    words = kept.get("stop_words")
+    if isinstance(words, list):
+        distinct = len(set(words))
+        least = kept.get("min_stop_words", default_value(step, "min_stop_words"))
+        if distinct == 0:
+            del kept["stop_words"]
+            why = "an empty list: no page could hold one of its words; the language's own list, if any, applies"
+            changes.append(Change(step, lang, "stop_words", None, 0, None, why))
+        elif least is not None and least > distinct:
+            why = f"more than the {distinct} distinct words of its stop_words: no page could pass"
+            changes.append(Change(step, lang, "min_stop_words", None, least, distinct, why))
+            kept["min_stop_words"] = distinct
+    for lo_key, hi_key in _RANGES:
+        lo = kept.get(lo_key, default_value(step, lo_key))
+        hi = kept.get(hi_key, default_value(step, hi_key))
+        if lo is None or hi is None or lo <= hi or (lo_key not in kept and hi_key not in kept):
+            continue
+        for key, value in ((lo_key, lo), (hi_key, hi)):
+            if key in kept:
+                why = f"{lo_key} {lo:g} above {hi_key} {hi:g}: no page could pass"
+                changes.append(Change(step, lang, key, None, value, None, why))
+                del kept[key]
 
 
 def comment(text: str, indent: str = "") -> str:

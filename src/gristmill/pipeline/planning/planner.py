@@ -274,7 +274,13 @@ class PlanContext:
                 "stream_bytes": opener.stream_bytes(self._sources()),
             }
             if inp.format == "warc":
-                return WarcReader(self._sources(), **common, extractor=inp.extractor, max_html_tags=inp.max_html_tags)
+                return WarcReader(
+                    self._sources(),
+                    **common,
+                    extractor=inp.extractor,
+                    max_html_tags=inp.max_html_tags,
+                    max_html_attributes=inp.max_html_attributes,
+                )
             return WetReader(self._sources(), **common)
         return ParquetReader(self.documents)
 
