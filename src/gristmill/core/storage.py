@@ -42,6 +42,7 @@ __all__ = [
     "StorageError",
     "cached_copy",
     "configure",
+    "conflict",
     "errors",
     "filesystem",
     "is_url",
@@ -266,6 +267,18 @@ def errors(url: str, doing: str = "") -> Iterator[None]:
 
 def _as_error(e: BaseException, url: str, doing: str) -> StorageError:
     return StorageError(f"{url}: {doing + ': ' if doing else ''}{describe(e)}")
+
+
+def conflict(e: BaseException) -> bool:
+    """A write refused because its condition did not hold: 412 Precondition Failed (s3fs raises
+    FileExistsError for If-None-Match, an OSError for If-Match) or 409 ConditionalRequestConflict
+    (S3, for conditional writes racing on one key)."""
+    if isinstance(e, FileExistsError):
+        return True
+    response = getattr(e.__cause__, "response", None) or getattr(e, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
 # --- small whole-file operations ---------------------------------------------------------------------

@@ -73,16 +73,8 @@ def _describe(info: dict) -> str:
     )
 
 
-def conflict(e: BaseException) -> bool:
-    """A write refused because its condition did not hold: 412 Precondition Failed (s3fs raises
-    FileExistsError for If-None-Match, an OSError for If-Match) or 409 ConditionalRequestConflict
-    (S3, for conditional writes racing on one key)."""
-    if isinstance(e, FileExistsError):
-        return True
-    response = getattr(e.__cause__, "response", None) or getattr(e, "response", None) or {}
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+#: a write refused because its condition did not hold (412, 409)
+conflict = storage.conflict
 
 
 def _split(fs, path: str) -> tuple[str, str]:
