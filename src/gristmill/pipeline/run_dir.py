@@ -30,7 +30,9 @@ from gristmill.dirlock import LOCK_NAME
 _OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm", "executor.ray", "run_dir", "storage")
 # How the input's bytes arrive (streamed or cached, read size, patience): the same bytes either way.
 _OUTPUT_NEUTRAL += tuple(
-    f"input.commoncrawl.{k}" for k in ("source", "cache", "read_buffer_bytes", "timeout_s", "retries", "backoff_s")
+    f"input.commoncrawl.{k}"
+    for k in ("source", "cache", "read_buffer_bytes", "timeout_s", "retries", "backoff_s")
+    + ("min_rate_bytes_s", "rate_window_s", "max_object_bytes")
 )
 # Written by gristmill in every run directory it creates; `--force` removes nothing from a
 # directory without it (or, for directories made before the marker existed, config + plan).
