@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import Strict
+from gristmill.core.messages import redact, url_userinfo
 
 __all__ = [
     "READ_ONLY",
@@ -104,12 +105,6 @@ class S3Settings(Strict):
                         "instance role"
                     )
         return data
-
-    @model_validator(mode="after")
-    def _no_userinfo(self):
-        if self.endpoint_url and "@" in self.endpoint_url.split("://", 1)[-1].split("/", 1)[0]:
-            raise ValueError("endpoint_url: give the endpoint without user:password@ (credentials go elsewhere)")
-        return self
 
 
 class StorageConfig(Strict):
@@ -208,6 +203,11 @@ def filesystem(url: str):
     proto = protocol(url)
     if proto is None:
         raise ValueError(f"{url}: not a URL")
+    if url_userinfo(url):  # a URL given on the command line; the config refuses them when validated
+        raise StorageError(
+            f"{redact(url)}: a URL with user:password@; credentials are not taken from URLs (set "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or an instance role)"
+        )
     module, package = _PACKAGES.get(proto, (None, None))
     if module and importlib.util.find_spec(module) is None:
         raise StorageError(f"{url}: {proto}:// needs the {package} package (pip install {package})")
@@ -220,7 +220,9 @@ def filesystem(url: str):
 
 
 def scrub(text: str) -> str:
-    """`text` with the secret values of this process's environment blanked."""
+    """`text` with the secret values of this process's environment blanked, and what URLs carry
+    (userinfo, signature and token parameters: `messages.redact`)."""
+    text = redact(text)
     for name in _SECRET_ENV:
         value = os.environ.get(name)
         if value and len(value) >= 4:
@@ -266,7 +268,7 @@ def errors(url: str, doing: str = "") -> Iterator[None]:
 
 
 def _as_error(e: BaseException, url: str, doing: str) -> StorageError:
-    return StorageError(f"{url}: {doing + ': ' if doing else ''}{describe(e)}")
+    return StorageError(scrub(f"{url}: {doing + ': ' if doing else ''}{describe(e)}"))
 
 
 def conflict(e: BaseException) -> bool:

@@ -75,7 +75,7 @@ from typing import Any, NamedTuple
 from loguru import logger
 
 from gristmill.compat.botocore import read_arrived
-from gristmill.core.messages import printable
+from gristmill.core.messages import printable, redact
 
 __all__ = ["DownloadError", "HttpTransport", "RemoteStream", "RetryPolicy", "S3Transport", "open_remote"]
 
@@ -105,11 +105,12 @@ class _Retry(Exception):
 
 
 def public_url(url: str) -> str:
-    """The URL without user:password@ (credentials never reach a log line or a message)."""
+    """The URL without user:password@ and with signature and token parameters blanked
+    (credentials never reach a log line or a message)."""
     parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    if "@" in parts.netloc:
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return redact(url)
 
 
 def retry_after(value: str | None) -> float | None:
