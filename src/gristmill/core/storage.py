@@ -123,6 +123,9 @@ class StorageConfig(Strict):
     lease_s: float = Field(
         300,
         ge=10,
+        # a day: a crash leaves the lock for at most that long (--force-lock before), and the
+        # renewal's wait stays a time the thread can sleep (1e12 s overflowed it)
+        le=86_400,
         description="run directory on object storage: how long its lock lasts unless renewed (renewed every "
         "third of it while the command runs); a crashed holder's lock is free after it",
     )
