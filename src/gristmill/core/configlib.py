@@ -33,7 +33,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gristmill.core.messages import ConfigError, redact, url_userinfo  # ConfigError: the CLI reads it from there
+# ConfigError lives with the messages: the CLI reads it from there, without pydantic
+from gristmill.core.messages import ConfigError, redact, url_userinfo, without_userinfo
 
 __all__ = [
     "ConfigError",
@@ -241,9 +242,9 @@ def interpolate(node: Any, path: str, errors: list[str]) -> Any:
 
 
 def refuse_credentials(node: Any, path: str, errors: list[str]) -> Any:
-    """A URL with `user:password@` anywhere in `node` appends an error naming its key, and is
-    replaced by its redacted form, so that no later message repeats the secret: the config is
-    saved with the run, and credentials go elsewhere."""
+    """A URL with `user:password@` anywhere in `node` appends an error naming its key (the URL
+    shown redacted), and is replaced by the URL without it, so that no later message repeats the
+    secret: the config is saved with the run, and credentials go elsewhere."""
     if isinstance(node, dict):
         return {k: refuse_credentials(v, f"{path}.{k}" if path else str(k), errors) for k, v in node.items()}
     if isinstance(node, list):
@@ -255,7 +256,7 @@ def refuse_credentials(node: Any, path: str, errors: list[str]) -> Any:
             "with the run; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile (storage.s3.profile) or an "
             "instance role)"
         )
-        return shown
+        return without_userinfo(node)
     return node
 
 

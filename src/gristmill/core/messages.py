@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["ConfigError", "format_bytes", "os_error_line", "printable", "redact", "url_userinfo"]
+__all__ = ["ConfigError", "format_bytes", "os_error_line", "printable", "redact", "url_userinfo", "without_userinfo"]
 
 
 class ConfigError(ValueError):
@@ -63,6 +63,11 @@ _SECRET_PARAM = re.compile(
 def url_userinfo(text: str) -> bool:
     """Whether `text` holds a URL with `user:password@` (any userinfo)."""
     return _USERINFO.search(text) is not None
+
+
+def without_userinfo(text: str) -> str:
+    """`text` with the userinfo of its URLs removed (`s3://bucket/...`)."""
+    return _USERINFO.sub(r"\1", text)
 
 
 def redact(text: str) -> str:

@@ -106,6 +106,14 @@ class S3Settings(Strict):
                     )
         return data
 
+    @model_validator(mode="after")
+    def _no_userinfo(self):
+        # a config file's URLs are refused by the config library first (naming the key); this
+        # guards a StorageConfig made in code
+        if self.endpoint_url and url_userinfo(self.endpoint_url):
+            raise ValueError(f"endpoint_url: {redact(self.endpoint_url)}: give the endpoint without user:password@")
+        return self
+
 
 class StorageConfig(Strict):
     """The run config's `storage:` section: how URLs are reached, and the local scratch space."""
