@@ -128,6 +128,13 @@ class StorageConfig(Strict):
     scratch_gb: float | None = Field(
         None, gt=0, description="scratch space a task may use; `pipeline run` refuses stages estimated above it"
     )
+    min_rate_bytes_s: float = Field(
+        10_000,
+        ge=0,
+        description="a whole-object download (a model given as a URL) must finish within timeout_s + its size / "
+        "this rate, or it fails in one line (a server that drips never hangs the run); 0: no deadline",
+    )
+    timeout_s: float = Field(60, gt=0, description="the fixed part of a whole-object download's deadline")
     lease_s: float = Field(
         300,
         ge=10,
@@ -349,6 +356,31 @@ def open_input(url: str, block_size: int = 8 << 20):
         return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
 
 
+def transfer_deadline(size: int) -> float | None:
+    """Seconds a whole-object transfer of `size` bytes may take (`storage.min_rate_bytes_s`)."""
+    rate = _settings.min_rate_bytes_s
+    return _settings.timeout_s + size / rate if rate > 0 else None
+
+
+def _within_deadline(fs, url: str, size: int, call, *args):
+    """`call(*args)` on an fsspec filesystem, cancelled past `transfer_deadline(size)`: fsspec's
+    own per-read timeouts never trip on a server that sends a byte now and then. Filesystems
+    without an event loop (hf://) run it without one: their client's timeouts apply."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.exceptions import FSTimeoutError
+
+    deadline = transfer_deadline(size)
+    if deadline is None or not isinstance(fs, AsyncFileSystem):
+        return call(*args)
+    try:
+        return call(*args, timeout=deadline)
+    except FSTimeoutError:
+        raise StorageError(
+            f"{url}: not transferred within {deadline:,.0f} s ({size:,} bytes: storage.timeout_s + the size at"
+            f" storage.min_rate_bytes_s, {_settings.min_rate_bytes_s:,.0f} bytes/s): the server is too slow or drips"
+        ) from None
+
+
 def cached_copy(url: str, folder: Path | None = None) -> Path:
     """A local copy of the object at `url`, downloaded once per machine: the cache is keyed by the
     URL and the object's ETag (or size and date), so a changed object is fetched anew and an
@@ -368,7 +400,7 @@ def cached_copy(url: str, folder: Path | None = None) -> Path:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
         with errors(url, "downloading"):
-            fs.get_file(path, str(tmp))
+            _within_deadline(fs, url, int(info.get("size") or 0), fs.get_file, path, str(tmp))
         os.utime(tmp, ns=(0, 0))
         os.replace(tmp, dest)
     finally:
