@@ -226,9 +226,10 @@ class _Watchdog:
         self._pid = 0
 
     def arm(self, seconds: float, cut: Callable[[], None]) -> int:
+        if self._pid != os.getpid():  # a forked child: its own lock and calls, no thread yet
+            self._cond, self._armed, self._thread = threading.Condition(), {}, None
         with self._cond:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._armed.clear()  # a forked child inherits the dict, not the thread
+            if self._thread is None or not self._thread.is_alive():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._loop, name="gristmill-transfer-watchdog", daemon=True)
                 self._thread.start()
