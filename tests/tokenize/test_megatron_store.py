@@ -119,8 +119,14 @@ def test_a_refused_upload_leaves_the_earlier_export_whole(proxy, s3, megatron, g
     client.put_object(Bucket=BUCKET, Key="meg-403/train.bin", Body=b"a flat export of an earlier version")
     client.put_object(Bucket=BUCKET, Key="meg-403/.val.idx.4242.tmp", Body=b"its temporary object")
     client.put_object(Bucket=BUCKET, Key="meg-403/notes.txt", Body=b"the user's")
+    # and a killed export's unfinished multipart upload: stored (and billed), though no object shows
+    killed = "meg-403/export-20200101T000000Z-deadbeef/train.bin"
+    up = client.create_multipart_upload(Bucket=BUCKET, Key=killed)["UploadId"]
+    client.upload_part(Bucket=BUCKET, Key=killed, UploadId=up, PartNumber=1, Body=b"x" * (5 << 20))
+    assert _uploads(s3, "meg-403/") == [killed]
     first = _export(proxy, gpt2_run, url)
     assert first.returncode == 0, first.stderr
+    assert not _uploads(s3, "meg-403/")
     before = _objects(s3, "meg-403")
     (folder,) = _folders(before)
     assert EXPORT_FOLDER.fullmatch(folder)

@@ -300,14 +300,20 @@ class StoreFolder:
         if storage.protocol(self.url) != "s3":
             return []
         bucket, key, _ = self.fs.split_path(self.root)
+        base = f"{key}/" if key else ""  # -o s3://bucket: the exports are at the bucket's top
         out = []
         try:
-            resp = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=f"{key}/export-")
+            resp = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=f"{base}export-")
             for up in resp.get("Uploads", []):
-                folder = up["Key"][len(key) + 1 :].split("/", 1)[0]
-                if folder != self.export and up.get("Initiated") is not None and up["Initiated"] < before:
+                rel = up["Key"][len(base) :]
+                if (
+                    _EXPORT_FOLDER.match(rel.split("/", 1)[0])
+                    and rel.split("/", 1)[0] != self.export
+                    and up.get("Initiated") is not None
+                    and up["Initiated"] < before
+                ):
                     self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
-                    out.append(f"{up['Key'][len(key) + 1 :]} (unfinished upload)")
+                    out.append(f"{rel} (unfinished upload)")
         except Exception as e:  # noqa: BLE001
             logger.warning(f"{self.url}: unfinished uploads not aborted ({storage.describe(e)})")
         return out
