@@ -21,6 +21,8 @@ Faults:
   body, then resets the connection (TCP RST: SO_LINGER 0).
 - `cut`: the same, then closes the connection cleanly: the body ends short of its Content-Length.
 - `stall`: the same, then sends nothing for `stall_s` seconds (a stalled response), then closes.
+- `drip`: forwards, sends the upstream's status and headers, then the body one byte every
+  `drip_s` seconds (a server that never stalls long enough for a per-read timeout).
 - `ignore_range`: forwards without the Range header: the upstream answers 200 with everything.
 - `etag`: forwards, and answers with the ETag header replaced by `etag` (an object that seems to
   have changed).
@@ -52,7 +54,7 @@ SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message><RequestId>FAULTPROXY</RequestId></Error>"
 )
-KINDS = ("slowdown", "status", "reset", "cut", "stall", "ignore_range", "etag")
+KINDS = ("slowdown", "status", "reset", "cut", "stall", "drip", "ignore_range", "etag")
 PIECE = 64 << 10
 # headers of one connection, never forwarded (RFC 9110 7.6.1)
 HOP_BY_HOP = frozenset(
@@ -73,6 +75,7 @@ class Fault:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     stall_s: float = 30.0
+    drip_s: float = 0.2
     etag: str = '"changed"'
     then: Callable[[str], object] | None = None
 
@@ -188,6 +191,10 @@ class _Handler(BaseHTTPRequestHandler):
             if self.command == "HEAD":
                 self._then(fault, path)
                 return
+            if fault is not None and fault.kind == "drip":
+                self._then(fault, path)
+                self._drip(up, chunked, fault.drip_s)
+                return
             cut = fault.after if fault is not None and fault.kind in ("reset", "cut", "stall") else None
             sent = 0
             while cut is None or sent < cut:
@@ -211,6 +218,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._then(fault, path)  # ignore_range, etag, or a body shorter than `after`
         finally:
             conn.close()
+
+    def _drip(self, up, chunked: bool, every: float) -> None:
+        """The upstream's body a byte at a time, until it ends, the client goes or the proxy stops."""
+        proxy: FaultProxy = self.server.proxy
+        body = up.read()
+        for i in range(len(body)):
+            if proxy._stopping.wait(every):
+                break
+            try:
+                self.wfile.write(b"1\r\n%s\r\n" % body[i : i + 1] if chunked else body[i : i + 1])
+                self.wfile.flush()
+            except OSError:  # the client cut it
+                break
+        else:
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
 
     def _end_connection(self, reset: bool) -> None:
         self.close_connection = True

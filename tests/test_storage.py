@@ -5,15 +5,20 @@ working copy (docs/storage.md). The S3 server tests: tests/pipeline/test_store_r
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import socket
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gristmill.config import ConfigError, config_differences, from_dict
-from gristmill.core import storage
+from gristmill.core import messages, storage
 from gristmill.core.working_copy import listed, staged
 from gristmill.pipeline.execution.staging import rebase
+from tests.cli_process import pipeline
 
 
 def _cfg(tmp_path, **over) -> dict:
@@ -61,7 +66,88 @@ def test_credentials_are_refused_in_the_config(tmp_path):
     assert "s3cr3t-value" not in str(e.value)
     with pytest.raises(ConfigError) as e:
         from_dict(_cfg(tmp_path, storage={"s3": {"endpoint_url": "http://user:pass@127.0.0.1:9000"}}))
-    assert "endpoint_url: give the endpoint without user:password@" in str(e.value)
+    assert str(e.value).splitlines()[1:] == [
+        "  storage.s3.endpoint_url: http://***@127.0.0.1:9000: a URL with user:password@ (credentials are not read"
+        " from the config, which is saved with the run; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile"
+        " (storage.s3.profile) or an instance role)"
+    ]
+
+
+SECRET = "wJalrXUtnFEMI-K7MDENG"
+
+
+@pytest.mark.parametrize(
+    "key, over",
+    [
+        ("input.paths[1]", {"input": {"paths": ["/data/a.warc.wet.gz", f"s3://AKIAEXAMPLE:{SECRET}@bucket/w.wet.gz"]}}),
+        ("run_dir", {"run_dir": f"s3://AKIAEXAMPLE:{SECRET}@bucket/run"}),
+        (
+            "input.commoncrawl.base_url",
+            # was "name resolution failed (offline?)" at the first download
+            {
+                "input": {
+                    "commoncrawl": {"crawl": "CC-MAIN-2024-22", "files": 1, "base_url": f"https://u:{SECRET}@x.org"}
+                }
+            },
+        ),
+        ("steps[0].langid.model", {"steps": [{"langid": {"model": f"https://u:{SECRET}@models.example/lid.176.ftz"}}]}),
+    ],
+)
+def test_userinfo_in_a_url_is_refused_naming_the_key_never_the_secret(tmp_path, key, over):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_cfg(tmp_path, **over)))
+    res = pipeline("validate", str(path))
+    assert res.returncode == 2 and SECRET not in res.stdout + res.stderr and "AKIAEXAMPLE" not in res.stderr
+    (line,) = [line for line in res.stderr.splitlines() if line.startswith(f"  {key}: ")]
+    said = r": [a-z0-9]+://\*\*\*@\S+: a URL with user:password@ \(credentials .*\)"
+    assert re.fullmatch(rf"  {re.escape(key)}{said}", line), line
+    assert "name resolution" not in res.stderr
+
+
+def test_a_url_with_userinfo_on_the_command_line_is_one_line_without_the_secret(tmp_path):
+    res = pipeline("tokens", "inspect", f"s3://AK:{SECRET}@bucket/meg")
+    assert SECRET not in res.stderr and res.returncode != 0
+    assert res.stderr.splitlines() == [
+        "error: s3://***@bucket/meg/manifest.json: a URL with user:password@; credentials are not taken from URLs (set"
+        " AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or an instance role)"
+    ]
+
+
+def test_signatures_in_urls_are_blanked_in_every_message():
+    line = (
+        'cannot connect (Could not connect to the endpoint URL: "http://127.0.0.1:9/b/k?sig=SiGnAtUrE&sv=2020")'
+        " for https://x.blob.core.windows.net/c/f.gz?sv=1&se=2&sig=Zm9vYmFy%2B&sp=r and"
+        " s3 presigned ?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=abc123&X-Amz-Expires=60, hf ?token=hf_xyz"
+    )
+    assert messages.redact(line) == (
+        'cannot connect (Could not connect to the endpoint URL: "http://127.0.0.1:9/b/k?sig=***&sv=2020")'
+        " for https://x.blob.core.windows.net/c/f.gz?sv=1&se=2&sig=***&sp=r and"
+        " s3 presigned ?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Expires=60, hf ?token=***"
+    )
+    assert messages.redact("s3://K:S@b/x and http://u@h/") == "s3://***@b/x and http://***@h/"
+    assert messages.redact("hf://datasets/org/name@main/x.parquet") == "hf://datasets/org/name@main/x.parquet"
+
+
+def test_an_endpoint_url_with_a_signature_never_shows_it(tmp_path):
+    """An endpoint nobody answers on, with a signature in its query: the failure of the first
+    request (listing the input) is one line, the signature blanked."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    cfg = _cfg(
+        tmp_path,
+        input={"paths": ["s3://bucket/wet/*.warc.wet.gz"]},
+        storage={"s3": {"endpoint_url": f"http://127.0.0.1:{port}/?sig={SECRET}"}},
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="AKIAEXAMPLE", AWS_SECRET_ACCESS_KEY="not-the-secret", AWS_MAX_ATTEMPTS="1")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = pipeline("plan", str(path), timeout=300, env=env)
+    assert res.returncode != 0 and SECRET not in res.stdout + res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if "s3://bucket/wet/*.warc.wet.gz" in line]
+    assert len(lines) == 1 and "sig=***" in lines[0], res.stderr
 
 
 def test_what_a_run_directory_on_a_store_cannot_do_is_refused(tmp_path):

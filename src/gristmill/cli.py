@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gristmill import __version__
-from gristmill.core.messages import ConfigError, format_bytes, os_error_line, printable
+from gristmill.core.messages import ConfigError, format_bytes, os_error_line, printable, redact
 
 
 def safe(value: object) -> Text:
@@ -362,6 +362,9 @@ def cmd_plan(args, console: Console) -> int:
     from gristmill.config import load  # all the steps' modules: only the commands that read a config
 
     cfg = load(args.config, args.set, args.run_dir)
+    from gristmill.core import storage
+
+    storage.configure(cfg.storage)  # the inputs are listed with the run's own endpoint and settings
     stages, size = plan_for_size(cfg, args.gb, args.files)
     calibration = load_calibration(args.calibration)
     projections = project(cfg, stages, size / 1e9, calibration, args.cores)
@@ -564,10 +567,10 @@ def main(argv: list[str] | None = None) -> int:
     # config errors (ConfigError is a ValueError), corrupt or missing models and inputs found
     # before running, a directory in use, a download that cannot succeed: nothing was run
     except (ValueError, FileNotFoundError, LockHeld, DownloadError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a read-only or vanished directory: one line naming the path
-        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        print(f"error: {redact(os_error_line(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; re-run the same command to finish what is missing", file=sys.stderr)

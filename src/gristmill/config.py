@@ -30,6 +30,7 @@ from gristmill.core.configlib import (
 )
 from gristmill.core.step import registered_steps, step_id
 from gristmill.core.storage import StorageConfig
+from gristmill.input.stream import MAX_OBJECT_BYTES, MIN_RATE_BYTES_S, RATE_WINDOW_S
 from gristmill.input.warc import DEFAULT_EXTRACTOR, MAX_ATTRIBUTES, MAX_HTML_TAGS, Extractor
 from gristmill.input.wet import MAX_RECORD_BYTES
 from gristmill.pipeline.rundir import run_dir_kind
@@ -168,6 +169,21 @@ class CommonCrawlInput(Strict):
     retries: int = Field(8, ge=0, description="retries per file on 429/5xx/SlowDown/connection errors")
     backoff_s: float = Field(1.0, gt=0, description="first retry wait; doubles per retry (capped at 60 s)")
     timeout_s: float = Field(60.0, gt=0, description="seconds to connect, and without a byte on a connection")
+    min_rate_bytes_s: float = Field(
+        MIN_RATE_BYTES_S,
+        ge=0,
+        description="a connection delivering fewer bytes per second of waiting than this over rate_window_s is cut "
+        "and retried (resumed), so a server that drips never hangs a task; 0: no minimum",
+    )
+    rate_window_s: float = Field(
+        RATE_WINDOW_S, gt=0, le=3600, description="seconds of waiting over which min_rate_bytes_s is judged"
+    )
+    max_object_bytes: int = Field(
+        MAX_OBJECT_BYTES,
+        ge=1 << 20,
+        description="the most bytes read of one file (WET/WARC, compressed): a longer or endless answer fails "
+        "in one line, never read on",
+    )
 
     @model_validator(mode="after")
     def _one_selection(self):
@@ -534,7 +550,9 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
 _OUTPUT_NEUTRAL = ("executor.workers", "executor.type", "executor.slurm", "executor.ray", "run_dir", "storage")
 # How the input's bytes arrive (streamed or cached, read size, patience): the same bytes either way.
 _OUTPUT_NEUTRAL += tuple(
-    f"input.commoncrawl.{k}" for k in ("source", "cache", "read_buffer_bytes", "timeout_s", "retries", "backoff_s")
+    f"input.commoncrawl.{k}"
+    for k in ("source", "cache", "read_buffer_bytes", "timeout_s", "retries", "backoff_s")
+    + ("min_rate_bytes_s", "rate_window_s", "max_object_bytes")
 )
 
 

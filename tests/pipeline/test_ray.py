@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +83,7 @@ def _session_pids(sid: int) -> list[int]:
 class Cluster:
     address: str
     token: str
+    pid: int = 0  # `ray start --block`: its session holds the cluster's processes
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +91,13 @@ def ray_cluster(request):
     """A one-node Ray cluster (2 CPUs, a 200 MB object store); its token and auth mode are set
     in this process's environment while the module runs, so runs here and commands started from
     here connect to it. The module's local run is made while the cluster starts."""
+    with started_cluster(lambda: request.getfixturevalue("local_run")) as cluster:
+        yield cluster
+
+
+@contextmanager
+def started_cluster(meanwhile=lambda: None):
+    """A Ray cluster of its own for the block (the module's, or one a test may break)."""
     if importlib.util.find_spec("ray") is None:
         if os.environ.get("GRISTMILL_REQUIRE_DATA") == "1":
             pytest.fail("ray is not installed (the `ray` extra; `make test` installs it)")
@@ -121,14 +131,14 @@ def ray_cluster(request):
         )
     saved = {k: os.environ.get(k) for k in auth}
     try:
-        request.getfixturevalue("local_run")  # meanwhile: `ray start` spends most of its ~10 s waiting
+        meanwhile()  # `ray start` spends most of its ~10 s waiting
         deadline = time.monotonic() + START_S
         while "Ray runtime started" not in log.read_text():
             assert head.poll() is None, f"ray start exited with {head.returncode}:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"ray start not up in {START_S} s:\n{log.read_text()[-3000:]}"
             time.sleep(0.2)
         os.environ.update(auth)
-        yield Cluster(f"127.0.0.1:{port}", token)
+        yield Cluster(f"127.0.0.1:{port}", token, head.pid)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -451,3 +461,28 @@ def test_a_run_directory_on_object_storage_is_refused_on_ray(tmp_path, wet_files
     cfg["run_dir"] = "s3://bucket/runs/crawl"
     with pytest.raises(ConfigError, match=r"executor.type: ray with a run directory on object storage \(s3://"):
         from_dict(cfg)
+
+
+def test_a_killed_raylet_fails_the_stage_in_one_line(tmp_path, wet_files, lid_model):
+    """SIGKILL of the raylet of the node the command runs on, mid-stage (a cluster of its own:
+    this one is broken for good). Ray's core worker would end the driver a minute later from
+    C++, with Ray's lines alone; the stage fails first with gristmill's line, naming the cause."""
+    with started_cluster() as cluster:
+        run_dir = tmp_path / "run"
+        cmd = Command(tmp_path, config(run_dir, wet_files, lid_model, on_ray(cluster), later_steps=False))
+        task = task_process(run_dir, 0, running=lambda: cmd.proc.poll() is None)
+        assert task is not None, cmd.output()
+        os.kill(task, signal.SIGSTOP)  # the stage cannot end before the raylet is gone
+        (raylet,) = [
+            p for p in _session_pids(cluster.pid) if b"/raylet/raylet" in Path(f"/proc/{p}/cmdline").read_bytes()
+        ]
+        os.kill(raylet, signal.SIGKILL)
+        assert cmd.wait() == 1, cmd.output()
+        out = one_line(cmd.output())
+        assert re.search(
+            r"failed stage 01_curate: task [01] could not be followed: the raylet of the Ray node this command runs"
+            r" on is gone \(nothing answers on /tmp/gm-ray-\S+/raylet\); start Ray on this node again and re-run:"
+            r" completed tasks are kept; log: ",
+            out,
+        ), out
+        assert out.count("failed stage") == 1 and "Traceback" not in out, out

@@ -254,16 +254,20 @@ def test_megatron_export_writes_to_s3_from_tokens_on_s3(s3, demo, tmp_path):
     out = f"s3://{BUCKET}/megatron/demo"
     res = _cli(demo["env"], "tokens", "export", f"s3://{BUCKET}/demo", "--format", "megatron", "-o", out)
     assert res.returncode == 0, res.stderr
-    # every split of the demo's shards (both WET files give it a validation split), one prefix each
-    assert f"--train-data-path {out}/train --valid-data-path {out}/val" in res.stderr
+    # every split of the demo's shards (both WET files give it a validation split), one prefix
+    # each, in the export's own folder that export.json names (tests/tokenize/test_megatron_store.py)
     objects = _objects(s3, "megatron/demo")
-    assert sorted(objects) == ["train.bin", "train.idx", "val.bin", "val.idx"]  # no temporary object left
+    folder = json.loads(objects.pop("export.json"))["export"]
+    assert f"--train-data-path {out}/{folder}/train --valid-data-path {out}/{folder}/val" in res.stderr
+    assert sorted(objects) == [f"{folder}/{n}" for n in (".started", "train.bin", "train.idx", "val.bin", "val.idx")]
     local = tmp_path / "meg"
     res = _cli(demo["env"], "tokens", "export", str(demo["local"]), "--format", "megatron", "-o", str(local))
     assert res.returncode == 0, res.stderr
-    for name, data in objects.items():
-        assert data == (local / name).read_bytes(), name
-        (tmp_path / name).write_bytes(data)
+    for key, data in objects.items():
+        name = key.split("/", 1)[1]
+        if name != ".started":
+            assert data == (local / name).read_bytes(), name
+            (tmp_path / name).write_bytes(data)
     from gristmill.tokenize import open_tokens
 
     for split in ("train", "val"):

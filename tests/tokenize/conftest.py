@@ -10,7 +10,7 @@ import pytest
 from gristmill.config import from_dict
 from gristmill.pipeline.runner import run
 
-from ..conftest import _missing, made_once
+from ..conftest import WET_2017, _missing, made_once
 
 #: documents on which the tokenizer stage checks that tiktoken gives HF's ids before using it: the
 #: default (1,000) is the whole sample here, 3.5 CPU s of HF encoding in every run; these tests are
@@ -47,3 +47,14 @@ def gpt2_run(tmp_path_factory, wet_files, tokenizer_files) -> Path:
         run(from_dict(config(folder / "gpt2", wet_files, {"path": str(tokenizer_files / "gpt2")})))
 
     return made_once(tmp_path_factory, "tokens_gpt2", make) / "gpt2"
+
+
+@pytest.fixture(scope="session")
+def cl100k_run(tmp_path_factory, shared_data, tokenizer_files) -> Path:
+    """cl100k: uint32 shards (ids up to 100276, so above 65535), small ones so that a split spans several."""
+
+    def make(folder: Path) -> None:
+        tok = {"path": str(tokenizer_files / "tiktoken" / "cl100k_base.tiktoken")}
+        run(from_dict(config(folder / "cl100k", [shared_data / WET_2017], tok, tasks=1, shard_tokens=20_000)))
+
+    return made_once(tmp_path_factory, "tokens_cl100k", make) / "cl100k"

@@ -19,15 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gristmill.config import from_dict
-from gristmill.pipeline.runner import run
 from gristmill.tokenize import open_tokens
 from gristmill.tokenize.megatron import LocalFolder, MegatronExportError, index_header, write_megatron
 from gristmill.tokenize.shards import sha256_file
 from tests.cli_process import pipeline
 
-from ..conftest import WET_2017, _missing
-from .conftest import config
+from ..conftest import _missing
 from .test_tokens import LIES, _edit_manifest
 
 
@@ -41,15 +38,6 @@ def megatron():
         except ImportError as e:
             _missing(f"megatron-core ({e}; pip install -e '.[megatron]')")
     return module
-
-
-@pytest.fixture(scope="module")
-def cl100k_run(tmp_path_factory, shared_data, tokenizer_files) -> Path:
-    """cl100k: uint32 shards (ids up to 100276, so above 65535), small ones so that a split spans several."""
-    run_dir = tmp_path_factory.mktemp("meg") / "cl100k"
-    tok = {"path": str(tokenizer_files / "tiktoken" / "cl100k_base.tiktoken")}
-    run(from_dict(config(run_dir, [shared_data / WET_2017], tok, tasks=1, shard_tokens=20_000)))
-    return run_dir
 
 
 def export(run_dir: Path, out: Path, *extra: str, **kw) -> subprocess.CompletedProcess:

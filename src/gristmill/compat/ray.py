@@ -17,6 +17,11 @@
   we call it for every address (its "token authentication is enabled" warning silenced), and
   `_enable_token_auth` (which re-reads Ray's configuration) when RAY_AUTH_MODE=token was set
   after Ray was imported.
+- The driver's raylet: `ray._private.worker.global_worker.node.raylet_socket_name`, the Unix
+  socket of the raylet of the node the driver runs on. When that raylet dies, the driver's core
+  worker notices only after about a minute and then ends the process from C++ with Ray's log
+  lines alone (no Python exception, no atexit): `raylet_gone` probes the socket so that the
+  executor can stop first with its own line.
 - While `ray.init` connects, Ray's C++ client prints a warning line per failed attempt to
   stderr (fd 2, not Python's logging): we hold those lines back and show them only if the
   connection succeeded, so a failure is one line. The reason of a failure is the last line of
@@ -161,3 +166,25 @@ def connect(address: str, timeout_s: float, runtime_env: dict | None = None) -> 
     if shown:
         sys.stderr.write(shown)
     return resolved
+
+
+def raylet_gone() -> str | None:
+    """The socket of this driver's raylet if nothing answers on it any more (the raylet died),
+    else None (alive, or not known: Ray decides)."""
+    try:
+        from ray._private import worker
+
+        path = worker.global_worker.node.raylet_socket_name
+    except Exception:  # noqa: BLE001 - not connected, or another Ray's internals
+        return None
+    if not isinstance(path, str) or not path.startswith("/"):
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return path
+        except OSError:
+            return None
+    return None

@@ -33,7 +33,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gristmill.core.messages import ConfigError  # the CLI reads it from there, without pydantic
+# ConfigError lives with the messages: the CLI reads it from there, without pydantic
+from gristmill.core.messages import ConfigError, redact, url_userinfo, without_userinfo
 
 __all__ = [
     "ConfigError",
@@ -240,6 +241,25 @@ def interpolate(node: Any, path: str, errors: list[str]) -> Any:
     return node
 
 
+def refuse_credentials(node: Any, path: str, errors: list[str]) -> Any:
+    """A URL with `user:password@` anywhere in `node` appends an error naming its key (the URL
+    shown redacted), and is replaced by the URL without it, so that no later message repeats the
+    secret: the config is saved with the run, and credentials go elsewhere."""
+    if isinstance(node, dict):
+        return {k: refuse_credentials(v, f"{path}.{k}" if path else str(k), errors) for k, v in node.items()}
+    if isinstance(node, list):
+        return [refuse_credentials(v, f"{path}[{i}]", errors) for i, v in enumerate(node)]
+    if isinstance(node, str) and url_userinfo(node):
+        shown = redact(node)
+        errors.append(
+            f"{path}: {shown}: a URL with user:password@ (credentials are not read from the config, which is saved "
+            "with the run; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile (storage.s3.profile) or an "
+            "instance role)"
+        )
+        return without_userinfo(node)
+    return node
+
+
 _KEY = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
@@ -369,6 +389,7 @@ def validate_config(
         apply_override(data, assignment)
     errors: list[str] = []
     data = interpolate(data, "", errors)
+    data = refuse_credentials(data, "", errors)
     if prepare is not None:
         data = prepare(data, errors)
     config = None

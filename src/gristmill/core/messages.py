@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["ConfigError", "format_bytes", "os_error_line", "printable"]
+__all__ = ["ConfigError", "format_bytes", "os_error_line", "printable", "redact", "url_userinfo", "without_userinfo"]
 
 
 class ConfigError(ValueError):
@@ -47,3 +47,31 @@ def os_error_line(e: OSError, where: str | os.PathLike | None = None) -> str:
     if not paths and where is not None:
         paths = [where]
     return f"{what}: {' -> '.join(map(os.fspath, paths))}" if paths else what
+
+
+# `scheme://user:password@host`: the userinfo of a URL (before the first /, ? or #)
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^/?#@\s'\"<>]*)@")
+# query parameters that carry a signature, a token or a key (presigned S3 and GCS URLs, Azure
+# SAS, API keys): their values are secrets whoever wrote the URL
+_SECRET_PARAM = re.compile(
+    r"([?&;](?:sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
+    r"x-goog-credential|token|access_token|auth|key|api_key|apikey|password|passwd|secret|code)=)[^&#\s'\"<>]*",
+    re.I,
+)
+
+
+def url_userinfo(text: str) -> bool:
+    """Whether `text` holds a URL with `user:password@` (any userinfo)."""
+    return _USERINFO.search(text) is not None
+
+
+def without_userinfo(text: str) -> str:
+    """`text` with the userinfo of its URLs removed (`s3://bucket/...`)."""
+    return _USERINFO.sub(r"\1", text)
+
+
+def redact(text: str) -> str:
+    """`text` with the secrets URLs carry blanked: userinfo (`s3://***@bucket/...`) and the
+    values of signature, token and key query parameters (`?sig=***`). Every error line and log
+    line that may name a URL goes through it."""
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))

@@ -35,6 +35,7 @@ from pydantic import Field, model_validator
 
 from gristmill.core.configlib import Strict
 from gristmill.core.files import temporary_path
+from gristmill.core.messages import redact, url_userinfo
 
 __all__ = [
     "READ_ONLY",
@@ -43,6 +44,7 @@ __all__ = [
     "StorageError",
     "cached_copy",
     "configure",
+    "conflict",
     "errors",
     "filesystem",
     "is_url",
@@ -107,8 +109,10 @@ class S3Settings(Strict):
 
     @model_validator(mode="after")
     def _no_userinfo(self):
-        if self.endpoint_url and "@" in self.endpoint_url.split("://", 1)[-1].split("/", 1)[0]:
-            raise ValueError("endpoint_url: give the endpoint without user:password@ (credentials go elsewhere)")
+        # a config file's URLs are refused by the config library first (naming the key); this
+        # guards a StorageConfig made in code
+        if self.endpoint_url and url_userinfo(self.endpoint_url):
+            raise ValueError(f"endpoint_url: {redact(self.endpoint_url)}: give the endpoint without user:password@")
         return self
 
 
@@ -125,9 +129,19 @@ class StorageConfig(Strict):
     scratch_gb: float | None = Field(
         None, gt=0, description="scratch space a task may use; `pipeline run` refuses stages estimated above it"
     )
+    min_rate_bytes_s: float = Field(
+        10_000,
+        ge=0,
+        description="a whole-object download (a model given as a URL) must finish within timeout_s + its size / "
+        "this rate, or it fails in one line (a server that drips never hangs the run); 0: no deadline",
+    )
+    timeout_s: float = Field(60, gt=0, description="the fixed part of a whole-object download's deadline")
     lease_s: float = Field(
         300,
         ge=10,
+        # a day: a crash leaves the lock for at most that long (--force-lock before), and the
+        # renewal's wait stays a time the thread can sleep (1e12 s overflowed it)
+        le=86_400,
         description="run directory on object storage: how long its lock lasts unless renewed (renewed every "
         "third of it while the command runs); a crashed holder's lock is free after it",
     )
@@ -208,6 +222,11 @@ def filesystem(url: str):
     proto = protocol(url)
     if proto is None:
         raise ValueError(f"{url}: not a URL")
+    if url_userinfo(url):  # a URL given on the command line; the config refuses them when validated
+        raise StorageError(
+            f"{redact(url)}: a URL with user:password@; credentials are not taken from URLs (set "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or an instance role)"
+        )
     module, package = _PACKAGES.get(proto, (None, None))
     if module and importlib.util.find_spec(module) is None:
         raise StorageError(f"{url}: {proto}:// needs the {package} package (pip install {package})")
@@ -220,7 +239,9 @@ def filesystem(url: str):
 
 
 def scrub(text: str) -> str:
-    """`text` with the secret values of this process's environment blanked."""
+    """`text` with the secret values of this process's environment blanked, and what URLs carry
+    (userinfo, signature and token parameters: `messages.redact`)."""
+    text = redact(text)
     for name in _SECRET_ENV:
         value = os.environ.get(name)
         if value and len(value) >= 4:
@@ -266,7 +287,19 @@ def errors(url: str, doing: str = "") -> Iterator[None]:
 
 
 def _as_error(e: BaseException, url: str, doing: str) -> StorageError:
-    return StorageError(f"{url}: {doing + ': ' if doing else ''}{describe(e)}")
+    return StorageError(scrub(f"{url}: {doing + ': ' if doing else ''}{describe(e)}"))
+
+
+def conflict(e: BaseException) -> bool:
+    """A write refused because its condition did not hold: 412 Precondition Failed (s3fs raises
+    FileExistsError for If-None-Match, an OSError for If-Match) or 409 ConditionalRequestConflict
+    (S3, for conditional writes racing on one key)."""
+    if isinstance(e, FileExistsError):
+        return True
+    response = getattr(e.__cause__, "response", None) or getattr(e, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
 # --- small whole-file operations ---------------------------------------------------------------------
@@ -324,6 +357,31 @@ def open_input(url: str, block_size: int = 8 << 20):
         return fs.open(path, "rb", block_size=block_size, cache_type="readahead")
 
 
+def transfer_deadline(size: int) -> float | None:
+    """Seconds a whole-object transfer of `size` bytes may take (`storage.min_rate_bytes_s`)."""
+    rate = _settings.min_rate_bytes_s
+    return _settings.timeout_s + size / rate if rate > 0 else None
+
+
+def _within_deadline(fs, url: str, size: int, call, *args):
+    """`call(*args)` on an fsspec filesystem, cancelled past `transfer_deadline(size)`: fsspec's
+    own per-read timeouts never trip on a server that sends a byte now and then. Filesystems
+    without an event loop (hf://) run it without one: their client's timeouts apply."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.exceptions import FSTimeoutError
+
+    deadline = transfer_deadline(size)
+    if deadline is None or not isinstance(fs, AsyncFileSystem):
+        return call(*args)
+    try:
+        return call(*args, timeout=deadline)
+    except FSTimeoutError:
+        raise StorageError(
+            f"{url}: not transferred within {deadline:,.0f} s ({size:,} bytes: storage.timeout_s + the size at"
+            f" storage.min_rate_bytes_s, {_settings.min_rate_bytes_s:,.0f} bytes/s): the server is too slow or drips"
+        ) from None
+
+
 def cached_copy(url: str, folder: Path | None = None) -> Path:
     """A local copy of the object at `url`, downloaded once per machine: the cache is keyed by the
     URL and the object's ETag (or size and date), so a changed object is fetched anew and an
@@ -343,7 +401,7 @@ def cached_copy(url: str, folder: Path | None = None) -> Path:
     tmp = temporary_path(dest)  # tasks of several machines may share a scratch folder
     try:
         with errors(url, "downloading"):
-            fs.get_file(path, str(tmp))
+            _within_deadline(fs, url, int(info.get("size") or 0), fs.get_file, path, str(tmp))
         os.utime(tmp, ns=(0, 0))
         os.replace(tmp, dest)
     finally:

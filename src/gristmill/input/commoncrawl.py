@@ -31,7 +31,6 @@ import http.client
 import os
 import random
 import re
-import shutil
 import socket
 import ssl
 import time
@@ -44,7 +43,21 @@ from pathlib import Path
 from isal import isal_zlib
 from loguru import logger
 
-from gristmill.input.stream import USER_AGENT, DownloadError, RemoteStream, RetryPolicy, transport_for
+from gristmill.input.stream import (
+    MAX_OBJECT_BYTES,
+    MIN_RATE_BYTES_S,
+    RATE_WINDOW_S,
+    USER_AGENT,
+    DownloadError,
+    RateGuard,
+    RemoteStream,
+    RetryPolicy,
+    Sockets,
+    cut_after,
+    read_deadline,
+    recording_opener,
+    transport_for,
+)
 from gristmill.input.stream import retry_after as _retry_after
 from gristmill.input.stream import snippet as _snippet
 
@@ -68,11 +81,12 @@ _LISTING_LINE = {"wet": re.compile(r"crawl-data/\S+\.wet\.gz"), "warc": re.compi
 
 
 class _Retry(Exception):
-    """Internal: this attempt failed in a way worth retrying; `wait` is the server's Retry-After."""
+    """Internal: this attempt failed in a way worth retrying; `wait` is the server's Retry-After;
+    `slow`: cut for slowness (its trickle of bytes does not start the count afresh)."""
 
-    def __init__(self, reason: str, wait: float | None = None):
+    def __init__(self, reason: str, wait: float | None = None, slow: bool = False):
         super().__init__(reason)
-        self.wait = wait
+        self.wait, self.slow = wait, slow
 
 
 #: a largest listing: a crawl's wet.paths.gz is ~1 MB (90,000 lines); held in memory when streaming
@@ -191,7 +205,9 @@ class Fetcher:
     `retries` is the number of further attempts after the first. Waits grow as
     `backoff * 2**n` (capped at `max_backoff`) with jitter, so many tasks throttled together
     by S3 do not all come back in the same second; a server's Retry-After wins (also capped).
-    `timeout`: seconds to connect, and without a byte on an open connection. `read_bytes`: the
+    `timeout`: seconds to connect, and without a byte on an open connection. `min_rate` (bytes
+    per second of waiting, judged over `rate_window` seconds) and `max_bytes` (of one object)
+    bound every transfer, streamed or downloaded (`cc_stream`, "Deadlines"). `read_bytes`: the
     most a stream reads from the network at a time.
     """
 
@@ -204,6 +220,9 @@ class Fetcher:
         timeout: float = 60,
         cache: str = "keep",
         read_bytes: int = CHUNK,
+        min_rate: float = MIN_RATE_BYTES_S,
+        rate_window: float = RATE_WINDOW_S,
+        max_bytes: int = MAX_OBJECT_BYTES,
     ):
         if cache not in ("none", "keep"):
             raise ValueError(f"cache must be none or keep, got {cache!r}")
@@ -214,6 +233,7 @@ class Fetcher:
         self.timeout = timeout
         self.cache = cache
         self.read_bytes = read_bytes
+        self.min_rate, self.rate_window, self.max_bytes = min_rate, rate_window, max_bytes
         self._transports: dict = {}  # per URL scheme, made in the process that reads
 
     def __getstate__(self):  # pickled into each task: no client or socket goes along
@@ -221,12 +241,14 @@ class Fetcher:
 
     @property
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(self.retries, self.backoff, self.max_backoff, self.timeout)
+        return RetryPolicy(
+            self.retries, self.backoff, self.max_backoff, self.timeout, self.min_rate, self.rate_window, self.max_bytes
+        )
 
     def _transport(self, url: str):
         scheme = urllib.parse.urlsplit(url).scheme
         if scheme not in self._transports:
-            self._transports[scheme] = transport_for(url, self.timeout)
+            self._transports[scheme] = transport_for(url, self.timeout, read_deadline(self.policy))
         return self._transports[scheme]
 
     def stream(self, url: str, start: int = 0) -> RemoteStream:
@@ -313,6 +335,7 @@ class Fetcher:
             return self._download_stream(url, dest)
         part = dest.with_name(dest.name + ".part")
         attempt, best = 0, part.stat().st_size if part.exists() else 0
+        fresh_at = best + 1
         while True:
             try:
                 self._attempt(url, part, dest)
@@ -321,8 +344,12 @@ class Fetcher:
                 size = part.stat().st_size if part.exists() else 0
                 if size > best:
                     # New bytes arrived: the connection works, it just drops. Count afresh so
-                    # a 100 MB file on a flaky link is not abandoned after 8 short reads.
-                    best, attempt = size, 0
+                    # a 100 MB file on a flaky link is not abandoned after 8 short reads; not
+                    # for a trickle cut for slowness (a window's worth of bytes is progress)
+                    if size >= fresh_at:
+                        attempt = 0
+                    best = size
+                fresh_at = size + (max(1, int(self.min_rate * self.rate_window)) if err.slow else 1)
                 attempt += 1
                 if attempt > self.retries:
                     raise DownloadError(f"giving up on {url} after {attempt} attempts: {err}") from None
@@ -356,9 +383,29 @@ class Fetcher:
         headers = {"User-Agent": USER_AGENT}
         if offset:
             headers["Range"] = f"bytes={offset}-"
+        sockets = Sockets()
+        answer_s = 2 * self.timeout
+        resp = failed = None
+        with cut_after(answer_s, sockets.shut) as cut:
+            try:
+                req = urllib.request.Request(url, headers=headers)
+                resp = recording_opener(sockets).open(req, timeout=self.timeout)
+            except Exception as err:  # noqa: BLE001 - sorted by _open_failed
+                failed = err
+        if cut.fired:  # the watchdog shut the connection: whatever urllib made of that
+            for done in (resp, failed):
+                if hasattr(done, "close"):
+                    done.close()
+            raise _Retry(f"no answer (status and headers) within {answer_s:g} s", slow=True)
+        if failed is not None:
+            self._open_failed(url, failed, part, dest, offset)
+            return
+        with resp:
+            self._receive(url, resp, part, dest, offset, sockets)
+
+    def _open_failed(self, url: str, err: Exception, part: Path, dest: Path, offset: int) -> None:
         try:
-            req = urllib.request.Request(url, headers=headers)
-            resp = urllib.request.urlopen(req, timeout=self.timeout)
+            raise err
         except urllib.error.HTTPError as err:
             self._http_error(url, err, part, dest, offset)
             return
@@ -370,29 +417,59 @@ class Fetcher:
             raise _Retry(f"{type(err).__name__}: {err}") from None
         except _TRANSIENT as err:
             raise _Retry(f"{type(err).__name__}: {err}") from None
-        with resp:
-            ctype = resp.headers.get("Content-Type")
-            if resp.status == 206:
-                m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
-                if not m or int(m.group(1)) != offset:
-                    part.unlink(missing_ok=True)  # a range we did not ask for: start clean
-                    raise _Retry(f"unexpected Content-Range {resp.headers.get('Content-Range')!r}")
-                total = None if m.group(3) == "*" else int(m.group(3))
-                mode = "ab"
-            else:
-                # 200 to a Range request: the server ignores ranges, the body is the whole file.
-                length = resp.headers.get("Content-Length")
-                total, mode = (int(length) if length else None), "wb"
-            with open(part, mode) as out:
-                try:
-                    shutil.copyfileobj(resp, out, CHUNK)
-                except _TRANSIENT as err:
-                    raise _Retry(f"connection lost mid-body: {type(err).__name__}: {err}") from None
+
+    def _receive(self, url: str, resp, part: Path, dest: Path, offset: int, sockets: Sockets) -> None:
+        ctype = resp.headers.get("Content-Type")
+        if resp.status == 206:
+            m = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+            if not m or int(m.group(1)) != offset:
+                part.unlink(missing_ok=True)  # a range we did not ask for: start clean
+                raise _Retry(f"unexpected Content-Range {resp.headers.get('Content-Range')!r}")
+            total = None if m.group(3) == "*" else int(m.group(3))
+            mode = "ab"
+        else:
+            # 200 to a Range request: the server ignores ranges, the body is the whole file.
+            length = resp.headers.get("Content-Length")
+            total, mode = (int(length) if length else None), "wb"
+        if total is not None and total > self.max_bytes:
+            raise DownloadError(
+                f"{url}: {total:,} bytes announced, more than max_object_bytes ({self.max_bytes:,}); not downloaded"
+            )
+        start = offset if mode == "ab" else 0
+        with open(part, mode) as out:
+            self._copy(url, resp, out, start, sockets)
         size = part.stat().st_size
         if total is not None and size != total:
             # http.client may return a short body without raising; the length is the proof.
             raise _Retry(f"short body: have {size} of {total} bytes")
         self._finish(url, part, dest, ctype, length_known=total is not None)
+
+    def _copy(self, url: str, resp, out, start: int, sockets: Sockets) -> None:
+        """The body into `out` as it arrives, at the minimum rate, to at most max_bytes."""
+        rate, deadline, size = RateGuard(self.min_rate, self.rate_window), read_deadline(self.policy), start
+        while True:
+            began = time.monotonic()
+            failed = None
+            with cut_after(deadline, sockets.shut) as cut:
+                try:
+                    piece = resp.read1(CHUNK)
+                except (*_TRANSIENT, ValueError) as err:  # ValueError: a chunk-size line cut short
+                    failed, piece = err, b""
+            if cut.fired:  # what this read returned stays out: the resume asks for it again
+                raise _Retry(f"one read took over {deadline:g} s (bytes trickling in)", slow=True)
+            if isinstance(failed, ValueError):
+                raise failed
+            if failed is not None:
+                raise _Retry(f"connection lost mid-body: {type(failed).__name__}: {failed}") from None
+            if not piece:
+                return
+            if size + len(piece) > self.max_bytes:
+                raise DownloadError(f"{url}: more than {self.max_bytes:,} bytes and still going: over max_object_bytes")
+            out.write(piece)
+            size += len(piece)
+            if (slow := rate.add(time.monotonic() - began, len(piece))) is not None:
+                out.flush()
+                raise _Retry(slow, slow=True)
 
     def _finish(self, url: str, part: Path, dest: Path, ctype: str | None, length_known: bool) -> None:
         """Move a fully received `.part` into the cache if its content is what the name says."""

@@ -79,6 +79,9 @@ def fetcher_for(cc) -> Fetcher:
         timeout=cc.timeout_s,
         cache=cc.cache,
         read_bytes=cc.read_buffer_bytes,
+        min_rate=cc.min_rate_bytes_s,
+        rate_window=cc.rate_window_s,
+        max_bytes=cc.max_object_bytes,
     )
 
 

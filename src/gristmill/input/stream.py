@@ -24,9 +24,23 @@ retries would change nothing. Other answers (403, 404, ...) fail at once. Every 
 line naming the URL and what came back: the status, S3's error code and the body's first
 printable bytes.
 
+Deadlines. `timeout` bounds each socket operation (connect; a read with no byte), which a
+server that drips a byte every few seconds never trips. So every transfer also has a minimum
+rate: a connection that delivers fewer than `min_rate` bytes per second of waiting on it, judged
+over every `rate_window` seconds of waiting (time spent by the reader between reads does not
+count: a slow consumer is no slow server), is cut and resumed like a lost one, counted as
+`slow`. After a cut for slowness the retry count starts afresh only once a window's worth of
+bytes (`min_rate * rate_window`) has arrived, so a drip runs out of retries and fails in one
+line. Over http(s) one call may also hang while bytes trickle (a dripped header or chunk-size
+line never completes): a request not answered (status and headers) within twice `timeout`, and
+one read of the body that takes longer than `rate_window` (and `timeout`), are cut too, by a
+watchdog thread that shuts the connection's socket. An object is read to at most `max_bytes`:
+an announced length above it, or a body that goes past it (an endless chunked answer), fails at
+once in one line, not retried (another attempt would do the same).
+
 Counted (in `counters`, added to the reader's stats): `download_bytes`, `http_requests`,
 `http_resumed` (Range requests after a loss), `http_retries` and `http_retries_<why>` where why
-is the status (`503`, `429`, ...) or `reset`, `timeout`, `short_body`, `bad_answer`,
+is the status (`503`, `429`, ...) or `reset`, `timeout`, `slow`, `short_body`, `bad_answer`,
 `connect`; `http_range_ignored` and `http_bytes_dropped` for a server that answered a Range
 request with the whole object.
 
@@ -42,22 +56,26 @@ from __future__ import annotations
 import email.utils
 import http.client
 import io
+import os
 import random
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from loguru import logger
 
 from gristmill.compat.botocore import read_arrived
-from gristmill.core.messages import printable
+from gristmill.core.messages import printable, redact
 
 __all__ = ["DownloadError", "HttpTransport", "RemoteStream", "RetryPolicy", "S3Transport", "open_remote"]
 
@@ -87,11 +105,12 @@ class _Retry(Exception):
 
 
 def public_url(url: str) -> str:
-    """The URL without user:password@ (credentials never reach a log line or a message)."""
+    """The URL without user:password@ and with signature and token parameters blanked
+    (credentials never reach a log line or a message)."""
     parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    if "@" in parts.netloc:
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return redact(url)
 
 
 def retry_after(value: str | None) -> float | None:
@@ -142,6 +161,14 @@ def _name_unresolved(url: str, gai: BaseException) -> DownloadError:
     return DownloadError(f"{public_url(url)}: name resolution failed (offline?): {why}")
 
 
+#: Common Crawl's servers deliver megabytes a second to a task; a connection below 10 kB/s for a
+#: minute of waiting is a server in trouble (a 150 MB WET file would take over 4 hours)
+MIN_RATE_BYTES_S = 10_000
+RATE_WINDOW_S = 60.0
+#: the most bytes of one object: a Common Crawl WARC file is ~1 GB, a WET file ~150 MB
+MAX_OBJECT_BYTES = 8 << 30
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     retries: int = 8
@@ -149,11 +176,147 @@ class RetryPolicy:
     max_backoff: float = 60.0
     #: seconds to connect, and with no byte arriving on an open connection (a stalled response)
     timeout: float = 60.0
+    #: bytes per second of waiting below which a connection is cut and resumed (0: no minimum)
+    min_rate: float = MIN_RATE_BYTES_S
+    #: seconds of waiting over which the rate is judged
+    rate_window: float = RATE_WINDOW_S
+    #: the most bytes read of one object
+    max_bytes: int = MAX_OBJECT_BYTES
 
     def wait(self, attempt: int, server_says: float | None) -> float:
         if server_says is not None:
             return min(self.max_backoff, server_says)
         return min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+class RateGuard:
+    """The rate of one connection in bytes per second of waiting on it, judged every `window`
+    seconds of waiting (module doc). `add` returns why the last window was too slow, or None."""
+
+    def __init__(self, min_rate: float, window: float):
+        self.min_rate, self.window = min_rate, window
+        self.waited, self.got = 0.0, 0
+
+    def add(self, waited: float, got: int) -> str | None:
+        if self.min_rate <= 0:
+            return None
+        self.waited += waited
+        self.got += got
+        if self.waited < self.window:
+            return None
+        waited, got = self.waited, self.got
+        self.waited, self.got = 0.0, 0
+        if got >= self.min_rate * waited:
+            return None
+        return (
+            f"too slow: {got:,} bytes in {waited:.1f} s of waiting, below the minimum of {self.min_rate:,.0f} bytes/s"
+            " (min_rate_bytes_s)"
+        )
+
+
+class _Watchdog:
+    """One thread per process that shuts the socket of a call past its deadline: the only way to
+    stop a blocking read that keeps receiving a byte now and then (module doc)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._armed: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._next = 0
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def arm(self, seconds: float, cut: Callable[[], None]) -> int:
+        if self._pid != os.getpid():  # a forked child: its own lock and calls, no thread yet
+            self._cond, self._armed, self._thread = threading.Condition(), {}, None
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._loop, name="gristmill-transfer-watchdog", daemon=True)
+                self._thread.start()
+            self._next += 1
+            self._armed[self._next] = (time.monotonic() + seconds, cut)
+            self._cond.notify()
+            return self._next
+
+    def disarm(self, token: int) -> bool:
+        """True if the call was cut."""
+        with self._cond:
+            return self._armed.pop(token, None) is None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [t for t, (at, _) in self._armed.items() if at <= now]
+                cuts = [self._armed.pop(t)[1] for t in due]
+                if not cuts:
+                    soonest = min((at for at, _ in self._armed.values()), default=now + 3600)
+                    self._cond.wait(max(0.01, soonest - now))
+                    continue
+            for cut in cuts:
+                try:
+                    cut()
+                except OSError:
+                    pass  # already closed
+
+
+_WATCHDOG = _Watchdog()
+
+
+class Cut:
+    fired = False
+
+
+@contextmanager
+def cut_after(seconds: float | None, cut: Callable[[], None]) -> Iterator[Cut]:
+    """Run the block; if it lasts past `seconds`, `cut()` is called from the watchdog thread
+    (shutting a socket makes the blocked read return) and the yielded `Cut` says so."""
+    state = Cut()
+    if seconds is None:
+        yield state
+        return
+    token = _WATCHDOG.arm(seconds, cut)
+    try:
+        yield state
+    finally:
+        state.fired = _WATCHDOG.disarm(token)
+
+
+class Sockets:
+    """The sockets of this transport's connections, to be shut by the watchdog."""
+
+    def __init__(self):
+        self.current: socket.socket | None = None
+
+    def shut(self) -> None:
+        sock = self.current
+        if sock is not None:
+            # socket.socket's own shutdown, also for an SSLSocket: the TLS object stays for the
+            # reader, which then sees the end of the connection
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def recording_opener(sockets: Sockets) -> urllib.request.OpenerDirector:
+    """urllib's opener (proxies from the environment, redirects), whose connections tell
+    `sockets` their socket as soon as they connect."""
+
+    def recording(base):
+        class Connection(base):
+            def connect(self):
+                super().connect()
+                sockets.current = self.sock
+
+        return Connection
+
+    class Http(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(recording(http.client.HTTPConnection), req)
+
+    class Https(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(recording(http.client.HTTPSConnection), req, context=self._context)
+
+    return urllib.request.build_opener(Http, Https)
 
 
 class Answer(NamedTuple):
@@ -169,10 +332,15 @@ def _is_throttle(status: int, body: str) -> bool:
 
 
 class HttpTransport:
-    """GETs over http(s) with urllib (proxies from the environment, redirects followed)."""
+    """GETs over http(s) with urllib (proxies from the environment, redirects followed); a
+    request not answered within twice `timeout`, or a body read past `read_deadline`, is cut."""
 
-    def __init__(self, timeout: float = 60.0):
+    def __init__(self, timeout: float = 60.0, read_deadline: float | None = None):
         self.timeout = timeout
+        self.read_deadline = read_deadline
+
+    def __getstate__(self):
+        return {"timeout": self.timeout, "read_deadline": self.read_deadline}
 
     def get(self, url: str, offset: int, if_match: str | None) -> Answer:
         headers = {"User-Agent": USER_AGENT}
@@ -180,8 +348,26 @@ class HttpTransport:
             headers["Range"] = f"bytes={offset}-"
         if if_match:
             headers["If-Match"] = if_match
+        sockets = Sockets()
         try:
-            resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=self.timeout)
+            with cut_after(2 * self.timeout, sockets.shut) as cut:
+                req = urllib.request.Request(url, headers=headers)
+                resp = recording_opener(sockets).open(req, timeout=self.timeout)
+        except Exception as err:  # noqa: BLE001 - sorted by _failed
+            if cut.fired:  # the watchdog shut the connection: whatever urllib made of that
+                if isinstance(err, urllib.error.HTTPError):
+                    err.close()
+                raise _Retry(f"no answer (status and headers) within {2 * self.timeout:g} s", "slow") from None
+            return self._failed(url, err)
+        if cut.fired:  # answered just as the watchdog shut it: the connection is gone
+            resp.close()
+            raise _Retry(f"no answer (status and headers) within {2 * self.timeout:g} s", "slow")
+        body = _HttpBody(resp, self.timeout, sockets, self.read_deadline)
+        return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, body)
+
+    def _failed(self, url: str, err: Exception) -> Answer:
+        try:
+            raise err
         except urllib.error.HTTPError as err:
             return self._error(url, err)
         except urllib.error.URLError as err:
@@ -193,7 +379,6 @@ class HttpTransport:
             raise _Retry(f"no answer within {self.timeout:g} s ({err})", "timeout") from None
         except _TRANSIENT as err:
             raise _Retry(f"{type(err).__name__}: {err}", "reset") from None
-        return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, _HttpBody(resp, self.timeout))
 
     def _error(self, url: str, err: urllib.error.HTTPError) -> Answer:
         try:
@@ -217,10 +402,20 @@ class HttpTransport:
 
 
 class _HttpBody:
-    def __init__(self, resp, timeout: float):
+    def __init__(self, resp, timeout: float, sockets: Sockets | None = None, deadline: float | None = None):
         self.resp, self.timeout = resp, timeout
+        self.sockets, self.deadline = sockets, deadline
 
     def read(self, n: int) -> bytes:
+        deadline = self.deadline if self.sockets is not None else None
+        try:
+            with cut_after(deadline, self.sockets.shut if self.sockets else lambda: None) as cut:
+                return self._read(n)
+        finally:
+            if cut.fired:
+                raise _Retry(f"one read took over {deadline:g} s (bytes trickling in)", "slow") from None
+
+    def _read(self, n: int) -> bytes:
         try:
             return self.resp.read1(n)  # what has arrived: kept if the connection drops next
         except TimeoutError:
@@ -383,7 +578,10 @@ class RemoteStream(io.RawIOBase):
         self.expect_gzip = urllib.parse.urlsplit(url).path.endswith(".gz") if expect_gzip is None else expect_gzip
         self._body = None
         self._ctype = ""  # the answer's Content-Type, for messages
-        self._failures = 0  # failed attempts since the last byte arrived
+        self._failures = 0  # failed attempts since bytes last arrived
+        self._fresh_at = 0  # the position past which arriving bytes start the count afresh
+        self._rate = RateGuard(self.policy.min_rate, self.policy.rate_window)
+        self._slow: str | None = None  # the last window was too slow: cut before the next read
 
     def readable(self) -> bool:
         return True
@@ -401,16 +599,28 @@ class RemoteStream(io.RawIOBase):
                 self._release()
                 return b""
             try:
+                if self._slow is not None:
+                    raise _Retry(self._slow, "slow")
                 if self._body is None:
                     self._open()
                     if self.total is not None and self.pos >= self.total:
                         continue
+                began = time.monotonic()
                 chunk = self._body.read(want)
+                self._slow = self._rate.add(time.monotonic() - began, len(chunk))
                 if chunk:
                     if self.pos == 0 and self.expect_gzip and not chunk.startswith(GZIP_MAGIC[: len(chunk)]):
                         raise _Retry(f"got a body starting {snippet(chunk)}{self._ctype} instead of gzip", "bad_answer")
+                    if self.pos + len(chunk) > self.policy.max_bytes:
+                        self._release()
+                        raise DownloadError(
+                            f"{public_url(self.url)}: more than {self.policy.max_bytes:,} bytes"
+                            f"{'' if self.total is None else f' (announced {self.total:,})'} and still going: over"
+                            " max_object_bytes; not read further"
+                        )
                     self.pos += len(chunk)
-                    self._failures = 0
+                    if self.pos >= self._fresh_at:
+                        self._failures = 0
                     self.counters["download_bytes"] += len(chunk)
                     return chunk
                 if self.total is None:  # no length was announced: the body's end is the object's
@@ -471,6 +681,11 @@ class RemoteStream(io.RawIOBase):
                 body.close()
 
     def _check_same(self, headers: dict[str, str], total: int | None) -> None:
+        if total is not None and total > self.policy.max_bytes:
+            raise DownloadError(
+                f"{public_url(self.url)}: {total:,} bytes announced, more than max_object_bytes"
+                f" ({self.policy.max_bytes:,}); not read"
+            )
         seen = _validators(headers)
         if self.validators is None or self.pos == self._start:  # nothing handed on yet: any version
             self.validators, self.total = seen, total
@@ -501,6 +716,10 @@ class RemoteStream(io.RawIOBase):
 
     def _back_off(self, err: _Retry) -> None:
         self._failures += 1
+        # after a cut for slowness, a trickle of bytes is no progress: the count starts afresh
+        # only once a window's worth has arrived
+        window = int(self.policy.min_rate * self.policy.rate_window) if err.why == "slow" else 0
+        self._fresh_at = self.pos + max(1, window)
         if self._failures > self.policy.retries:
             raise DownloadError(
                 f"giving up on {public_url(self.url)} after {self._failures} attempts"
@@ -518,6 +737,8 @@ class RemoteStream(io.RawIOBase):
         time.sleep(wait)
 
     def _release(self) -> None:
+        self._slow = None
+        self._rate = RateGuard(self.policy.min_rate, self.policy.rate_window)  # judged per connection
         if self._body is not None:
             self._body.close()
             self._body = None
@@ -543,12 +764,18 @@ def stream_memory_bytes(url: str, read_bytes: int) -> int:
     return read_bytes + CLIENT_BYTES[urllib.parse.urlsplit(url).scheme]
 
 
-def transport_for(url: str, timeout: float) -> HttpTransport | S3Transport:
+def read_deadline(policy: RetryPolicy) -> float | None:
+    """How long one read of a body may take over http(s) before the watchdog cuts it: a read
+    that blocks a whole window while bytes trickle in is below any minimum rate."""
+    return max(policy.rate_window, policy.timeout) if policy.min_rate > 0 else None
+
+
+def transport_for(url: str, timeout: float, deadline: float | None = None) -> HttpTransport | S3Transport:
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme == "s3":
         return S3Transport(timeout)
     if scheme in ("http", "https"):
-        return HttpTransport(timeout)
+        return HttpTransport(timeout, deadline)
     raise ValueError(f"cannot stream {public_url(url)}: use http(s):// or s3://")
 
 
@@ -557,4 +784,4 @@ def open_remote(
 ) -> RemoteStream:
     """A RemoteStream over `url` (http, https or s3), read from its first byte."""
     policy = policy or RetryPolicy()
-    return RemoteStream(url, transport_for(url, policy.timeout), policy, read_bytes, counters)
+    return RemoteStream(url, transport_for(url, policy.timeout, read_deadline(policy)), policy, read_bytes, counters)

@@ -262,6 +262,12 @@ def _export_megatron(toks, splits: list[str], output: str, console: Console) -> 
         f"Megatron-LM: {hint} (vocab {tk['vocab_size']:,}, eod id {tk['eos_id']}: every document ends in it)",
         soft_wrap=True,
     )
+    if isinstance(dest, StoreFolder):  # each export to a store has a folder of its own
+        console.print(
+            f"committed as {dest.pointer_url}, which names the current export's paths (they change with each"
+            " export: read them from it, docs/token-shards.md)",
+            soft_wrap=True,
+        )
     return 0
 
 

@@ -36,22 +36,44 @@ written counts are checked against them at the end. Memory other than mapped fil
 therefore a few arrays of `chunk_docs` entries (~20 bytes each, ~20 MB at the default), whatever
 the size of a shard or of the corpus.
 
-Whole or not at all: every file is written under a temporary name in the output folder, and
-all are renamed into place only once every split is complete; on any error (a full disk, an id
-refused, Ctrl-C) the temporary files are removed and earlier files at those names are
-untouched. Files are opened through `LocalFolder`, the one place that knows the destination is
-a local folder, or `StoreFolder`, a folder on object storage (`-o s3://bucket/megatron`): there
-each file is streamed to a temporary object beside its final name (a multipart upload: nothing
-is held on local disk) and copied to its name on the store by `commit` once every split is
-complete; `discard` deletes the temporary objects. Each object appears whole; a split's `.idx`
-is committed after its `.bin`.
+Whole or not at all. A local folder: every file is written under a temporary name in the output
+folder, and all are renamed into place only once every split is complete; on any error (a full
+disk, an id refused, Ctrl-C) the temporary files are removed and earlier files at those names are
+untouched. Files are opened through `LocalFolder`, the one place that knows the destination is a
+local folder, or `StoreFolder`, a prefix on object storage (`-o s3://bucket/megatron`).
+
+A store has no rename, and copying N objects into place one by one leaves a mix of two exports
+when a copy fails or the process dies between two of them. So an export to a store never
+overwrites an object a reader may use: its files go to a fresh folder of their own,
+`<prefix>/export-<UTC time>-<random>/<split>.bin|.idx`, streamed there (multipart uploads,
+nothing on local disk), and the export is committed by ONE small object written last,
+`<prefix>/export.json`, naming that folder and each split's prefix in it (`export_paths` reads
+it; so does a Megatron user, docs/token-shards.md). A single PUT is atomic: a reader of
+`export.json` sees the earlier export or this one, whole, never a mix. The commit is
+conditional (If-Match on the `export.json` this export found when it began, If-None-Match: *
+if there was none), so of two exports racing on one prefix the second to commit fails in one
+line and the first stands; before it, every file is looked up and its size checked.
+
+What is left behind: an export that fails deletes its own folder; one killed (SIGKILL, a lost
+machine) leaves its folder, which nothing names. After a commit the export deletes every other
+export folder that began before the commit (the failed and killed ones, older exports), except
+the one `export.json` named until then, kept for a job still reading it and deleted by the next
+export; unfinished multipart uploads under the prefix from before the commit are aborted; and
+files of the flat layout earlier versions wrote (`<split>.bin`/`.idx` at the prefix, their
+`.<name>.<pid>.tmp` objects) are removed, so that no stale export remains readable beside the
+named one.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
+import secrets
+import socket
 import struct
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +81,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+from loguru import logger
 
 from gristmill.core import storage
 from gristmill.core.files import naming, remove_quietly
@@ -101,7 +124,7 @@ class LocalFolder:
         self._pending.append((tmp, final))
         return f
 
-    def commit(self) -> None:
+    def commit(self, written: list[SplitWritten] | None = None) -> None:
         for tmp, final in self._pending:
             os.replace(tmp, final)
         self._pending.clear()
@@ -117,40 +140,211 @@ class LocalFolder:
                 pass
 
 
+#: the object that names the committed export of a prefix on a store (see the module doc)
+POINTER = "export.json"
+POINTER_FORMAT = "gristmill-megatron-export"
+#: an export's own folder under the prefix: `export-<UTC start time>-<random>`; only folders
+#: named so are ever deleted by a later export
+_EXPORT_FOLDER = re.compile(r"^export-\d{8}T\d{6}Z-[0-9a-f]{8}$")
+#: written first into an export's folder: its LastModified (the store's clock) is when it began
+_STARTED = ".started"
+#: what earlier versions wrote at the prefix itself: `<split>.bin/.idx` and their temporary objects
+_FLAT_TMP = re.compile(r"^\.[A-Za-z0-9_-]+\.(bin|idx)\.\d+\.tmp$")
+
+
 class StoreFolder:
-    """`LocalFolder`'s contract on object storage (s3://, gs://, ...; see the module doc)."""
+    """`LocalFolder`'s contract on object storage (s3://, gs://, ...): the files go to a folder of
+    their own, and `commit` writes the one object that names it (see the module doc)."""
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.fs, self.root = storage.filesystem(self.url)
         self.root = self.root.rstrip("/")
-        self._pending: list[tuple[str, str]] = []  # (temporary key, final key), in commit order
+        self.export = f"export-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+        self.folder = f"{self.root}/{self.export}"
+        self._keys: dict[str, str] = {}  # name -> key, in the order written
+        self._began = False
+        self._base: tuple[str | None, str | None] = (None, None)  # export.json found at the start: (ETag, export)
+
+    @property
+    def pointer_url(self) -> str:
+        return f"{self.url}/{POINTER}"
 
     def describe(self, name: str) -> str:
-        return f"{self.url}/{name}"
+        return f"{self.url}/{self.export}/{name}"
 
     def open(self, name: str) -> BinaryIO:
-        tmp = f"{self.root}/.{name}.{os.getpid()}.tmp"
+        if not self._began:
+            self._begin()
+        key = f"{self.folder}/{name}"
         with storage.errors(self.describe(name), "writing"):
-            f = self.fs.open(tmp, "wb")
-        self._pending.append((tmp, f"{self.root}/{name}"))
+            f = self.fs.open(key, "wb")
+        self._keys[name] = key
         return f
 
-    def commit(self) -> None:
-        with storage.errors(self.url, "committing the export"):
-            for tmp, final in self._pending:
-                self.fs.copy(tmp, final)
-            for tmp, _ in self._pending:
-                self.fs.rm_file(tmp)
-        self._pending.clear()
+    def _begin(self) -> None:
+        """Note the export.json this export replaces (its ETag conditions the commit), then mark
+        the folder as begun: its LastModified tells a later export whether it began before a commit."""
+        self._began = True
+        with storage.errors(self.pointer_url, "reading"):
+            try:
+                etag = self.fs.info(f"{self.root}/{POINTER}").get("ETag")
+                raw = self.fs.cat_file(f"{self.root}/{POINTER}")
+            except FileNotFoundError:
+                etag, raw = None, None
+        export = None
+        if raw is not None:
+            try:
+                found = json.loads(raw)
+                export = found.get("export") if isinstance(found, dict) else None
+            except ValueError:
+                logger.warning(f"{self.pointer_url}: not JSON; this export replaces it")
+        self._base = (etag, export if isinstance(export, str) and _EXPORT_FOLDER.match(export) else None)
+        marker = {"began": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "replaces": etag}
+        with storage.errors(self.describe(_STARTED), "writing"):
+            self.fs.pipe_file(f"{self.folder}/{_STARTED}", json.dumps(marker).encode())
+
+    def commit(self, written: list[SplitWritten]) -> None:
+        """Check every file of the export, then write export.json naming it: the commit."""
+        for w in written:
+            for name, want in ((f"{w.split}.bin", w.bin_bytes), (f"{w.split}.idx", w.idx_bytes)):
+                with storage.errors(self.describe(name), "checking it before the commit"):
+                    try:
+                        got = int(self.fs.info(self._keys[name])["size"])
+                    except FileNotFoundError:
+                        got = None
+                if got != want:
+                    raise storage.StorageError(
+                        f"{self.describe(name)}: {'is gone' if got is None else f'holds {got:,} bytes'}, not the"
+                        f" {want:,} written (removed while the export ran: another export to {self.url}?);"
+                        f" nothing committed, {self.pointer_url} unchanged"
+                    )
+        pointer = {
+            "format": POINTER_FORMAT,
+            "version": 1,
+            "export": self.export,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "splits": {
+                w.split: {
+                    "prefix": f"{self.export}/{w.split}",
+                    "documents": w.documents,
+                    "tokens": w.tokens,
+                    "dtype": str(w.dtype),
+                    "bin_bytes": w.bin_bytes,
+                    "idx_bytes": w.idx_bytes,
+                }
+                for w in written
+            },
+        }
+        with storage.errors(self.pointer_url, "committing the export"):
+            try:
+                _put_pointer(
+                    self.fs,
+                    f"{self.root}/{POINTER}",
+                    json.dumps(pointer, indent=1).encode(),
+                    self._base[0],
+                    conditional=storage.protocol(self.url) == "s3",
+                )
+            except OSError as e:
+                if not storage.conflict(e):
+                    raise
+                raise storage.StorageError(
+                    f"{self.pointer_url}: another export was committed to {self.url} while this one ran; this one"
+                    " is discarded and that one stands (run again to replace it)"
+                ) from None
+        self._clean(written)
 
     def discard(self) -> None:
-        for tmp, _ in self._pending:
+        if not self._began:
+            return
+        try:
+            self.fs.rm(self.folder, recursive=True)
+        except Exception as e:  # noqa: BLE001 - the store is gone: the next export removes the folder
+            logger.warning(f"{self.url}/{self.export}: not removed ({storage.describe(e)}); the next export will")
+
+    def _clean(self, written: list[SplitWritten]) -> None:
+        """After the commit: what no reader of export.json can reach any more (module doc). A
+        failure here is a warning: the export is committed, and the next one cleans again."""
+        try:
+            committed = self.fs.info(f"{self.root}/{POINTER}")["LastModified"]
+            entries = self.fs.ls(self.root, detail=True)
+        except Exception as e:  # noqa: BLE001
+            logger.warning(f"{self.url}: earlier exports not cleaned up ({storage.describe(e)}); the next export will")
+            return
+        keep = {self.export, self._base[1]}
+        flat = {f"{w.split}.{ext}" for w in written for ext in ("bin", "idx")}
+        removed = []
+        for entry in entries:
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             try:
-                self.fs.rm_file(tmp)
-            except Exception:  # noqa: BLE001 - never written (the export failed first), or the store is gone
-                pass
-        self._pending.clear()
+                if entry["type"] == "directory" and _EXPORT_FOLDER.match(name) and name not in keep:
+                    try:
+                        began = self.fs.info(f"{self.root}/{name}/{_STARTED}")["LastModified"]
+                    except FileNotFoundError:
+                        began = None
+                    if began is not None and began >= committed:
+                        continue  # began after this commit: an export that may still commit
+                    self.fs.rm(f"{self.root}/{name}", recursive=True)
+                    removed.append(name + "/")
+                elif entry["type"] != "directory" and (name in flat or _FLAT_TMP.match(name)):
+                    self.fs.rm_file(f"{self.root}/{name}")
+                    removed.append(name)
+            except Exception as e:  # noqa: BLE001
+                logger.warning(f"{self.url}/{name}: not removed ({storage.describe(e)}); the next export tries again")
+        removed += self._abort_uploads(committed)
+        if removed:
+            logger.info(f"{self.url}: removed what no export names any more: {', '.join(removed)}")
+
+    def _abort_uploads(self, before) -> list[str]:
+        """Multipart uploads of killed exports (s3:// only): invisible, but stored and billed."""
+        if storage.protocol(self.url) != "s3":
+            return []
+        bucket, key, _ = self.fs.split_path(self.root)
+        base = f"{key}/" if key else ""  # -o s3://bucket: the exports are at the bucket's top
+        out = []
+        try:
+            resp = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=f"{base}export-")
+            for up in resp.get("Uploads", []):
+                rel = up["Key"][len(base) :]
+                if (
+                    _EXPORT_FOLDER.match(rel.split("/", 1)[0])
+                    and rel.split("/", 1)[0] != self.export
+                    and up.get("Initiated") is not None
+                    and up["Initiated"] < before
+                ):
+                    self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+                    out.append(f"{rel} (unfinished upload)")
+        except Exception as e:  # noqa: BLE001
+            logger.warning(f"{self.url}: unfinished uploads not aborted ({storage.describe(e)})")
+        return out
+
+
+def _put_pointer(fs, key: str, body: bytes, replaces: str | None, conditional: bool) -> None:
+    """The commit: one PUT of export.json, on condition (s3://) that it is still the one this
+    export found; other stores have no conditional write wired here and take it as is."""
+    if not conditional:
+        fs.pipe_file(key, body)
+        return
+    bucket, path, _ = fs.split_path(key)
+    condition = {"IfMatch": replaces} if replaces else {"IfNoneMatch": "*"}
+    fs.call_s3("put_object", Bucket=bucket, Key=path, Body=body, ContentType="application/json", **condition)
+
+
+def export_paths(dest: str | os.PathLike) -> dict[str, str]:
+    """{split: the prefix Megatron is given} of the export at `dest`: on a store, what its
+    export.json names (the committed export, whole); a local folder, its `<split>.idx` files."""
+    if storage.is_url(dest):
+        url = str(dest).rstrip("/")
+        raw = storage.read_bytes(f"{url}/{POINTER}")
+        try:
+            pointer = json.loads(raw)
+            if pointer.get("format") != POINTER_FORMAT:
+                raise ValueError(f"format {pointer.get('format')!r}")
+            return {split: f"{url}/{entry['prefix']}" for split, entry in pointer["splits"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise storage.StorageError(f"{url}/{POINTER}: not a gristmill Megatron export ({e})") from None
+    folder = Path(storage.local_or_url(dest))
+    return {p.stem: str(folder / p.stem) for p in sorted(folder.glob("*.idx")) if not p.name.startswith(".")}
 
 
 @dataclass
@@ -194,7 +388,7 @@ def write_megatron(
     try:
         for split in splits:
             written.append(_write_split(toks, dest, split, out_dtype, chunk_tokens, chunk_docs))
-        dest.commit()
+        dest.commit(written)
     except BaseException:  # a full disk, an id refused, Ctrl-C: no file of this export is left
         dest.discard()
         raise

@@ -40,12 +40,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
 import dill
 from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 
+from gristmill.compat import ray as compat_ray
 from gristmill.config import ConfigError, RunConfig
 from gristmill.core import storage
 from gristmill.pipeline.execution import zygote as task_zygote
@@ -176,6 +178,11 @@ def _run_task(payload: bytes, rank: int, cwd: str, env: dict[str, str], retries:
     return {"node": node, "returncode": returncode, "error": error, "attempts": attempt}
 
 
+#: how often a stage's driver looks whether its node's raylet still answers (a connect to its
+#: socket; Ray itself notices its death after about a minute)
+RAYLET_CHECK_S = 2.0
+
+
 class RayExecutor(PipelineExecutor):
     """One stage on Ray; `run` submits its incomplete tasks and follows them to the end."""
 
@@ -232,6 +239,8 @@ class RayExecutor(PipelineExecutor):
             for rank in ranks
         }
         failed: list[tuple[int, str]] = []
+        lost = None  # the socket of this node's raylet, once it is gone
+        look_at = time.monotonic() + RAYLET_CHECK_S
         try:
             with _SignalsThroughRay() as signals, signals.named():
                 while running:
@@ -243,8 +252,22 @@ class RayExecutor(PipelineExecutor):
                             failed.append((rank, cause))
                     if on_poll:
                         on_poll()
+                    if running and time.monotonic() > look_at:
+                        look_at = time.monotonic() + RAYLET_CHECK_S
+                        lost = compat_ray.raylet_gone()
+                    if lost is not None:
+                        # Ray would end this process in about a minute with its own lines only
+                        rank = min(running.values())
+                        raise TaskFailed(
+                            rank,
+                            f"could not be followed: the raylet of the Ray node this command runs on is gone"
+                            f" (nothing answers on {lost}); start Ray on this node again and re-run: completed"
+                            f" tasks are kept",
+                            self.task_log(rank),
+                        )
         finally:
-            _cancel(list(running))  # interrupted: the tasks still queued or running
+            if lost is None:
+                _cancel(list(running))  # interrupted: the tasks still queued or running
             del payload
         if failed:
             rank, cause = failed[0]
@@ -368,8 +391,6 @@ class RayCluster:
         node could ever run a task of some stage; before anything is written."""
         import signal
 
-        from gristmill.compat import ray as compat_ray
-
         # ray.init installs its own SIGTERM handler (sys.exit): keep ours, the runner's
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -423,7 +444,8 @@ class RayCluster:
     def close(self) -> None:
         import ray
 
-        if ray.is_initialized():
+        # without its raylet, ray.shutdown waits on it: the process ends, which Ray survives
+        if ray.is_initialized() and compat_ray.raylet_gone() is None:
             ray.shutdown()
 
     def __enter__(self) -> RayCluster:

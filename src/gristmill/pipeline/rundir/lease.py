@@ -22,6 +22,7 @@ machines whose clocks differ by a large part of `lease_s` may take over a live l
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import signal
@@ -54,14 +55,43 @@ class Lease:
     url: str  # the lock object's URL
     info: dict
     etag: str
+    #: why the object is not a lock gristmill wrote (not JSON, a field missing or not a finite
+    #: number...), or None
+    malformed: str | None = None
 
     @property
     def holder(self) -> str:
-        return str(self.info.get("holder", "?"))
+        """The holder's name; for a malformed lock, the name `--force-lock` takes it over by:
+        the object's version (ETag), so that only the object the user saw is taken over."""
+        if self.malformed is not None:
+            return f"malformed:{self.etag.strip(chr(34))[:16]}"
+        return str(self.info["holder"])
 
     @property
     def expires(self) -> float:
-        return float(self.info.get("expires", 0))
+        return float(self.info["expires"])
+
+
+def _malformed(info: object) -> str | None:
+    """Why `info` is not a lock gristmill wrote, or None: every field `acquire` and the
+    messages read, of the right type, the times finite."""
+    if not isinstance(info, dict):
+        return f"a JSON {type(info).__name__}, not an object"
+    if not isinstance(info.get("holder"), str) or not info["holder"]:
+        return f"holder is {info.get('holder')!r}, not a name"
+    for key in ("expires", "since"):
+        value = info.get(key)
+        # a time a clock can show: finite, and within what time.localtime takes
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and 0 <= value < 1e11)
+        ):
+            return f"{key} is {value!r}, not a time"
+    command = info.get("command", [])
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        return f"command is {command!r}, not a list of words"
+    return None
 
 
 def _describe(info: dict) -> str:
@@ -73,16 +103,8 @@ def _describe(info: dict) -> str:
     )
 
 
-def conflict(e: BaseException) -> bool:
-    """A write refused because its condition did not hold: 412 Precondition Failed (s3fs raises
-    FileExistsError for If-None-Match, an OSError for If-Match) or 409 ConditionalRequestConflict
-    (S3, for conditional writes racing on one key)."""
-    if isinstance(e, FileExistsError):
-        return True
-    response = getattr(e.__cause__, "response", None) or getattr(e, "response", None) or {}
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+#: a write refused because its condition did not hold (412, 409)
+conflict = storage.conflict
 
 
 def _split(fs, path: str) -> tuple[str, str]:
@@ -127,10 +149,15 @@ def read(url: str) -> Lease | None:
             return None
         body = _read_body(fs, resp)
     try:
-        info = json.loads(body or b"{}")
-    except ValueError:
-        info = {}
-    return Lease(url, info if isinstance(info, dict) else {}, resp["ETag"])
+        info = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        return Lease(url, {}, resp["ETag"], f"not JSON ({e})")
+    why = _malformed(info)
+    return Lease(url, info if why is None else {}, resp["ETag"], why)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is no JSON number")
 
 
 def _read_body(fs, resp) -> bytes:
@@ -193,7 +220,14 @@ def acquire(run_url: str, ttl: float, force_lock: str | None = None, command: li
                     if not conflict(e):
                         raise
                     continue
-            expired = held.expires < time.time()
+            if held.malformed is not None and force_lock != held.holder:
+                # never taken over silently: a lock no gristmill wrote may be another tool's, or
+                # a newer gristmill's, or damage; the user looks and decides
+                raise LeaseHeld(
+                    f"{url}: the run directory's lock object is not one this gristmill can read ({held.malformed});"
+                    f" if no run uses {run_url}, take it over with --force-lock {held.holder}"
+                )
+            expired = held.malformed is None and held.expires < time.time()
             if not expired and force_lock != held.holder:
                 hint = (
                     f"--force-lock {force_lock}: it is held by {held.holder}, not {force_lock}"
@@ -209,7 +243,8 @@ def acquire(run_url: str, ttl: float, force_lock: str | None = None, command: li
                     raise
                 continue  # another run took it over first, or the holder renewed: look again
             why = "its lease expired" if expired else "--force-lock names it"
-            logger.warning(f"{run_url}: took over the lock of {_describe(held.info)}: {why}")
+            was = _describe(held.info) if held.malformed is None else f"{held.holder} ({held.malformed})"
+            logger.warning(f"{run_url}: took over the lock of {was}: {why}")
             return lease
     raise LeaseHeld(f"run directory {run_url} is in use: its lock changed under each of 3 attempts to take it")
 
@@ -241,7 +276,8 @@ class _Renewer(threading.Thread):
             except Exception as e:  # noqa: BLE001 - the store may be back before the lease runs out
                 if isinstance(e, OSError) and conflict(e):
                     held = read(self.lease.url)
-                    by = _describe(held.info) if held else "nobody (it was removed)"
+                    by = "nobody (it was removed)" if held is None else held.holder
+                    by = _describe(held.info) if held is not None and held.malformed is None else by
                     self.on_lost(f"{self.lease.url}: this run's lock was taken over by {by}; stopping")
                     return
                 if time.time() > self.lease.expires - self.ttl / 6:
