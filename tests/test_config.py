@@ -130,7 +130,7 @@ TOKENIZE = {"tokenizer": {"train": {"vocab_size": 512}}, "shard_tokens": 1000}
 def test_no_step_is_known_by_the_config_or_appended_by_the_planner():
     """The run config imports no step class and the planner places every step by one loop."""
     assert "gristmill.tokenize" not in (SRC / "config.py").read_text()
-    assert "Tokenize" not in (SRC / "pipeline" / "planner.py").read_text()
+    assert "Tokenize" not in (SRC / "pipeline" / "planning" / "planner.py").read_text()
 
 
 def test_model_validate_alone_gives_the_steps():
