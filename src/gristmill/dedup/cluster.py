@@ -12,11 +12,14 @@ Stages (planned by `NearDedup.stages`; N = `cluster_tasks`, R = `cluster_rounds`
    before (its first round: the node keys, from its edge entries), applies the messages sent to
    its nodes in the round before, and sends new ones along its entries (read again, a chunk at a
    time), from the nodes whose state changed:
-   - `components`: min-label propagation. A node's label is the smallest node key it has heard
-     of; a label that falls is sent to every neighbour. When no label falls anywhere, each node's
-     label is the smallest key of its component: its first document in the order key, the root
-     `lsh.components` gives. Rounds: the largest distance from a component's first document to
-     its other documents, plus one;
+   - `components`: min-label propagation with pointer jumping. A node's label is the smallest
+     node key it has heard of; a label that falls is sent to every neighbour, and the node asks
+     the node its label names for that node's own label (answered the next round). When no
+     label falls anywhere, each node's label is the smallest key of its component: its first
+     document in the order key, the root `lsh.components` gives. Rounds: bounded by the largest
+     distance from a component's first document to its others plus one (propagation alone);
+     jumping halves the distance a label has left every two rounds along a chain of labels, so
+     long chains take ~2 log2(length) rounds (measured: docs/dedup.md);
    - `kept_neighbour`: the rounds of `lsh.kept_neighbour`, as messages: a node decided in a
      round tells its later neighbours (kept: its key; removed: that it is); a node with a kept
      earlier neighbour is removed for the smallest one heard of, a node all of whose earlier
@@ -65,8 +68,8 @@ MSG = np.dtype([("dst", "<u8"), ("val", "<u8"), ("kind", "i1")])
 STATE = np.dtype(
     [("node", "<u8"), ("root", "<u8"), ("count", "<i8"), ("earlier", "<i8"), ("removed_in", "<i8"), ("state", "i1")]
 )
-#: message kinds: components
-LABEL, JOIN, LEAVE = 0, 1, 2
+#: message kinds: components (ASK: "send your label to `val`", pointer jumping)
+LABEL, JOIN, LEAVE, ASK = 0, 1, 2, 3
 #: message kinds: kept_neighbour
 KEPT, REMOVED, REMOVED_FOR = 0, 1, 2
 NONE = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -272,8 +275,9 @@ class Rounds:
         return self._converged[r]
 
     def final_round(self) -> int:
-        """The first round that sent no message (the planned rounds', then the rest's)."""
-        r = len(self.rounds)
+        """The first round that sent no message (the planned rounds', then the rest's): the rounds
+        the graph took."""
+        r = 1
         while not self.converged(r):
             r += 1
         return r
@@ -351,8 +355,11 @@ class Rounds:
             yield from inbox(self.msg_dir(r - 1), q, self.parts, self.parts, MSG, self.chunk)
 
     def _components(self, st: np.ndarray, r: int, q: int, out: Outbox) -> np.ndarray:
-        """Applies the labels and counts sent; the nodes whose label fell (round 1: all, so every
-        node tells its neighbours its own key). Sends the counts of the moves."""
+        """Applies the labels and counts sent, then answers the nodes that asked one of its nodes
+        for its label (pointer jumping: a node whose label fell to L asks L for L's own label, so
+        a label travels a chain in ~2 log2(length) rounds, not one link a round); the nodes whose
+        label fell (round 1: all, so every node tells its neighbours its own key). Sends the
+        counts of the moves and the questions."""
         nodes = st["node"]
         n = len(nodes)
         before = st["root"].copy()
@@ -363,13 +370,27 @@ class Rounds:
             st["count"] += np.bincount(i[m["kind"] == JOIN], minlength=n) - np.bincount(
                 i[m["kind"] == LEAVE], minlength=n
             )
+        for m in self._received(r, q):  # the labels after this round's: answers in the next
+            ask = m[m["kind"] == ASK]
+            if len(ask):
+                a = np.empty(len(ask), MSG)
+                a["dst"], a["val"], a["kind"] = (
+                    ask["val"],
+                    st["root"][lookup(nodes, ask["dst"], self.msg_dir(r - 1))],
+                    LABEL,
+                )
+                out.add(a)
         if r == 1:
             return np.ones(n, bool)
         moved = st["root"] != before
         if moved.any():
-            for root, kind in ((before[moved], LEAVE), (st["root"][moved], JOIN)):
-                m = np.empty(len(root), MSG)
-                m["dst"], m["val"], m["kind"] = root, 0, kind
+            for dst, val, kind in (
+                (before[moved], 0, LEAVE),
+                (st["root"][moved], 0, JOIN),
+                (st["root"][moved], nodes[moved], ASK),
+            ):
+                m = np.empty(len(dst), MSG)
+                m["dst"], m["val"], m["kind"] = dst, val, kind
                 out.add(m)
         return moved
 
