@@ -35,7 +35,6 @@ import json
 import multiprocessing as mp
 import resource
 import shutil
-import struct
 import sys
 import tempfile
 import time
@@ -186,7 +185,8 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
     )
     steps = [(NearDedupClusterEdges(plan), "near_dedup_cluster_edges", tasks)]
     steps += [(NearDedupClusterRound(plan, r), "near_dedup_cluster_round", tasks) for r in range(1, R + 1)]
-    steps += [(NearDedupClusterRest(plan), "near_dedup_cluster_rest", 1), (NearDedupCluster(plan), "near_dedup_cluster", tasks)]
+    steps.append((NearDedupClusterRest(plan), "near_dedup_cluster_rest", 1))
+    steps.append((NearDedupCluster(plan), "near_dedup_cluster", tasks))
     stages = []
     for i, (step, name, n) in enumerate(steps):
         folder = work / f"{i + 1:02d}_{name}"
@@ -274,7 +274,11 @@ def main(argv=None) -> int:
             f"datatrove MinhashDedupCluster (1 task): {dt['cpu_s']:.2f} CPU s, peak {dt['max_rss_mb']:.0f} MB "
             f"(base {dt['base_rss_mb']:.0f}), removed {dt['removed']:,} (components: {len(comp['removed']):,})"
         )
-        print(f"gristmill cluster stages (components, {a.tasks[0]} task) vs datatrove CPU: {dt['cpu_s'] / comp['cpu_s']:.2f}x")
+        print(
+            f"cluster stages (components, {a.tasks[0]} task), CPU s datatrove / gristmill: "
+            f"{dt['cpu_s'] / comp['cpu_s']:.2f}x; peak RSS datatrove / gristmill: "
+            f"{dt['max_rss_mb'] / comp['max_rss_mb']:.2f}x"
+        )
         if dt["removed"] != len(comp["removed"]):
             print("MISMATCH: datatrove removes another number of documents than components")
             return 1

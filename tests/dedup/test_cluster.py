@@ -124,6 +124,30 @@ def _synthetic(tmp_path: Path, edges: np.ndarray, shards: int = 2) -> tuple[Path
     return verify, sig
 
 
+@pytest.mark.parametrize("removal", ["kept_neighbour", "components"])
+def test_same_as_one_task_on_generated_clusters_with_chains(removal, tmp_path):
+    """Zipf-sized clusters, each a random tree (benchmarks/cluster_throughput.py's graph): chains
+    where a document is decided after a later kept neighbour of it was (kept_neighbour keeps the
+    one it was removed for), paths that need pointer jumping (components)."""
+    from cluster_throughput import make_graph
+
+    verify, sig = _synthetic(tmp_path, make_graph(1000, seed=1))
+    want = _one_task(_plan(verify, sig, 2, 1, removal))
+    for tasks in (1, 4):
+        nodes, roots, _ = _cluster(_plan(verify, sig, 2, tasks, removal), tmp_path / f"t{tasks}")
+        assert np.array_equal(nodes, want[0]) and np.array_equal(roots, want[1]), tasks
+
+
+def test_a_path_takes_logarithmic_rounds_with_pointer_jumping(tmp_path):
+    n = 200  # a path in order key: propagation alone takes 200 rounds
+    verify, sig = _synthetic(tmp_path, np.stack([np.arange(n - 1), np.arange(1, n)], axis=1))
+    plan = _plan(verify, sig, 2, 2, "components", rounds=2)
+    nodes, roots, _ = _cluster(plan, tmp_path / "c")
+    assert (roots == nodes[0]).all()
+    rounds = Rounds(plan.cluster_edges_folder, plan.round_folders, plan.rest_folder, 2, True).final_round()
+    assert rounds <= 2 * np.log2(n) + 2, rounds  # 15 measured
+
+
 def test_one_giant_component_in_bounded_memory_per_task(tmp_path):
     warm = _synthetic(tmp_path / "warm", np.array([[0, 1], [1, 2]]))  # what the first call imports and caches
     _cluster(_plan(*warm, 2, 4, "components"), tmp_path / "warm")
@@ -162,7 +186,7 @@ def test_a_chain_longer_than_the_planned_rounds_finishes_in_the_rest_stage(tmp_p
         want = _one_task(plan)
         assert np.array_equal(nodes, want[0]) and np.array_equal(roots, want[1])
         rest = sorted((plan.rest_folder / "dups").glob("round_*"))
-        assert len(rest) > 10  # most rounds ran in the rest stage
+        assert len(rest) >= 2  # rounds beyond the planned 3 ran in the rest stage
         if removal == "kept_neighbour":
             assert len(removed) == n // 2 and 3 + len(rest) == n + 1  # a link decided a round, then a silent one
 

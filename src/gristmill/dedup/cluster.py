@@ -384,10 +384,12 @@ class Rounds:
             return np.ones(n, bool)
         moved = st["root"] != before
         if moved.any():
+            hook = moved & (before != nodes)
             for dst, val, kind in (
                 (before[moved], 0, LEAVE),
                 (st["root"][moved], 0, JOIN),
                 (st["root"][moved], nodes[moved], ASK),
+                (before[hook], st["root"][hook], LABEL),  # the old label's node: its tree hooks under the new
             ):
                 m = np.empty(len(dst), MSG)
                 m["dst"], m["val"], m["kind"] = dst, val, kind
@@ -401,7 +403,7 @@ class Rounds:
         n = len(nodes)
         for m in self._received(r, q):
             i = lookup(nodes, m["dst"], self.msg_dir(r - 1))
-            k = m["kind"] == KEPT
+            k = (m["kind"] == KEPT) & (st["state"][i] == 0)  # a decided node keeps the one it was removed for
             np.minimum.at(st["root"], i[k], m["val"][k])
             st["removed_in"] += np.bincount(i[m["kind"] == REMOVED], minlength=n)
             st["count"] += np.bincount(i[m["kind"] == REMOVED_FOR], minlength=n)
