@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gristmill.core.files import save_npy_atomic, write_text_atomic
+from gristmill.core.files import replacing, save_npy_atomic, write_text_atomic
 from gristmill.core.working_copy import staged
 from gristmill.dedup.lsh import shard_of
 from gristmill.dedup.order import OFFSET_BITS
@@ -110,7 +110,8 @@ class Outbox:
         rec = np.concatenate(self.buf) if self.buf else np.empty(0, self.dtype)
         self.buf, self.held = [], 0
         where = part_of(rec[self.key], self.parts)
-        order = np.argsort(where, kind="stable")
+        # a stable sort of small integers: numpy's radix sort for 16-bit keys, linear
+        order = np.argsort(where.astype(np.uint16) if self.parts <= 1 << 16 else where, kind="stable")
         rec, where = rec[order], where[order]
         del order
         idx = np.searchsorted(where, np.arange(self.parts + 1)).astype(np.int64)
@@ -158,6 +159,11 @@ def inbox(
         lo, hi = int(idx[part]), int(idx[part + 1])
         for i in range(lo, hi, chunk):
             yield np.array(m[i : min(i + chunk, hi)])
+
+
+def _indexes(folder: Path) -> list[np.ndarray]:
+    """The partition offsets of every part in an outbox folder."""
+    return [np.load(f) for f in sorted(staged(folder).glob("task_*.part*.idx.npy"))]
 
 
 def read_edge_file(path: Path, chunk: int = CHUNK) -> Iterator[np.ndarray]:
@@ -326,9 +332,8 @@ class Rounds:
             changed = self._components(st, r, q, out)
         else:
             changed = self._kept(st, r, q, out)
-        if changed.any():
-            for e in self.entries(q):
-                i = lookup(nodes, e["src"], self.edges)
+        if changed.any() or r == 1:
+            for e, i in self._entries_at(q, nodes, r):
                 a = changed[i]
                 if not self.components:
                     a &= e["src"] < e["dst"]  # decisions go to later neighbours only
@@ -349,6 +354,31 @@ class Rounds:
             summary["undecided"] = int((st["state"] == 0).sum())
         write_text_atomic(self.summary_path(r, q), json.dumps(summary))
         return summary
+
+    def _entries_at(self, q: int, nodes: np.ndarray, r: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Partition q's entries a chunk at a time, each with its source's index in `nodes`:
+        looked up in round 1 and written (`dups/entries_QQQQQ.npy`, 8 bytes an entry, filled a
+        chunk at a time through a memory map), read back by the later rounds (the lookup was
+        the largest cost of a round)."""
+        path = self.state_dir(1) / f"entries_{q:05d}.npy"
+        if r > 1:
+            index = np.load(staged(path), mmap_mode="r")
+            at = 0
+            for e in self.entries(q):
+                yield e, np.array(index[at : at + len(e)])
+                at += len(e)
+            return
+        total = sum(int(i[q + 1] - i[q]) for i in _indexes(self.edges / "edges"))
+        with replacing(path) as tmp:
+            index = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(total,))
+            at = 0
+            for e in self.entries(q):
+                i = lookup(nodes, e["src"], self.edges)
+                index[at : at + len(e)] = i
+                at += len(e)
+                yield e, i
+            index.flush()
+            del index
 
     def _received(self, r: int, q: int) -> Iterator[np.ndarray]:
         if r > 1:
