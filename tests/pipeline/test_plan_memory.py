@@ -135,6 +135,11 @@ def test_pipeline_plan_projects_a_snapshot_without_downloading():
     # full sample, not a line through the filtering config's runs extended to 13.5 TB (~6 h)
     tok = next(s for s in out["stages"] if s["stage"].endswith("_tokenizer"))
     assert float(tok["CPU-h"]) < 0.1, tok
+    # what is a line through small runs extended 13,000-fold says so, and what is capped does not
+    assert float(curate["extrapolated"].rstrip("x").replace(",", "")) > 100 and tok["extrapolated"] == ""
+    assert any(line.startswith("extrapolated:") for line in out["notes"])
+    total = next(line for line in out["notes"] if line.startswith("total:"))
+    assert "not calibrated (below) are not in it" in total  # the cluster stages have no calibration yet
 
 
 def test_pipeline_plan_flags_what_does_not_fit(tmp_path):
