@@ -20,20 +20,23 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
    documents of some edge) recomputes the shingle set and writes it to the shards that need it.
 4. `near_dedup_verify` (T, if `verify`): per shard, the exact Jaccard of every candidate pair;
    keeps the edges with Jaccard >= threshold (drops LSH false positives).
-5. `near_dedup_cluster` (1 task): over the edge shards, read one shard at a time: by default
-   (`removal: kept_neighbour`, `lsh.kept_neighbour`) a document is removed when an earlier
-   document it is a verified pair with is kept, so every removal is within the threshold of the
-   document kept in its place; `removal: components` (`lsh.components`) removes every document of
-   a connected component but its first (order key), as datatrove does, where chains remove
-   documents far from the kept one (docs/scale.md). Removals are written per task.
+5. the cluster stages (`cluster_tasks` tasks, `dedup/cluster.py`): `near_dedup_cluster_edges`,
+   `cluster_rounds` x `near_dedup_cluster_round`, `near_dedup_cluster_rest` (1 task, nothing to
+   do unless the graph needs more rounds), `near_dedup_cluster`: each task holds one partition
+   of the duplicate graph. By default (`removal: kept_neighbour`) a document is removed when an
+   earlier document it is a verified pair with is kept, so every removal is within the threshold
+   of the document kept in its place; `removal: components` removes every document of a
+   connected component but its first (order key), as datatrove does, where chains remove
+   documents far from the kept one (docs/scale.md). The same removals as the one-task
+   `lsh.kept_neighbour` / `lsh.components` (tests/dedup/test_cluster.py).
 6. `near_dedup_filter` (T): drops the removed documents (reason `near_duplicate`).
 
 Memory models (each phase's `memory_bytes`; measured figures in docs/scale.md, "Near dedup
 memory models"):
 - a buckets task holds ~33 bytes per record of its (band, key range): ~33 x N / R for N
   documents, so `key_ranges` (R) bounds it whatever the corpus (`BUCKET_BYTES_PER_RECORD`);
-- the cluster task (one task: the stage that does not divide) holds ~41 bytes per document in
-  some cluster.
+- a cluster task holds ~80 bytes per document of its partition (documents in clusters /
+  `cluster_tasks`) and fixed chunk and spill buffers (`cluster.ROUND_BYTES_PER_NODE`).
 
 Every phase reads one `NearDedupPlan` (`self.params`), resolved once by `NearDedup.stages`.
 """
