@@ -221,13 +221,13 @@ def jaccard_to_kept(sh: dict, root: dict[int, int], keys) -> list[float]:
 
 def cluster_roots(run_dir: Path) -> dict[int, int] | None:
     """Order key -> the kept document it was removed for (itself when kept), from the cluster stage."""
-    import numpy as np
+    from gristmill.dedup.cluster import read_clusters
 
     stage = _stage_folder(run_dir, "near_dedup_cluster")
     if stage is None:
         return None
-    cl = np.load(stage / "clusters.npy")
-    return dict(zip(cl[:, 0].tolist(), cl[:, 1].tolist()))
+    nodes, roots = read_clusters(stage)
+    return dict(zip(nodes.tolist(), roots.tolist()))
 
 
 def dedup_quality(run_dir: Path, truth: list[dict], accidental: bool = False) -> dict:

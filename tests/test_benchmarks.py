@@ -187,6 +187,14 @@ def check_dedup_throughput(request, tmp, data):
     assert bloom and int(bloom.group(1).replace(",", "")) > 0, out[-4000:]
 
 
+def check_cluster_throughput(request, tmp, data):
+    out = smoke("cluster_throughput", tmp=tmp, data=data)
+    # every task count removes what the one-task union removes (the script exits 1 otherwise)
+    assert out.count("(same as one task: True)") == 4, out[-4000:]
+    assert figure(out, "components:  4 tasks:") > 0 and figure(out, "rounds") >= 2
+    assert figure(out, "CPU s datatrove / gristmill:") > 0  # datatrove: a core dependency, its side always runs
+
+
 def check_make_large_records(request, tmp, data):
     out = smoke("make_large_records", tmp / "large.warc.wet.gz", tmp=tmp, data=data)
     assert figure(out, "large.warc.wet.gz:") == 3  # records, each of exactly 200,000 bytes of text

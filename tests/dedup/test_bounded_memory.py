@@ -22,6 +22,8 @@ def _run(stages, shrink: bool) -> list[tuple[str, str]]:
                     ("chunk_bytes", 100_000),
                     ("spill_docs", 300),
                     ("spill_shingles", 20_000),
+                    ("cluster_chunk", 500),
+                    ("cluster_spill", 500),
                 ):
                     if hasattr(step, attr):
                         setattr(step, attr, value)

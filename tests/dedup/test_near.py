@@ -7,6 +7,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from gristmill.config import from_dict
+from gristmill.dedup.cluster import cluster_sizes as partition_sizes
+from gristmill.dedup.cluster import read_clusters
 from gristmill.pipeline.planning.on_parquet import plan_on_parquet, run_on_parquet
 from gristmill.pipeline.runner import run
 
@@ -25,7 +27,7 @@ def test_recall_and_precision_on_ground_truth(dedup_corpus, corpus_ids, near_ded
 
 def test_same_clusters_and_output_for_1_2_and_4_tasks(dedup_corpus, near_dedup_run, tmp_path):
     def result(stages):
-        cl = np.load(next(s for s in stages if s.name == "near_dedup_cluster").folder / "clusters.npy")
+        cl = np.stack(read_clusters(next(s for s in stages if s.name == "near_dedup_cluster").folder), axis=1)
         return cl.tolist(), sorted(pq.read_table(stages[-1].output, columns=["id"]).column("id").to_pylist())
 
     res = [result(near_dedup_run)]  # 2 tasks, the default threshold (conftest)
@@ -35,11 +37,9 @@ def test_same_clusters_and_output_for_1_2_and_4_tasks(dedup_corpus, near_dedup_r
     four = plan_on_parquet("near_dedup", {}, dedup_corpus / "docs", tmp_path / "p4", tasks=4)
     assert next(s for s in four if s.name == "near_dedup_buckets").tasks == 4  # fewer tasks than bands: whole bands
     # the cluster size distribution (for `pipeline report`) accounts for every clustered document
-    import json
-
     cluster = next(s for s in near_dedup_run if s.name == "near_dedup_cluster").folder
-    sizes = {int(k): v for k, v in json.loads((cluster / "cluster_sizes.json").read_text())["sizes"].items()}
-    nodes, roots = np.load(cluster / "clusters.npy").T
+    sizes = {int(k): v for k, v in partition_sizes(cluster).items()}
+    nodes, roots = read_clusters(cluster)
     kept_for_some = np.unique(roots[nodes != roots])  # a kept document and those removed for it
     assert sum(k * v for k, v in sizes.items()) == len(kept_for_some) + int((nodes != roots).sum())
     assert sum(sizes.values()) == len(kept_for_some) and min(sizes) >= 2

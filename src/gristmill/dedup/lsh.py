@@ -16,7 +16,9 @@ band are the edges of its ranges; and since ranges are intervals of the sort's f
 ranges' edges concatenated in range order are the band's edges in the same order. Keys leave
 `band_keys` through a multiply-xorshift, so each range holds ~1/R of a band's records.
 
-Connected components (`components`): one task, in two passes over the edge shards:
+Connected components (`components`): one task, in two passes over the edge shards (the reference
+the partitioned cluster stages of `dedup/cluster.py` are tested against, and what
+`near_dedup_cluster` ran before them):
 1. the sorted unique nodes (documents in at least one edge), merged shard by shard;
 2. union-find on int64 parent indices over those nodes, the shards' edges hooked in one shard
    at a time (vectorised: hook the larger root under the smaller, compress, repeat until every

@@ -20,20 +20,23 @@ Stages (laid out by `NearDedup.stages`; T = executor.tasks):
    documents of some edge) recomputes the shingle set and writes it to the shards that need it.
 4. `near_dedup_verify` (T, if `verify`): per shard, the exact Jaccard of every candidate pair;
    keeps the edges with Jaccard >= threshold (drops LSH false positives).
-5. `near_dedup_cluster` (1 task): over the edge shards, read one shard at a time: by default
-   (`removal: kept_neighbour`, `lsh.kept_neighbour`) a document is removed when an earlier
-   document it is a verified pair with is kept, so every removal is within the threshold of the
-   document kept in its place; `removal: components` (`lsh.components`) removes every document of
-   a connected component but its first (order key), as datatrove does, where chains remove
-   documents far from the kept one (docs/scale.md). Removals are written per task.
+5. the cluster stages (`cluster_tasks` tasks, `dedup/cluster.py`): `near_dedup_cluster_edges`,
+   `cluster_rounds` x `near_dedup_cluster_round`, `near_dedup_cluster_rest` (1 task, nothing to
+   do unless the graph needs more rounds), `near_dedup_cluster`: each task holds one partition
+   of the duplicate graph. By default (`removal: kept_neighbour`) a document is removed when an
+   earlier document it is a verified pair with is kept, so every removal is within the threshold
+   of the document kept in its place; `removal: components` removes every document of a
+   connected component but its first (order key), as datatrove does, where chains remove
+   documents far from the kept one (docs/scale.md). The same removals as the one-task
+   `lsh.kept_neighbour` / `lsh.components` (tests/dedup/test_cluster.py).
 6. `near_dedup_filter` (T): drops the removed documents (reason `near_duplicate`).
 
 Memory models (each phase's `memory_bytes`; measured figures in docs/scale.md, "Near dedup
 memory models"):
 - a buckets task holds ~33 bytes per record of its (band, key range): ~33 x N / R for N
   documents, so `key_ranges` (R) bounds it whatever the corpus (`BUCKET_BYTES_PER_RECORD`);
-- the cluster task (one task: the stage that does not divide) holds ~41 bytes per document in
-  some cluster.
+- a cluster task holds ~80 bytes per document of its partition (documents in clusters /
+  `cluster_tasks`) and fixed chunk and spill buffers (`cluster.ROUND_BYTES_PER_NODE`).
 
 Every phase reads one `NearDedupPlan` (`self.params`), resolved once by `NearDedup.stages`.
 """
@@ -43,7 +46,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -57,10 +60,23 @@ from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import BASE_TASK_BYTES, DOCUMENT_BYTES_PER_BYTE, GlobalStep, StageContext, Workload
 from gristmill.core.working_copy import staged
+from gristmill.dedup.cluster import (
+    CHUNK as CLUSTER_CHUNK,
+)
+from gristmill.dedup.cluster import (
+    EDGE,
+    ROUND_BYTES_PER_NODE,
+    ROUND_FIXED_BYTES,
+    Outbox,
+    Rounds,
+    read_edge_file,
+    removed_slices,
+)
+from gristmill.dedup.cluster import (
+    SPILL as CLUSTER_SPILL,
+)
 from gristmill.dedup.lsh import (
     band_keys,
-    components,
-    kept_neighbour,
     key_range_bounds,
     optimal_bands,
     shard_of,
@@ -116,12 +132,18 @@ class NearDedupPlan:
     ranges: int
     #: edge shards: one per verify task (executor.tasks)
     shards: int
+    #: tasks (graph partitions) of the cluster stages (`cluster_tasks`), rounds planned as stages
+    cluster_tasks: int = 1
+    cluster_rounds: int = 1
     #: YAML name of the step that planned the phases: what their errors name
     step: str = "near_dedup"
     signature_folder: Path | None = None
     buckets_folder: Path | None = None
     shingles_folder: Path | None = None
     verify_folder: Path | None = None
+    cluster_edges_folder: Path | None = None
+    round_folders: list[Path] = field(default_factory=list)
+    rest_folder: Path | None = None
     cluster_folder: Path | None = None
 
     @property
@@ -497,45 +519,143 @@ class NearDedupVerify(DedupPhase[NearDedupPlan]):
         yield
 
 
-def write_cluster_sizes(folder: Path, roots: np.ndarray) -> None:
-    """`cluster_sizes.json`: how many duplicate clusters have each size (documents per cluster: a
-    kept document and those removed for it), for `pipeline report`. One entry per distinct size,
-    so it stays small at any scale. A document of some pair that is kept with nothing removed for
-    it (the end of a chain under `kept_neighbour`) is no cluster."""
-    per_root = np.unique(roots, return_counts=True)[1] if len(roots) else np.zeros(0, np.int64)
-    per_root = per_root[per_root >= 2]
-    sizes, counts = np.unique(per_root, return_counts=True) if len(per_root) else ([], [])
-    write_text_atomic(
-        folder / "cluster_sizes.json", json.dumps({"sizes": {str(int(k)): int(v) for k, v in zip(sizes, counts)}})
-    )
+def _cluster_edge_files(p: NearDedupPlan, shard: int) -> list[Path]:
+    """The edge files of one shard the cluster stages read; refuses a shard with fewer files than
+    the stage before writes for it (every shard gets its files, empty or not)."""
+    d = p.cluster_edges / f"shard_{shard:03d}"
+    files = sorted(staged(d).glob("*.npy"))
+    expected, writer = (1, "near_dedup_verify") if p.config.verify else (p.bands * p.ranges, "near_dedup_buckets")
+    if len(files) < expected:
+        raise ValueError(
+            f"{d}: {len(files)} edge files of the {expected} {writer} writes (missing: that stage did not "
+            f"finish, or its files were removed); run {p.step} again with --force"
+        )
+    return files
 
 
-class NearDedupCluster(DedupPhase[NearDedupPlan]):
-    step_name = "near_dedup_cluster"
-    memory_setting = "executor.memory_gb_per_task (it is one task)"
+class NearDedupClusterEdges(DedupPhase[NearDedupPlan]):
+    """Every verified edge as two entries, one for each end's partition (`cluster.py`, stage 1)."""
+
+    step_name = "near_dedup_cluster_edges"
+    memory_setting = "near_dedup.cluster_tasks"
+
+    def __init__(self, params: NearDedupPlan, *, step_id: str | None = None):
+        super().__init__(params, step_id=step_id)
+        self.cluster_chunk, self.cluster_spill = CLUSTER_CHUNK, CLUSTER_SPILL
 
     def memory_bytes(self, work: Workload) -> int:
-        """41 bytes per document in some cluster (the module docstring's model)."""
-        return int(41 * CANDIDATE_SHARE * work.documents)
+        """A chunk of edges and its entries, and an outbox's spill while sorted: fixed."""
+        return int(64 * CLUSTER_CHUNK + 3 * EDGE.itemsize * CLUSTER_SPILL)
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
         with self.track_time():
-            loaders = [(lambda s=s: _shard_edges(p.cluster_edges, s)) for s in range(p.shards)]
-            # roots: the kept document each is removed for (itself when kept)
-            nodes, roots = (components if p.config.removal == "components" else kept_neighbour)(loaders)
-            save_npy_atomic(self.stage_folder / "clusters.npy", np.stack([nodes, roots], axis=1))
-            write_cluster_sizes(self.stage_folder, roots)
-            removed = nodes[nodes != roots]
+            out = Outbox(self.stage_folder / "edges", rank, p.cluster_tasks, EDGE, "src", self.cluster_spill)
+            edges = 0
+            for s in range(rank, p.shards, world_size):
+                for f in _cluster_edge_files(p, s):
+                    for e in read_edge_file(f, self.cluster_chunk):
+                        e = np.unique(np.sort(e, axis=1), axis=0)  # (earlier, later), once per chunk
+                        e = e[e[:, 0] != e[:, 1]]
+                        edges += len(e)
+                        both = np.empty(2 * len(e), EDGE)
+                        both["src"][: len(e)], both["dst"][: len(e)] = e[:, 0], e[:, 1]
+                        both["src"][len(e) :], both["dst"][len(e) :] = e[:, 1], e[:, 0]
+                        out.add(both)
+            out.close()
+        self.stat_update("edges", value=edges)
+        return
+        yield
+
+
+class _ClusterPhase(DedupPhase[NearDedupPlan]):
+    memory_setting = "near_dedup.cluster_tasks"
+
+    def __init__(self, params: NearDedupPlan, *, step_id: str | None = None):
+        super().__init__(params, step_id=step_id)
+        # records read at a time, held before a spill (instance attributes: tests shrink them)
+        self.cluster_chunk, self.cluster_spill = CLUSTER_CHUNK, CLUSTER_SPILL
+
+    def memory_bytes(self, work: Workload) -> int:
+        """`ROUND_BYTES_PER_NODE` per node of its partition (documents in clusters / cluster
+        tasks) and the fixed chunk and spill buffers (`cluster.py`)."""
+        nodes = CANDIDATE_SHARE * work.documents / max(self.params.cluster_tasks, 1)
+        return int(ROUND_BYTES_PER_NODE * nodes + ROUND_FIXED_BYTES)
+
+    def rounds(self) -> Rounds:
+        p = self.params
+        rounds = Rounds(
+            p.cluster_edges_folder, p.round_folders, p.rest_folder, p.cluster_tasks, p.config.removal == "components"
+        )
+        rounds.chunk, rounds.spill = self.cluster_chunk, self.cluster_spill
+        return rounds
+
+
+class NearDedupClusterRound(_ClusterPhase):
+    """One round of messages between the partitions (`cluster.py`, stage 2)."""
+
+    step_name = "near_dedup_cluster_round"
+
+    def __init__(self, params: NearDedupPlan, round: int, *, step_id: str | None = None):
+        super().__init__(params, step_id=step_id)
+        self.round = round
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        with self.track_time():
+            rounds = self.rounds()
+            for q in range(rank, self.params.cluster_tasks, world_size):
+                s = rounds.run(self.round, q)
+                self.stat_update("messages", value=s["sent"])
+                self.stat_update("changed", value=s["changed"])
+        return
+        yield
+
+
+class NearDedupClusterRest(_ClusterPhase):
+    """The rounds a graph needs beyond `cluster_rounds`, one partition at a time (`cluster.py`,
+    stage 3); nothing when the planned rounds sufficed."""
+
+    step_name = "near_dedup_cluster_rest"
+
+    def memory_bytes(self, work: Workload) -> int:
+        """One partition at a time: what a round task holds."""
+        return super().memory_bytes(work)
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        with self.track_time():
+            rounds = self.rounds()
+            r = len(rounds.rounds)
+            while not rounds.converged(r):
+                r += 1
+                for q in range(self.params.cluster_tasks):
+                    if not staged(rounds.summary_path(r, q)).is_file():  # a killed rest resumes at its partition
+                        rounds.run(r, q)
+                self.stat_update("rounds")
+            self.stat_update("final_round", value=r)
+        return
+        yield
+
+
+class NearDedupCluster(_ClusterPhase):
+    """Each partition's clusters, sizes and removals (`cluster.py`, stage 4)."""
+
+    step_name = "near_dedup_cluster"
+
+    def memory_bytes(self, work: Workload) -> int:
+        """Its partition's state and (node, root) pairs and removals (~70 bytes per node)."""
+        nodes = CANDIDATE_SHARE * work.documents / max(self.params.cluster_tasks, 1)
+        return int(ROUND_BYTES_PER_NODE * nodes)
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        p = self.params
+        with self.track_time():
+            rounds = self.rounds()
             task_ranks, _ = load_ranks(p.signature_folder)
-            src = (removed >> np.uint64(OFFSET_BITS)).astype(np.int64)
-            for t, local in task_ranks.items():  # a task gets the removals of the sources it read
-                save_npy_atomic(
-                    self.stage_folder / "removed" / f"task_{t:05d}.npy", removed[np.isin(src, local.astype(np.int64))]
-                )
-        self.stat_update("documents_in_clusters", value=len(nodes))
-        self.stat_update("clusters", value=len(np.unique(roots[nodes != roots])))  # kept documents with removals
-        self.stat_update("removed", value=len(removed))
+            for q in range(rank, p.cluster_tasks, world_size):
+                for k, v in rounds.finish(q, task_ranks, self.stage_folder).items():
+                    self.stat_update(k, value=v)
+            if rank == 0:
+                self.stat_update("rounds", value=rounds.final_round())
         return
         yield
 
@@ -549,9 +669,9 @@ class NearDedupFilter(DedupFilterPhase[NearDedupPlan]):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         self._ords = DocKeys(self.params.signature_folder, NearDedupSignature.step_name)
-        path = self.params.cluster_folder / "removed" / f"task_{rank:05d}.npy"
-        # sorted order keys, 8 bytes each (a Python set took ~60), found by binary search
-        self._removed = np.sort(np.load(path)) if staged(path).is_file() else np.empty(0, np.uint64)
+        # sorted order keys, 8 bytes each (a Python set took ~60), found by binary search: this
+        # task's slice of every cluster partition's removals
+        self._removed = removed_slices(self.params.cluster_folder / "removed", rank)
         yield from super().run(data, rank, world_size)
 
     def filter(self, doc: Document, config: Strict):
@@ -597,6 +717,20 @@ class NearDedup(GlobalStep):
             "each holding ~33 bytes x documents / key_ranges (default: ceil(tasks / bands))",
         )
 
+        cluster_tasks: int | None = Field(
+            None,
+            ge=1,
+            description="tasks of the cluster stages, one partition of the duplicate graph each, holding "
+            f"~{ROUND_BYTES_PER_NODE} bytes x documents in clusters / cluster_tasks (default: executor.tasks, "
+            "more when a partition would not fit a task's memory)",
+        )
+        cluster_rounds: int = Field(
+            8,
+            ge=1,
+            description="rounds of the cluster stages planned as stages (a round after the graph is done "
+            "ends at once; a graph that needs more continues in near_dedup_cluster_rest, one partition at a time)",
+        )
+
         @model_validator(mode="after")
         def _bands_rows(self):
             if (self.bands is None) != (self.rows is None):
@@ -629,7 +763,22 @@ class NearDedup(GlobalStep):
             sh = ctx.stage("near_dedup_shingles", [ParquetReader(docs), NearDedupShingles(plan, step_id=name)])
             plan.shingles_folder = sh.folder
             plan.verify_folder = ctx.stage("near_dedup_verify", [NearDedupVerify(plan, step_id=name)]).folder
-        plan.cluster_folder = ctx.stage("near_dedup_cluster", [NearDedupCluster(plan, step_id=name)], tasks=1).folder
+        c = cluster_tasks(
+            self.config,
+            ctx.tasks,
+            ctx.workload(1).documents,
+            lambda n: ctx.task_memory_bytes("near_dedup_cluster_round", n) - BASE_TASK_BYTES,
+        )
+        plan.cluster_tasks, plan.cluster_rounds = c, self.config.cluster_rounds
+        edges = ctx.stage("near_dedup_cluster_edges", [NearDedupClusterEdges(plan, step_id=name)], tasks=c)
+        plan.cluster_edges_folder = edges.folder
+        for r in range(1, plan.cluster_rounds + 1):
+            rnd = ctx.stage("near_dedup_cluster_round", [NearDedupClusterRound(plan, r, step_id=name)], tasks=c)
+            plan.round_folders.append(rnd.folder)
+        plan.rest_folder = ctx.stage(
+            "near_dedup_cluster_rest", [NearDedupClusterRest(plan, step_id=name)], tasks=1
+        ).folder
+        plan.cluster_folder = ctx.stage("near_dedup_cluster", [NearDedupCluster(plan, step_id=name)], tasks=c).folder
         ctx.stage("near_dedup_filter", [ParquetReader(docs), NearDedupFilter(plan, step_id=name), ctx.writer()])
 
 
@@ -657,3 +806,14 @@ def bucket_tasks(
     if need > ranges:
         return need, bands * need
     return ranges, bands * ranges if tasks >= bands else tasks
+
+
+def cluster_tasks(config: NearDedup.Config, tasks: int, documents: float, memory_budget: Callable[[int], int]) -> int:
+    """Tasks (graph partitions) of the cluster stages: `cluster_tasks` if set (a partition that
+    does not fit is refused by the planner's memory check, naming it), else `tasks`, raised until
+    a partition of the documents expected in clusters (`CANDIDATE_SHARE`) fits `memory_budget(n)`."""
+    if config.cluster_tasks is not None:
+        return config.cluster_tasks
+    held = ROUND_BYTES_PER_NODE * CANDIDATE_SHARE * documents
+    need = -(-int(held) // max(memory_budget(tasks) - ROUND_FIXED_BYTES, 1 << 20))
+    return max(tasks, need)

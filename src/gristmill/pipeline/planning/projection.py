@@ -34,6 +34,8 @@ from gristmill.input.wet import WetReader
 from gristmill.pipeline.planning.planner import estimate_memory, input_traffic, plan
 
 CALIBRATION_FILE = "scale_calibration.json"
+#: a projection extended beyond this multiple of its largest calibrated input is marked as such
+EXTRAPOLATION_MARK = 100.0
 
 
 def load_calibration(path: str | Path | None = None) -> dict:
@@ -135,6 +137,10 @@ class StageProjection:
     cache_bytes: float = 0.0
     #: where the input comes from, for the footer (the stage that reads it only)
     traffic_note: str = ""
+    #: the input size over the largest size the stage was calibrated at (its CPU-h, wall and disk
+    #: are a line through the calibration extended this far); None when not extrapolated (a
+    #: bounded stage capped at what was measured) or not calibrated
+    extrapolated: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -176,13 +182,26 @@ def project(
             # most it cost in any calibrated run (the permissive runs fill the tokenizer's sample
             # from 0.25 GB on; a filtering config's line would grow without bound)
             cpu = min(cpu, max(c.cpu_top for c in cands))
+        bounded = any(getattr(s, "bounded_work", False) for s in stage.pipeline)
+        reach = None if bounded or m.rss_at_gb <= 0 else gb / m.rss_at_gb
         rss = m.rss_mb
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
         at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
         wall = cpu / max(at_once, 1)
         out.append(
             StageProjection(
-                stage, m, cpu, rss, disk, wall, e.bytes, e.limit, e.limit_setting, e.record_bytes, **traffic
+                stage,
+                m,
+                cpu,
+                rss,
+                disk,
+                wall,
+                e.bytes,
+                e.limit,
+                e.limit_setting,
+                e.record_bytes,
+                **traffic,
+                extrapolated=reach,
             )
         )
     return out
@@ -234,7 +253,7 @@ def render(
     max_record_bytes = max((p.stage.work.max_document_bytes for p in projections if p.stage.work), default=0)
     header = [
         "stage", "tasks", "CPU-h", "wall", "mem/task", "largest record", "limit", "measured", "disk", "ingress",
-        "cache", "from",
+        "cache", "from", "extrapolated",
     ]  # fmt: skip
     rows = []
     for p in projections:
@@ -253,6 +272,7 @@ def render(
                 _fmt_mb(p.ingress_bytes / 1e6),
                 _fmt_mb(p.cache_bytes / 1e6),
                 "—" if p.model is None else p.model.config,
+                f"{p.extrapolated:,.0f}x" if p.extrapolated and p.extrapolated > EXTRAPOLATION_MARK else "",
             ]
         )
     known = [p for p in projections if p.cpu_s is not None]
@@ -267,8 +287,22 @@ def render(
         "measured: the largest task's peak RSS in the calibration run of the same stage (config: from); "
         "CPU-h, wall and disk: lines through the calibration runs",
         f"total: {_fmt_h(cpu / 3600)} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
-        f"(stage folders, token shards included)",
+        f"(stage folders, token shards included)"
+        + (
+            f"; of {len(projections)} stages, {len(known)} projected: the {len(projections) - len(known)} "
+            "not calibrated (below) are not in it"
+            if len(known) < len(projections)
+            else ""
+        ),
     ]
+    far = [p for p in known if p.extrapolated and p.extrapolated > EXTRAPOLATION_MARK]
+    if far:
+        share = sum(p.wall_s for p in far) / wall if wall else 0.0
+        footer.append(
+            f"extrapolated: {len(far)} stages' CPU-h, wall and disk extend their calibration more than "
+            f"{EXTRAPOLATION_MARK:g}x beyond its largest input ({share:.0%} of the total wall): lines through "
+            "small runs, not measurements at this size"
+        )
     for p in projections:
         if p.traffic_note:
             footer.append(

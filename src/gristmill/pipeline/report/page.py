@@ -112,10 +112,18 @@ def training_metrics(run_dir: Path) -> list[dict]:
 
 
 def cluster_sizes(run_dir: Path) -> list[tuple[str, dict[str, int]]]:
-    """Near-dedup cluster size distributions (`<NN_near_dedup_cluster>/cluster_sizes.json`)."""
+    """Near-dedup cluster size distributions: the sum of each cluster partition's histogram
+    (`<NN_near_dedup_cluster>/dups/sizes_QQQQQ.json`), or a run's from before the clustering
+    was partitioned (`cluster_sizes.json`)."""
+    from gristmill.dedup.cluster import cluster_sizes as partition_sizes
+
     out = []
-    for path in sorted(Path(run_dir).glob("*_near_dedup_cluster/cluster_sizes.json")):
-        out.append((path.parent.name, json.loads(path.read_text())["sizes"]))
+    for folder in sorted(Path(run_dir).glob("*_near_dedup_cluster")):
+        sizes = partition_sizes(folder)
+        if sizes is None and (folder / "cluster_sizes.json").is_file():
+            sizes = json.loads((folder / "cluster_sizes.json").read_text())["sizes"]
+        if sizes is not None:
+            out.append((folder.name, sizes))
     return out
 
 
