@@ -18,7 +18,7 @@ from tests.conftest import made_once
 from tests.trainer.conftest import one_torch_thread, tiny_cfg, write_token_dir
 
 VOCAB = 512
-SEQ = 128  # the model's max_seq_len: long prompts are truncated (counted)
+SEQ = 256  # the model's max_seq_len: long prompts are truncated (counted)
 
 
 @pytest.fixture(autouse=True)
