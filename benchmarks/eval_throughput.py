@@ -71,6 +71,12 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=500)
     ap.add_argument("--batch-size", type=int, default=64, help="lm-eval's batch size")
     ap.add_argument("--batch-tokens", type=int, default=65536, help="ours: padded tokens per forward")
+    ap.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto", help="both sides (auto: bf16 on GPU)")
+    ap.add_argument(
+        "--softmax-dtype",
+        default="float32",
+        help="lm-eval's log-softmax dtype (ours: float32; lm-eval's default, the model's dtype, sums bf16 values)",
+    )
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.smoke:
@@ -93,7 +99,8 @@ def main() -> int:
     )
     names = write_task_dir([(s, read_records(s.path)[0]) for s in specs], tmp / "lm-eval-tasks")
 
-    ours_model = models.load(model_dir, device="cuda" if gpu else "cpu")
+    dtype = args.dtype if args.dtype != "auto" else ("bf16" if gpu else "fp32")
+    ours_model = models.load(model_dir, device="cuda" if gpu else "cpu", dtype=dtype)
     ours, ours_s = {}, {}
     for s in specs:
         evaluate_task(ours_model, s, limit=2, batch_tokens=args.batch_tokens)  # warm-up (kernels, allocator)
@@ -107,6 +114,11 @@ def main() -> int:
     del ours_model
     if gpu:
         torch.cuda.empty_cache()
+    for s in specs:
+        summary = ours[s.name][0]
+        rate = summary["items"] / ours_s[s.name]
+        print(f"ours {s.name}: {summary['items']} items, {rate:,.1f} items/s, acc {summary['acc']:.4f}")
+    sys.stdout.flush()
 
     import lm_eval
     from lm_eval.models.huggingface import HFLM
@@ -114,7 +126,8 @@ def main() -> int:
 
     lm = HFLM(
         pretrained=str(model_dir),
-        dtype="bfloat16" if gpu else "float32",
+        dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype],
+        softmax_dtype=args.softmax_dtype,
         device="cuda" if gpu else "cpu",
         batch_size=args.batch_size,
     )
@@ -129,16 +142,19 @@ def main() -> int:
         theirs[s.name] = sorted(res["samples"][n], key=lambda x: x["doc_id"])
 
     device = torch.cuda.get_device_name() if gpu else "CPU"
-    print(f"model {model_dir} ({'bf16' if gpu else 'fp32'}, {device}), limit {args.limit}")
+    print(f"model {model_dir} ({dtype}, lm-eval softmax {args.softmax_dtype}, {device}), limit {args.limit}")
     print("| task | items | ours items/s | lm-eval items/s | ratio | same prediction | acc ours | acc lm-eval |")
     print("|---|---|---|---|---|---|---|---|")
     tot_items = tot_ours = tot_theirs = 0.0
-    disagreements = []
+    disagreements, margins = [], []
     for s in specs:
         summary, rows = ours[s.name]
         by = {x["doc_id"]: x for x in theirs[s.name]}
         same = sum(1 for r in rows if by[r["index"]]["acc"] == r["scores"]["acc"])
         for r in rows:
+            if r["layout"] != "lm":
+                top = sorted(r["lls"])[-2:]
+                margins.append((top[1] - top[0], by[r["index"]]["acc"] != r["scores"]["acc"]))
             if by[r["index"]]["acc"] != r["scores"]["acc"]:
                 lls = [float(x[0]) for x in by[r["index"]]["filtered_resps"]]
                 disagreements.append({"task": s.name, "item": r["index"], "ours": r["lls"], "lm_eval": lls})
@@ -155,6 +171,13 @@ def main() -> int:
     print(f"all tasks: ours {tot_items / tot_ours:,.1f} items/s, lm-eval {tot_items / tot_theirs:,.1f} items/s")
     print(f"ratio ours/lm-eval (items/s): {tot_theirs / tot_ours:.2f}")
     print(f"items whose prediction differs: {len(disagreements)}")
+    if margins:
+        import numpy as np
+
+        m = np.array([x for x, _ in margins])
+        d = np.array([x for x, bad in margins if bad])
+        print(f"ours' margin between the two best choices (nats): median {np.median(m):.3f} over all items", end="")
+        print(f", {np.median(d):.3f} over the differing ones (max {d.max():.3f})" if d.size else "")
     for d in disagreements[:20]:
         print(json.dumps(d))
     return 0
