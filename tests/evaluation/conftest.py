@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from tests.trainer.conftest import one_torch_thread, tiny_cfg, write_token_dir
 
 VOCAB = 512
 SEQ = 256  # the model's max_seq_len: long prompts are truncated (counted)
+TRAIN_TASKS = ("copa", "winogrande", "lambada_openai")
+TRAIN_LIMIT = 8
 
 
 @pytest.fixture(autouse=True)
@@ -49,9 +52,30 @@ def _make_run(folder: Path, data: Path) -> None:
         bos_id=info.bos_id,
     )
     (root / "manifest.json").write_text(json.dumps(mf, indent=2))
-    with one_torch_thread():
-        cfg = tiny_cfg(root, 40, f"data.seq_len={SEQ}", "checkpoint.every=20", "eval.batches=0", "optim.lr=3e-3")
-        train_model(cfg, folder / "run")
+    env = os.environ.get("GRISTMILL_DATA")
+    os.environ["GRISTMILL_DATA"] = str(data)
+    try:
+        with one_torch_thread():
+            cfg = tiny_cfg(
+                root,
+                40,
+                f"data.seq_len={SEQ}",
+                "checkpoint.every=20",
+                "eval.batches=0",
+                "optim.lr=3e-3",
+                # scored during training (trainer.scores) at steps 20 and 40
+                f"eval.tasks=[{','.join(TRAIN_TASKS)}]",
+                "eval.corpora=[wikitext2_valid]",
+                "eval.tasks_every=20",
+                f"eval.limit={TRAIN_LIMIT}",
+                "eval.corpus_tokens=2000",
+            )
+            train_model(cfg, folder / "run")
+    finally:
+        if env is None:
+            os.environ.pop("GRISTMILL_DATA", None)
+        else:
+            os.environ["GRISTMILL_DATA"] = env
     export_hf(folder / "run", folder / "hf")
 
 

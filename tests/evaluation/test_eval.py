@@ -127,3 +127,27 @@ def test_statistics():
     assert paired_bootstrap(same, again).verdict == "not distinguishable"
     with pytest.raises(ValueError, match="not the same items"):
         paired_bootstrap(base, base[:, :10])
+
+
+def test_scores_during_training_are_pipeline_evals_of_that_step(trained, shared_data, monkeypatch):
+    """The train YAML's eval.tasks/eval.corpora, scored at steps 20 and 40 into metrics.jsonl
+    under eval/<task>/<metric>, with tokens seen; the same figures as `pipeline eval`'s scoring
+    of the checkpoint of that step, item by item."""
+    from gristmill.evaluation.run import evaluate_task
+    from gristmill.evaluation.tasks import load_tasks_file, resolve_tasks
+
+    from .conftest import TRAIN_LIMIT, TRAIN_TASKS
+
+    recs = [json.loads(line) for line in open(trained / "run" / "metrics.jsonl")]
+    scored = [r for r in recs if "eval/core" in r]
+    assert [r["step"] for r in scored] == [20, 40]
+    assert scored[0]["tokens"] == 20 * scored[1]["tokens"] // 40 > 0
+    assert all(0 < r["eval/wikitext2_valid/bits_per_byte"] < 10 for r in scored)
+    monkeypatch.setenv("GRISTMILL_DATA", str(shared_data))
+    model = models.load(trained / "run" / "checkpoints" / "step-00000020", device="cpu")
+    for spec in resolve_tasks(list(TRAIN_TASKS), load_tasks_file(), "tasks.yaml"):
+        summary, rows = evaluate_task(model, spec, limit=TRAIN_LIMIT)
+        assert scored[0][f"eval/{spec.name}/acc"] == summary["acc"]
+        assert scored[0][f"eval/{spec.name}/centred"] == pytest.approx(summary["centred"])
+        during = [json.loads(line) for line in open(trained / "run" / "eval" / "step-00000020" / f"{spec.name}.jsonl")]
+        np.testing.assert_allclose([x["lls"] for x in during], [r["lls"] for r in rows], rtol=1e-5, atol=1e-4)
