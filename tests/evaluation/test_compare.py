@@ -124,3 +124,15 @@ def test_evaluations_of_other_items_are_refused(ablation, tmp_path):
         compare([a], [a], "heldout", "acc_norm")
     with pytest.raises(CompareError, match="no per-item scores of task 'piqa'"):
         compare([a], [a], "piqa")
+
+
+def test_the_command_prints_one_verdict_per_task(ablation, capsys):
+    from gristmill.cli import main
+
+    a = ",".join(str(ablation / f"domain-s{s}" / "scored") for s in (0, 1))
+    b = ",".join(str(ablation / f"shuffled-s{s}" / "scored") for s in (0, 1))
+    assert main(["eval-compare", "--a", a, "--b", b, "--tasks", "heldout", "--metric", "loglikelihood"]) == 0
+    out = capsys.readouterr()
+    assert "heldout loglikelihood: A - B = +" in out.out + out.err and ": better" in out.out + out.err
+    assert main(["eval-compare", "--a", a, "--b", b, "--tasks", "piqa"]) == 2
+    assert "no per-item scores of task 'piqa'" in capsys.readouterr().err

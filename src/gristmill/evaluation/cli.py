@@ -1,4 +1,4 @@
-"""`pipeline eval MODEL --tasks piqa,arc_easy --out DIR`."""
+"""`pipeline eval MODEL --tasks piqa,arc_easy --out DIR` and `pipeline eval-compare --a ... --b ...`."""
 
 from __future__ import annotations
 
@@ -47,6 +47,31 @@ def cmd_eval(args, console) -> int:
     return 0
 
 
+def cmd_compare(args, console) -> int:
+    """One line per task: the difference of A from B, its 95% interval and the verdict. Exit 2
+    for evaluations that cannot be compared."""
+    import sys
+
+    from gristmill.evaluation.compare import CompareError, compare
+
+    rows = []
+    try:
+        for task in _split(args.tasks):
+            rows.append((task, compare(_split(args.a), _split(args.b), task, args.metric, step=args.step)))
+    except CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for task, c in rows:
+        seeds = f", seeds se {c.se_seeds:.4f} (df {c.df:.0f})" if c.se_seeds is not None else ""
+        console.print(
+            f"{task} {args.metric}: A - B = {c.diff:+.4f}, 95% [{c.ci[0]:+.4f}, {c.ci[1]:+.4f}]"
+            f" (items se {c.se_items:.4f}{seeds}): {c.verdict}",
+            markup=False,
+            highlight=False,
+        )
+    return 0
+
+
 def add_parsers(sub) -> None:
     e = sub.add_parser("eval", help="score a model on in-context tasks and held-out text (bits per byte)")
     e.add_argument(
@@ -68,3 +93,14 @@ def add_parsers(sub) -> None:
     e.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per forward (default %(default)s)")
     e.add_argument("--corpus-tokens", type=int, help="score only the first N tokens of each corpus")
     e.set_defaults(func=cmd_eval)
+    c = sub.add_parser(
+        "eval-compare", help="variant A against B, per item across seeds: better / worse / not distinguishable"
+    )
+    c.add_argument(
+        "--a", required=True, help="comma-separated evaluations of A, one per seed (eval --out dirs or training dirs)"
+    )
+    c.add_argument("--b", required=True, help="comma-separated evaluations of B, one per seed")
+    c.add_argument("--tasks", required=True, help="comma-separated task names (their items/<task>.jsonl)")
+    c.add_argument("--metric", default="acc", help="acc, acc_norm, acc_bytes, or loglikelihood (language modelling)")
+    c.add_argument("--step", type=int, help="training dirs: the scoring of this step (default: the newest)")
+    c.set_defaults(func=cmd_compare)
