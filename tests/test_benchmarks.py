@@ -315,6 +315,15 @@ def check_train_throughput(request, tmp, data):
     assert figure(out, "tiny  ratio ours/reference:") > 0
 
 
+def check_eval_throughput(request, tmp, data):
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness (the test extra) is not installed")
+    out = smoke("eval_throughput", tmp=tmp, data=data)
+    assert figure(out, "ratio ours/lm-eval (items/s):") > 0
+    # the same tiny model and items on both sides: the same prediction for every item
+    assert figure(out, "items whose prediction differs:") == 0
+    assert len(re.findall(r"^\| \w+ \| 8 \| .*\| 8/8 \(100\.0%\) \|", out, re.M)) == 4, out[-3000:]
+
+
 def check_train_memory(request, tmp, data):
     out = smoke("train_memory", tmp=tmp, data=data)
     # the plan's predicted peak for each (ac, micro-batch) of the tiny preset (no allocator on CPU)

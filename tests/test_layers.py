@@ -39,6 +39,17 @@ TRAINER_MAY_IMPORT = (
     "gristmill.trainer",
 )
 PIPELINE_MAY_IMPORT_OF_TRAINER = ("gristmill.trainer.launch",)
+# Evaluation stands beside the trainer: it may use what the trainer may, and the trainer (its
+# model and checkpoints); the trainer uses its task, scoring and statistics modules to evaluate
+# during training. Only the CLI imports it otherwise.
+EVALUATION = "gristmill.evaluation"
+EVALUATION_MAY_IMPORT = (*TRAINER_MAY_IMPORT, "gristmill.evaluation")
+TRAINER_MAY_IMPORT_OF_EVALUATION = (
+    "gristmill.evaluation.tasks",
+    "gristmill.evaluation.scoring",
+    "gristmill.evaluation.stats",
+    "gristmill.evaluation.bpb",
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -97,9 +108,18 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
         for t in sorted(targets):
             if t == "gristmill":  # the package itself: its version, nothing else
                 continue
-            if _in(mod, [TRAINER]):
-                if not _in(t, TRAINER_MAY_IMPORT):
+            if _in(mod, [EVALUATION]):
+                if not _in(t, EVALUATION_MAY_IMPORT):
+                    bad.append(f"{mod} -> {t} (evaluation uses the core, the token-shard reader and the trainer only)")
+            elif _in(mod, [TRAINER]):
+                if _in(t, [EVALUATION]):
+                    if not _in(t, TRAINER_MAY_IMPORT_OF_EVALUATION):
+                        bad.append(f"{mod} -> {t} (the trainer uses evaluation's tasks, scoring and statistics only)")
+                elif not _in(t, TRAINER_MAY_IMPORT):
                     bad.append(f"{mod} -> {t} (the trainer uses the core and the token-shard reader only)")
+            elif _in(t, [EVALUATION]):
+                if mod != "gristmill.cli":
+                    bad.append(f"{mod} -> {t} (only the CLI and the trainer use evaluation)")
             elif _in(t, [TRAINER]):
                 if not (
                     mod == "gristmill.cli"
@@ -122,6 +142,9 @@ def test_the_checker_catches_each_kind_of_violation():
         "gristmill.core.y": {"gristmill.text.words"},
         "gristmill.trainer.z": {"gristmill.filters.langid", "gristmill.tokenize.reader"},
         "gristmill.pipeline.w": {"gristmill.trainer.train", "gristmill.trainer.launch"},
+        "gristmill.evaluation.v": {"gristmill.pipeline.runner", "gristmill.trainer.model"},
+        "gristmill.trainer.u": {"gristmill.evaluation.run"},
+        "gristmill.filters.t": {"gristmill.evaluation.tasks"},
     }
     assert violations(fake) == [
         "gristmill.filters.x (layer 2) -> gristmill.pipeline.planning.planner (layer 3)",
@@ -129,6 +152,11 @@ def test_the_checker_catches_each_kind_of_violation():
         "gristmill.trainer.z -> gristmill.filters.langid (the trainer uses the core and the token-shard reader only)",
         "gristmill.pipeline.w -> gristmill.trainer.train (only the CLI uses the trainer; the pipeline starts it via "
         "its launcher)",
+        "gristmill.evaluation.v -> gristmill.pipeline.runner (evaluation uses the core, the token-shard reader and"
+        " the trainer only)",
+        "gristmill.trainer.u -> gristmill.evaluation.run (the trainer uses evaluation's tasks, scoring and statistics"
+        " only)",
+        "gristmill.filters.t -> gristmill.evaluation.tasks (only the CLI and the trainer use evaluation)",
     ]
 
 

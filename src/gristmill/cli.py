@@ -14,6 +14,8 @@ pipeline calibrate --udhr UDHR.zip | --from-fineweb2 [DIR] [--base FILE] [--allo
 pipeline train CONFIG [--out DIR] [--nproc N] [--set key=value ...]
 pipeline train CONFIG --plan [--gpus N] [--gpu h100|h200|...] [--set key=value ...]
 pipeline export-hf CHECKPOINT OUT
+pipeline eval MODEL --tasks piqa,arc_easy,... [--corpora wikitext2] --out DIR [--limit N] [--fewshot K]
+pipeline eval-compare --a EVAL,EVAL --b EVAL,EVAL --tasks piqa [--metric acc]
 """
 
 from __future__ import annotations
@@ -548,6 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gristmill.trainer.cli import add_parsers as add_train_parsers
 
     add_train_parsers(sub)  # train, export-hf
+    from gristmill.evaluation.cli import add_parsers as add_eval_parsers
+
+    add_eval_parsers(sub)  # eval, eval-compare
     return p
 
 

@@ -87,6 +87,18 @@ class CheckpointSection(Strict):
 class EvalSection(Strict):
     every: int = Field(0, ge=0, description="steps between validations (0: only at the end)")
     batches: int = Field(4, ge=0, description="micro-batches per rank per validation (0: no validation)")
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="in-context tasks scored during training: names of tasks_file, or JSONL files (docs/evaluation.md)",
+    )
+    corpora: list[str] = Field(
+        default_factory=list, description="text files (or corpus names of tasks_file) scored in bits per byte"
+    )
+    tasks_file: str = Field("configs/eval/tasks.yaml", description="the task definitions tasks/corpora name")
+    tasks_every: int = Field(0, ge=0, description="steps between task/corpus scorings (0: only at the end)")
+    limit: int | None = Field(500, ge=1, description="items per task (null: all)")
+    corpus_tokens: int | None = Field(100_000, ge=1, description="tokens per corpus (null: all)")
+    batch_tokens: int = Field(8192, ge=1, description="padded tokens per scoring forward")
 
 
 class LogSection(Strict):

@@ -1,5 +1,6 @@
 """`pipeline export-hf CKPT OUT`: a checkpoint as a Hugging Face `LlamaForCausalLM` directory
-(`config.json` + `model.safetensors`, fp32) whose logits equal ours.
+(`config.json` + `model.safetensors`, fp32) whose logits equal ours, with the run's tokenizer
+(`tokenizer.json` + `tokenizer_config.json`) when its token directory is still there.
 
 Our layout maps one-to-one except the fused `wqkv` = [q; k; v] and `w13` = [gate; up], which are split. RoPE already
 uses Hugging Face's "rotate half" convention, so q/k need no permutation.
@@ -85,13 +86,36 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eos = bos = None
-    try:  # the tokenizer's special ids, when the token directory is still there
+    tokenizer = None
+    try:  # the tokenizer and its special ids, when the token directory is still there
         from gristmill.tokenize.reader import open_tokens
 
         toks = open_tokens(meta["config"]["data"]["tokens"], verify=False)
-        eos, bos = toks.eos_id, toks.bos_id
+        toks.verify_tokenizer()
+        eos, bos, tokenizer = toks.eos_id, toks.bos_id, toks.tokenizer_path
     except Exception:  # noqa: BLE001 - optional metadata
         pass
     save_file(hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(model.args, eos, bos), indent=2))
+    if tokenizer is not None:
+        write_tokenizer(out, tokenizer, eos, bos, model.args.max_seq_len)
     return out
+
+
+def write_tokenizer(out: Path, tokenizer_json: Path, eos: int, bos: int, max_len: int) -> None:
+    """tokenizer.json and a tokenizer_config.json naming its special tokens, so that
+    `AutoTokenizer.from_pretrained(out)` (and lm-evaluation-harness through it) encodes as we do."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    (out / "tokenizer.json").write_text(tok.to_str())
+    conf = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": tok.id_to_token(eos),
+        "bos_token": tok.id_to_token(bos),
+        "model_max_length": max_len,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(conf, indent=2))

@@ -108,6 +108,12 @@ class Metrics:
         self._write(rec, step)
         return rec
 
+    def log_scores(self, step: int, tokens: int, scores: dict) -> dict:
+        """A scoring of eval.tasks/eval.corpora (trainer.scores: keys `eval/<task>/<metric>`)."""
+        rec = {"step": step, "tokens": tokens, **scores}
+        self._write(rec, step)
+        return rec
+
     def _write(self, rec: dict, step: int) -> None:
         if not self.enabled:
             return

@@ -96,6 +96,7 @@ class Signals:
 
     preempted: bool = False  # some rank saw the preemption file (read with a step's readout)
     val_data: bool = True  # the token directory has the validation split
+    scoring: bool = False  # eval.tasks or eval.corpora name something to score
 
 
 @dataclass(frozen=True)
@@ -103,13 +104,14 @@ class Actions:
     """What the loop does after a step's update, in this order: validate, checkpoint, stop."""
 
     evaluate: bool = False
+    score: bool = False  # eval.tasks / eval.corpora (trainer.scores)
     save: bool = False
     stop: bool = False
     reason: str | None = None  # why it stops: "preempted", "steps" (the last step) or "stop_after"
 
     @property
     def acts(self) -> bool:
-        return self.evaluate or self.save or self.stop
+        return self.evaluate or self.score or self.save or self.stop
 
 
 def _every(step: int, interval: int) -> bool:
@@ -130,6 +132,7 @@ def after_step(step: int, cfg: TrainConfig, signals: Signals) -> Actions:
         reason = None
     return Actions(
         evaluate=signals.val_data and cfg.eval.batches > 0 and (end or _every(step, cfg.eval.every)),
+        score=signals.scoring and (end or _every(step, cfg.eval.tasks_every)),
         save=cfg.checkpoint.enabled and (end or signals.preempted or _every(step, cfg.checkpoint.every)),
         stop=reason is not None,
         reason=reason,
@@ -313,6 +316,14 @@ class Trainer:
         self.val_stream = None
         if cfg.eval.batches and cfg.data.val_split in stream.tokdir.splits:
             self.val_stream = TokenStream(stream.tokdir, cfg.data.val_split)
+        self.scoring = None
+        if cfg.eval.tasks or cfg.eval.corpora:
+            from gristmill.trainer.scores import TrainingEval
+
+            try:
+                self.scoring = TrainingEval(cfg, stream.tokdir, d.device)
+            except (ValueError, OSError) as e:  # a task file, task name or corpus that cannot be used
+                raise InputError(f"eval: {e}") from None
 
         self.ckpt_dir = out_dir / "checkpoints"
         self.meta = {"config": cfg.model_dump(mode="json"), "model_args": self.args.to_dict(), "world_size": d.world}
@@ -453,7 +464,7 @@ class Trainer:
     def train(self) -> dict:
         """Runs the loop to `steps` (or `stop_after`, or a preemption); returns the summary."""
         started, start_step = time.perf_counter(), self.step
-        signals = Signals(val_data=self.val_stream is not None)
+        signals = Signals(val_data=self.val_stream is not None, scoring=self.scoring is not None)
         stop = self.step >= self.end  # a finished run, run again: nothing to do
         try:
             while not stop:
@@ -473,6 +484,9 @@ class Trainer:
                     self.val_loss = self.evaluate()
                     if self.val_loss is not None:
                         self.metrics.log_eval(step, self.val_loss)
+                if actions.score:
+                    rec = self.scoring.run(self.model, self.autocast, step, self.out_dir if self.d.is_main else None)
+                    self.metrics.log_scores(step, step * self.tokens_per_step, rec)
                 if actions.save:
                     self.save()
                 if actions.reason == "preempted" and self.d.is_main:
