@@ -44,7 +44,9 @@ WET = (
 )
 
 
-def pages() -> list[str]:
+def pages(jsonl: Path | None = None) -> list[str]:
+    if jsonl:  # the same pages written out (`--write-pages`), for a machine without the WET reader's deps
+        return [json.loads(line)["text"] for line in jsonl.open()]
     from gristmill.core.wet_reader import WetRecord, iter_wet_records
 
     return [r.text for f in WET for r in iter_wet_records(DATA / f) if isinstance(r, WetRecord) and r.text.strip()]
@@ -81,7 +83,8 @@ def plain_loop(model_dir: Path, texts: list[str], device: str, autocast: bool, m
 
     transformers = quiet_transformers()
     tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(model_dir)).to(device).eval()
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = model.to(device).eval()
 
     def run(batch):
         inputs = tok(batch, return_tensors="pt", padding="longest", truncation=True, max_length=max_tokens).to(device)
@@ -124,11 +127,17 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=None, help="ours: padded tokens per forward pass")
     ap.add_argument("--model", type=Path, help="a sequence classifier directory (default: MiniLM + seeded head)")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--pages", type=Path, help="the sample's pages as JSONL ({text}), instead of the WET files")
+    ap.add_argument("--write-pages", type=Path, help="write the sample's pages as JSONL and exit")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.smoke:
         args.device, args.docs, args.max_tokens = "cpu", 64, 128
 
+    if args.write_pages:
+        with args.write_pages.open("w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in pages())
+        return
     import numpy as np
     import torch
 
@@ -138,7 +147,7 @@ def main() -> None:
         if args.threads == 1:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
     n = args.docs or (50_000 if device == "cuda" else 2_000)
-    sample = pages()
+    sample = pages(args.pages)
     texts = (sample * (n // len(sample) + 1))[:n]
     chars = sum(len(t) for t in texts)
     with tempfile.TemporaryDirectory(prefix="classifier-bench-") as tmp:

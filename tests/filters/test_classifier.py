@@ -331,3 +331,21 @@ def test_device_cuda_without_a_gpu_is_one_error_at_planning(small, tmp_path, wet
     assert not (tmp_path / "r").exists()
     step = Classifier(model=str(small["regression"]), device="auto")  # a warning, then the CPU
     assert step.device == "cpu" and step.gpus_per_task == 0
+
+
+def test_windows_tokenized_ahead_give_the_same_scores(small, pages):
+    """The GPU path: each window's tokens made in the tokenizer's thread while the window
+    before is scored (run here on CPU with that thread on), scores as without it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = pages[:200]
+    plain = Classifier(model=str(small["regression"]), device="cpu", max_tokens=128, window=32)
+    expect = [d.metadata["classifier_score"] for d in scored(plain, texts)]
+    ahead = Classifier(model=str(small["regression"]), device="cpu", max_tokens=128, window=32)
+    ahead.model._pool = ThreadPoolExecutor(1)
+    submitted = []
+    prefetch = ahead.model.prefetch
+    ahead.model.prefetch = lambda t: submitted.append(len(t)) or prefetch(t)
+    out = scored(ahead, texts)
+    assert [d.metadata["classifier_score"] for d in out] == expect
+    assert sum(submitted) == len(texts) and len(submitted) == 7 and not ahead._ahead  # every window used

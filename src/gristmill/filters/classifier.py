@@ -27,7 +27,7 @@ from loguru import logger
 from pydantic import Field
 
 from gristmill.core.configlib import OMIT_DEFAULT, FilterConfig
-from gristmill.core.filter import FilterResult, ModelFilter
+from gristmill.core.filter import FilterResult, ModelFilter, batched_documents
 from gristmill.core.scores import LINEAR_01
 from gristmill.core.step import BuildContext, Workload
 from gristmill.filters import classifier_model as cm
@@ -117,6 +117,7 @@ class Classifier(ModelFilter):
         if c.device == "auto" and self.device == "cpu":
             _warn_cpu_once(what)
         self.batch_size = c.window
+        self._ahead: dict = {}  # id of a window's first document -> the Future of its tokens
         self.score_key, self.class_key = f"{c.name}_score", f"{c.name}_class"
         self.output_fields = {self.score_key: pa.float32(), self.class_key: pa.int32()}
         self.score_field = self.score_key
@@ -189,8 +190,29 @@ class Classifier(ModelFilter):
             self.info, self.batch_tokens, self.config.max_tokens, 2
         )
 
+    def run(self, data, rank: int = 0, world_size: int = 1):
+        if self.model._pool is not None:  # on GPU: each window's tokens made while the one before is scored
+            data = self._tokenized_ahead(data)
+        yield from super().run(data, rank, world_size)
+
+    def _tokenized_ahead(self, data):
+        """The documents, read a window ahead of the one `Filter.run` scores: each window (the
+        same `batched_documents` windows as Filter.run's) is handed to the tokenizer's thread
+        before the one before it is yielded, so its tokens are made while the GPU works."""
+        pending = None
+        for window in batched_documents(data, self.batch_size):
+            future = self.model.prefetch([d.text for d in window])
+            if pending is not None:
+                yield from pending
+            self._ahead[id(window[0])] = future
+            pending = window
+        if pending is not None:
+            yield from pending
+
     def score_batch(self, docs: list[Document]) -> None:
-        scores, classes = self.model.score([d.text for d in docs])
+        future = self._ahead.pop(id(docs[0]), None) if docs else None
+        ids = future.result() if future is not None else None
+        scores, classes = self.model.score([d.text for d in docs], ids)
         sk, ck = self.score_key, self.class_key
         for doc, s, k in zip(docs, scores.tolist(), classes.tolist()):
             doc.metadata[sk] = s

@@ -27,8 +27,8 @@ Throughput is the tokenizer's as much as the model's: a whole web page can be 10
 `max_tokens` x `CHARS_PER_TOKEN` characters) and tokenized whole again in the rare case the cut
 left fewer tokens than truncation keeps (the ids are then exactly those of the whole text's
 truncation). Texts are sorted by length inside a window and batched by a token budget (little
-padding); on GPU the next part of the window is tokenized in a thread while the GPU runs the
-current one, and the model runs in bf16 (its head in fp32).
+padding); on GPU the next window is tokenized in a thread while the GPU runs the current one
+(`prefetch`), and the model runs in bf16 (its head in fp32).
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ HEAD_VERSION = 1
 #: English pages: 512 WordPiece tokens cover 1,700-2,900 characters; whitespace runs of WET text
 #: and long words push a few pages over, and those are tokenized whole again)
 CHARS_PER_TOKEN = 8
-#: documents tokenized at once inside a window (the tokenizer's batch; its Rust threads split it)
-TOKENIZE_CHUNK = 256
 #: tokens of padded input per forward pass, by device (`batch_tokens` overrides)
 BATCH_TOKENS = {"cpu": 8192, "cuda": 65536}
 #: documents per forward pass at most, however short
@@ -476,7 +474,8 @@ class Scorer:
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         self.on_event = on_event or (lambda name, n=1: None)
         self.multiple = 8 if device.startswith("cuda") else 1  # tensor-core friendly lengths on GPU
-        # on GPU the next chunk is tokenized while the GPU works; on CPU both would share the cores
+        # on GPU the next window is tokenized while the GPU works (`prefetch`); on CPU both would
+        # share the cores
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize") if device.startswith("cuda") else None
 
     def close(self) -> None:
@@ -496,8 +495,13 @@ class Scorer:
                 ids[i] = x
         return ids
 
-    def score(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(scores float32, classes int32) of `texts`, in their order."""
+    def prefetch(self, texts: list[str]):
+        """The ids of `texts` (`tokenize`), made in the tokenizer's thread: a Future."""
+        return self._pool.submit(self.tokenize, texts)
+
+    def score(self, texts: list[str], ids: list[list[int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores float32, classes int32) of `texts`, in their order (`ids`: their tokens, made
+        ahead by `prefetch`)."""
         import torch
 
         n = len(texts)
@@ -505,32 +509,17 @@ class Scorer:
         classes = np.empty(n, np.int32)
         if not n:
             return scores, classes
-        # longest first by characters (a close proxy of tokens, known before tokenizing), so each
-        # chunk holds texts of similar lengths
-        order = sorted(range(n), key=lambda i: -min(len(texts[i]), self.max_chars))
-        chunks = [order[i : i + TOKENIZE_CHUNK] for i in range(0, n, TOKENIZE_CHUNK)]
-
-        def tokenized(chunk):
-            return chunk, self.tokenize([texts[i] for i in chunk])
-
-        pending = self._pool.submit(tokenized, chunks[0]) if self._pool else None
+        if ids is None:
+            ids = self.tokenize(texts)
+        rows = sorted(range(n), key=lambda r: -len(ids[r]))  # longest first: little padding
         outs: list = []
-        for c in range(len(chunks)):
-            if self._pool:
-                chunk, ids = pending.result()
-                if c + 1 < len(chunks):
-                    pending = self._pool.submit(tokenized, chunks[c + 1])
-            else:
-                chunk, ids = tokenized(chunks[c])
-            rows = sorted(range(len(chunk)), key=lambda r: -len(ids[r]))
-            start = 0
-            while start < len(rows):
-                longest = self._round(len(ids[rows[start]]))
-                size = max(1, min(self.batch_tokens // longest, MAX_BATCH_DOCS, len(rows) - start))
-                part = rows[start : start + size]
-                out = self._run([ids[r] for r in part])
-                outs.append(([chunk[r] for r in part], out))
-                start += size
+        start = 0
+        while start < n:
+            longest = self._round(len(ids[rows[start]]))
+            size = max(1, min(self.batch_tokens // longest, MAX_BATCH_DOCS, n - start))
+            part = rows[start : start + size]
+            outs.append((part, self._run([ids[r] for r in part])))
+            start += size
         index = np.fromiter((i for part, _ in outs for i in part), np.int64, n)
         with torch.inference_mode():
             logits = torch.cat([o for _, o in outs]).float().cpu()
