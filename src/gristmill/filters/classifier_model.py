@@ -434,8 +434,31 @@ def cut_text(text: str, limit: int) -> tuple[str, bool]:
     return text[:i], True
 
 
-class OutOfMemory(Exception):
-    pass
+def token_ids(tok, texts: list[str], max_tokens: int, max_chars: int, on_event=None) -> list[list[int]]:
+    """Each text's ids, truncated to `max_tokens`: exactly the whole text's, tokenized from its
+    cut start (`cut_text`), or whole where the cut left fewer than `max_tokens`."""
+    cuts = [cut_text(t, max_chars) for t in texts]
+    ids = tok([c for c, _ in cuts], truncation=True, max_length=max_tokens)["input_ids"]
+    redo = [i for i, ((_, was_cut), x) in enumerate(zip(cuts, ids)) if was_cut and len(x) < max_tokens]
+    if redo:
+        if on_event:
+            on_event("tokenized_whole", len(redo))
+        again = tok([texts[i] for i in redo], truncation=True, max_length=max_tokens)["input_ids"]
+        for i, x in zip(redo, again):
+            ids[i] = x
+    return ids
+
+
+def padded(rows: list[list[int]], pad_id: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, attention mask) of `rows`, padded on the right to the longest (a multiple of `multiple`)."""
+    longest = max(len(r) for r in rows)
+    width = -(-longest // multiple) * multiple
+    ids = np.full((len(rows), width), pad_id, np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for j, r in enumerate(rows):
+        ids[j, : len(r)] = r
+        mask[j, : len(r)] = 1
+    return ids, mask
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -483,17 +506,7 @@ class Scorer:
             self._pool.shutdown(wait=False)
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Each text's ids, truncated to `max_tokens`: exactly the whole text's, tokenized from
-        its cut start (`cut_text`)."""
-        cuts = [cut_text(t, self.max_chars) for t in texts]
-        ids = self.tok([c for c, _ in cuts], truncation=True, max_length=self.max_tokens)["input_ids"]
-        redo = [i for i, ((_, was_cut), x) in enumerate(zip(cuts, ids)) if was_cut and len(x) < self.max_tokens]
-        if redo:
-            self.on_event("tokenized_whole", len(redo))
-            again = self.tok([texts[i] for i in redo], truncation=True, max_length=self.max_tokens)["input_ids"]
-            for i, x in zip(redo, again):
-                ids[i] = x
-        return ids
+        return token_ids(self.tok, texts, self.max_tokens, self.max_chars, self.on_event)
 
     def prefetch(self, texts: list[str]):
         """The ids of `texts` (`tokenize`), made in the tokenizer's thread: a Future."""
