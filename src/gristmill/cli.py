@@ -540,10 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
     from gristmill.tokenize.cli import add_parsers as add_token_parsers
 
     add_token_parsers(sub)  # tokenizer train, tokens inspect, tokens export
-    from gristmill.filters.train_cli import add_kenlm_parser, add_quality_parser
+    from gristmill.filters.train_cli import add_classifier_parser, add_kenlm_parser, add_quality_parser
 
     add_kenlm_parser(sub)  # kenlm train
     add_quality_parser(sub)  # quality train
+    add_classifier_parser(sub)  # train-classifier
     from gristmill.pipeline.calibration.cli import add_parser as add_calibrate_parser
 
     add_calibrate_parser(sub)  # calibrate

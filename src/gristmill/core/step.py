@@ -45,6 +45,7 @@ STEP_MODULES = (
     "gristmill.filters.pii",
     "gristmill.filters.kenlm",
     "gristmill.filters.quality",
+    "gristmill.filters.classifier",
     "gristmill.dedup.exact",
     "gristmill.dedup.near",
     "gristmill.dedup.decontaminate",

@@ -1,6 +1,7 @@
-"""`pipeline kenlm train` and `pipeline quality train`: their arguments. The commands themselves
-are kenlm_train.py and quality_train.py, imported when one runs: they load KenLM, fastText and
-the filters' modules (datatrove), which every other `pipeline` command would pay for at start-up.
+"""`pipeline kenlm train`, `pipeline quality train` and `pipeline train-classifier`: their
+arguments. The commands themselves are kenlm_train.py, quality_train.py and classifier_train.py,
+imported when one runs: they load KenLM, fastText, torch and the filters' modules (datatrove),
+which every other `pipeline` command would pay for at start-up.
 """
 
 from __future__ import annotations
@@ -85,3 +86,28 @@ def add_quality_parser(sub) -> None:
         help="hash buckets for word n-grams (fastText's 2M default makes a 500 MB model)",
     )
     t.set_defaults(func=_run("gristmill.filters.quality_train", "cmd_quality_train"))
+
+
+def add_classifier_parser(sub) -> None:
+    """`pipeline train-classifier ...`: classifier_train.cmd_train_classifier."""
+    t = sub.add_parser(
+        "train-classifier",
+        help="train a head on a frozen encoder from labelled documents; report held-out accuracy, F1, confusion",
+    )
+    t.add_argument("data", nargs="+", help="labelled documents: JSONL or Parquet rows (text + label, or id + label)")
+    t.add_argument("--encoder", required=True, help="encoder directory, e.g. models/all-MiniLM-L6-v2")
+    t.add_argument("--output", "-o", required=True, help="model directory to write, e.g. models/classifier/judged-en")
+    t.add_argument("--documents", nargs="+", help="WET files holding the text of rows that give only an `id`")
+    t.add_argument("--text-field", default="text")
+    t.add_argument("--label-field", default="label", help="a score (regression) or a class name (keep/drop)")
+    t.add_argument("--task", choices=["auto", "regression", "classification"], default="auto")
+    t.add_argument("--hidden", type=int, default=0, help="units of one hidden layer (0: a linear head)")
+    t.add_argument("--heldout", type=float, default=0.25, help="fraction held out (by the URL's host where given)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--epochs", type=int, default=300, help="full-batch AdamW steps over the embeddings")
+    t.add_argument("--lr", type=float, default=1e-2)
+    t.add_argument("--weight-decay", type=float, default=1e-2)
+    t.add_argument("--max-tokens", type=int, default=512)
+    t.add_argument("--pooling", choices=["mean", "cls"], default="mean")
+    t.add_argument("--no-normalize", action="store_true", help="do not L2-normalise the pooled embedding")
+    t.set_defaults(func=_run("gristmill.filters.classifier_train", "cmd_train_classifier"))
