@@ -224,8 +224,8 @@ def check_large_records_run(request, tmp, data):
     for model in ("lid_model", "kenlm_model", "quality_model"):
         request.getfixturevalue(model)
     out = smoke("large_records_run", "--work", tmp / "large", tmp=tmp, data=data)
-    assert "| 16_manifest |" in out  # the records went through both dedups and tokenization
-    assert figure(out, "open: 16 stages, largest task peak") > 0
+    assert "| 26_manifest |" in out  # the records went through both dedups and tokenization
+    assert figure(out, "open: 26 stages, largest task peak") > 0
 
 
 def check_make_wet_corpus(request, tmp, data):
@@ -239,7 +239,7 @@ def check_make_wet_corpus(request, tmp, data):
 
 def check_scale_run(request, tmp, data):
     work, out = request.getfixturevalue("scale_run")
-    assert "| 16_manifest |" in out  # the permissive config's stages, through the token shards
+    assert "| 26_manifest |" in out  # the permissive config's stages, through the token shards
     assert figure(out, "near dedup (pairs J >= 0.85): recall") >= 0.9
     assert figure(out, "exact dedup: recall") >= 0.9
     assert set(json.loads((work / "results.json").read_text())["runs"]) == {"permissive"}

@@ -69,3 +69,13 @@ def test_the_readme_quotes_the_demo_runs_figures(demo_run_dir):
     reasons = {reason for r in rows.values() for reason in r.drops}
     for reason in re.findall(r"`(\w+)`", named):
         assert reason in reasons, f"README.md names the drop reason {reason!r}, which the demo does not give"
+
+
+def test_the_stage_folders_the_readme_names_are_the_demo_runs(demo_run_dir):
+    readme = _readme()
+    named = set(re.findall(r"\b(\d{2}_[a-z_]+)/", readme))
+    assert {"01_curate"} < named, named
+    have = {p.name for p in demo_run_dir.iterdir() if p.is_dir()}
+    assert named <= have, f"README.md names stage folders the demo does not write: {sorted(named - have)}"
+    last = max(have - {"tokens", "train"})
+    assert f"`01_curate/` to `{last}/`" in readme  # "one folder per stage, 01_curate/ to the last"

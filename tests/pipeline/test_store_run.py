@@ -158,7 +158,7 @@ def test_demo_on_s3_writes_the_same_documents_and_token_shards(s3, demo, shared_
     for key in tokens:
         assert remote[key] == local[key], key  # token shards, manifest and tokenizer: byte for byte
     documents = sorted(k for k in remote if k.endswith(".parquet") and "/output/" in k)
-    assert any(k.startswith("10_near_dedup_filter/output/") for k in documents)
+    assert any(k.startswith("20_near_dedup_filter/output/") for k in documents)
     sourced = 0
     for key in documents:  # every stage's documents: equal, but for the name of the file they came from
         a, b = pq.read_table(io.BytesIO(local[key])), pq.read_table(io.BytesIO(remote[key]))
@@ -230,7 +230,7 @@ def test_stats_status_and_report_read_a_run_directory_on_s3(demo, tmp_path):
     assert journey(ours) == journey(theirs) and len(journey(ours)) > 5
     status = _cli(demo["env"], "status", f"s3://{BUCKET}/demo")
     assert status.returncode == 0, status.stderr
-    assert "16_manifest" in status.stdout and "complete" in status.stdout
+    assert "26_manifest" in status.stdout and "complete" in status.stdout
     report = _cli(demo["env"], "report", f"s3://{BUCKET}/demo", "-o", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
     assert "near_dedup" in (tmp_path / "r.html").read_text()

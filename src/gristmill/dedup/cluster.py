@@ -316,6 +316,8 @@ class Rounds:
 
     def run(self, r: int, q: int) -> dict:
         """Round r for partition q; returns (and writes, last) its summary."""
+        _sweep(self.state_dir(r), f"*_{q:05d}.*.tmp")
+        _sweep(self.msg_dir(r), f"task_{q:05d}.part*.tmp")
         if r > 1 and self.converged(r - 1):
             prev = json.loads(staged(self.summary_path(r - 1, q)).read_text())
             summary = {"sent": 0, "state_round": prev["state_round"], "changed": 0, "nodes": prev["nodes"]}
@@ -478,3 +480,11 @@ class Rounds:
             "clusters": int((counts >= 2).sum()),
             "removed": len(removed),
         }
+
+
+def _sweep(folder: Path, pattern: str) -> None:
+    """Remove what an earlier attempt of a partition's task, killed outright, left half written in
+    `folder`: temporary files (`core.files.temporary_path`) of names only that task writes."""
+    if folder.is_dir():
+        for stale in folder.glob(pattern):
+            stale.unlink(missing_ok=True)
