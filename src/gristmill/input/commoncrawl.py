@@ -43,21 +43,18 @@ from pathlib import Path
 from isal import isal_zlib
 from loguru import logger
 
-from gristmill.input.stream import (
+from gristmill.input.deadlines import (
     MAX_OBJECT_BYTES,
     MIN_RATE_BYTES_S,
     RATE_WINDOW_S,
-    USER_AGENT,
-    DownloadError,
     RateGuard,
-    RemoteStream,
     RetryPolicy,
     Sockets,
     cut_after,
     read_deadline,
     recording_opener,
-    transport_for,
 )
+from gristmill.input.stream import USER_AGENT, DownloadError, RemoteStream, transport_for
 from gristmill.input.stream import retry_after as _retry_after
 from gristmill.input.stream import snippet as _snippet
 
