@@ -5,7 +5,7 @@ directory and the same items: items/s each, and how many items' predictions agre
     python benchmarks/eval_throughput.py --size 125m     # a randomly initialised Llama of that shape
     python benchmarks/eval_throughput.py --smoke         # a tiny random Llama on CPU, 8 items a task
 
-Both sides get the model already loaded (ours through `gristmill.evaluation.models.load`,
+Both sides get the model already loaded (ours through `gristmill.trainer.eval_models.load`,
 lm-eval's HFLM built once) and are timed from the task file to the scores: reading and
 prompting the items, tokenizing, the forwards. On a GPU both run bf16 (lm-eval `dtype=bfloat16`,
 `batch_size` as given, default 64); on CPU fp32. Without `--model` the model is a Llama of
@@ -85,10 +85,10 @@ def main() -> int:
     os.environ.setdefault("GRISTMILL_DATA", str(DATA))
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
-    from gristmill.evaluation import models
     from gristmill.evaluation.lm_eval_tasks import write_task_dir
-    from gristmill.evaluation.run import evaluate_task
     from gristmill.evaluation.tasks import load_tasks_file, read_records, resolve_tasks
+    from gristmill.trainer import eval_models as models
+    from gristmill.trainer.evaluate import evaluate_task
 
     tmp = Path(tempfile.mkdtemp(prefix="eval-bench-"))
     os.environ.setdefault("HF_DATASETS_CACHE", str(tmp / "hf-datasets"))

@@ -551,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gristmill.trainer.cli import add_parsers as add_train_parsers
 
     add_train_parsers(sub)  # train, export-hf
-    from gristmill.evaluation.cli import add_parsers as add_eval_parsers
+    from gristmill.trainer.eval_cli import add_parsers as add_eval_parsers
 
     add_eval_parsers(sub)  # eval, eval-compare
     return p

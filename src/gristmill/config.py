@@ -28,12 +28,12 @@ from gristmill.core.configlib import (
     omitted_defaults,
     validate_config,
 )
+from gristmill.core.run_dir_kinds import run_dir_kind
 from gristmill.core.step import registered_steps, step_id
 from gristmill.core.storage import StorageConfig
-from gristmill.input.stream import MAX_OBJECT_BYTES, MIN_RATE_BYTES_S, RATE_WINDOW_S
+from gristmill.input.deadlines import MAX_OBJECT_BYTES, MIN_RATE_BYTES_S, RATE_WINDOW_S
 from gristmill.input.warc import DEFAULT_EXTRACTOR, MAX_ATTRIBUTES, MAX_HTML_TAGS, Extractor
 from gristmill.input.wet import MAX_RECORD_BYTES
-from gristmill.pipeline.rundir import run_dir_kind
 
 __all__ = ["ConfigError", "RunConfig", "StepSpec", "apply_override", "current_layout", "from_dict", "load"]
 

@@ -57,9 +57,9 @@ def _lm_task(data: Path, path: Path) -> Path:
 
 
 def _make(folder: Path, trained: Path, data: Path) -> None:
-    from gristmill.evaluation import models
-    from gristmill.evaluation.run import evaluate
     from gristmill.evaluation.tasks import TaskSpec
+    from gristmill.trainer import eval_models as models
+    from gristmill.trainer.evaluate import evaluate
     from gristmill.trainer.train import train
 
     task = _lm_task(data, folder / "heldout.jsonl")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gristmill.cli import main
-from gristmill.evaluation import models
 from gristmill.evaluation.stats import bootstrap_ci, centred, paired_bootstrap
+from gristmill.trainer import eval_models as models
 
 TASKS = "piqa,winogrande,lambada_openai,boolq"
 
@@ -133,8 +133,8 @@ def test_scores_during_training_are_pipeline_evals_of_that_step(trained, shared_
     """The train YAML's eval.tasks/eval.corpora, scored at steps 20 and 40 into metrics.jsonl
     under eval/<task>/<metric>, with tokens seen; the same figures as `pipeline eval`'s scoring
     of the checkpoint of that step, item by item."""
-    from gristmill.evaluation.run import evaluate_task
     from gristmill.evaluation.tasks import load_tasks_file, resolve_tasks
+    from gristmill.trainer.evaluate import evaluate_task
 
     from .conftest import TRAIN_LIMIT, TRAIN_TASKS
 

@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-from gristmill.evaluation import models
 from gristmill.evaluation.lm_eval_tasks import write_task_dir
-from gristmill.evaluation.run import evaluate_task
 from gristmill.evaluation.tasks import load_tasks_file, read_records, resolve_tasks
+from gristmill.trainer import eval_models as models
+from gristmill.trainer.evaluate import evaluate_task
 
 TASKS = ["piqa", "arc_easy", "copa", "winogrande", "lambada_openai", "boolq"]
 LIMIT = 8

@@ -14,8 +14,8 @@ def cmd_eval(args, console) -> int:
     import sys
 
     from gristmill.core.configlib import ConfigError
-    from gristmill.evaluation.models import ModelError
     from gristmill.evaluation.tasks import TaskError, load_tasks_file, resolve_corpora, resolve_tasks
+    from gristmill.trainer.eval_models import ModelError
 
     try:
         tasks_file = load_tasks_file(args.tasks_file)
@@ -23,8 +23,8 @@ def cmd_eval(args, console) -> int:
         corpora = resolve_corpora(_split(args.corpora), tasks_file)
         if not specs and not corpora:
             raise TaskError("nothing to evaluate: give --tasks and/or --corpora")
-        from gristmill.evaluation.models import load
-        from gristmill.evaluation.run import evaluate
+        from gristmill.trainer.eval_models import load
+        from gristmill.trainer.evaluate import evaluate
 
         model = load(args.model, args.tokenizer, args.device, args.dtype)
         out = Path(args.out)

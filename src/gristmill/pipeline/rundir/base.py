@@ -19,6 +19,7 @@ import yaml
 from loguru import logger
 
 from gristmill.core.messages import ConfigError
+from gristmill.core.run_dir_kinds import LocalRunDirKind
 from gristmill.pipeline.rundir import layout
 
 if TYPE_CHECKING:
@@ -32,11 +33,14 @@ class RunDir(ABC):
 
     # --- what a run directory of this kind cannot do ---------------------------------------------
 
+    #: what this kind of run directory can serve (`gristmill.core.run_dir_kinds`)
+    kind = LocalRunDirKind
+
     @classmethod
     def refusals(cls, cfg: RunConfig) -> list[str]:
-        """Lines naming each setting of `cfg` this kind of run directory cannot serve (checked
-        when the config is validated, before anything runs)."""
-        return []
+        """Lines naming each setting of `cfg` this kind of run directory cannot serve (its kind's,
+        which the config's validation asks before anything runs)."""
+        return cls.kind.refusals(cfg)
 
     # --- storage primitives --------------------------------------------------------------------------
 

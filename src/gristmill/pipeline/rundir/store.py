@@ -11,7 +11,7 @@ It keeps the layout and the promises of a local one (docs/run-directory.md):
   (`gristmill.pipeline.rundir.lease`), probed first on the store;
 - the same checks as a local run directory before anything is written (`RunDir.prepare`);
 - what it cannot do (training in place, Slurm, Ray) is refused when the config is validated
-  (`StoreRunDir.refusals`).
+  (`StoreRunDirKind.refusals`, its kind's).
 
 The run's stats are merged in a local mirror of the small files they come from (each task's
 `stats/`, `scores/` and the completions), with the same code as a local run, and the merged
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from gristmill.core import storage
 from gristmill.core.messages import ConfigError
+from gristmill.core.run_dir_kinds import StoreRunDirKind
 from gristmill.pipeline.execution.staging import RemoteStage, plan_root, run_key, scratch_bytes
 from gristmill.pipeline.report import journey as st
 from gristmill.pipeline.rundir import layout, lease
@@ -47,29 +48,7 @@ PROGRESS_S = 3.0
 class StoreRunDir(RunDir):
     """A run directory at a URL (s3://bucket/prefix)."""
 
-    @classmethod
-    def refusals(cls, cfg: RunConfig) -> list[str]:
-        where = cfg.run_dir
-        problems = []
-        if cfg.train is not None:
-            problems.append(
-                f"train: training on a run directory on object storage ({where}) is not supported: the "
-                "trainer memory-maps the token shards and writes checkpoints in place; run without `train:` "
-                "and train on a local copy of tokens/ (`pipeline train`)"
-            )
-        if cfg.executor.type == "slurm":
-            problems.append(
-                f"executor.type: slurm with a run directory on object storage ({where}) is not supported: "
-                "Slurm writes each task's output and reads its launch script on a shared filesystem; use a "
-                "run_dir there (inputs, models and token exports may still be URLs)"
-            )
-        if cfg.executor.type == "ray":
-            problems.append(
-                f"executor.type: ray with a run directory on object storage ({where}) is not supported: "
-                "Ray tasks write their outputs, logs and completion markers to a run directory every node mounts "
-                "at the same path; use a run_dir there (inputs, models and token exports may still be URLs)"
-            )
-        return problems
+    kind = StoreRunDirKind  # what it cannot serve (training in place, Slurm, Ray): `refusals`
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
