@@ -19,8 +19,8 @@ from gristmill.pipeline.calibration.rules import STEP_DEFAULTS
 
 from .test_heuristics import read_wet
 
-#: every rule of the three filters off: each test turns one on
-_OFF = {
+#: every rule of the three filters off: each test turns one on (test_calibrate.py's too)
+RULES_OFF = {
     "gopher_quality": dict(
         min_doc_words=None,
         max_doc_words=None,
@@ -60,7 +60,7 @@ def pages(wet_files) -> list[tuple[str, str]]:
 
 
 def _one_rule(step: str, param: str, n: int | None, bound):
-    params = dict(_OFF[step])
+    params = dict(RULES_OFF[step])
     params[param] = ((n, bound),) if n is not None else bound
     return STEPS[step](**params)
 

@@ -25,6 +25,7 @@ from gristmill.pipeline.calibration.calibrate import (
     read_udhr,
     removed_share,
 )
+from tests.filters.test_filter_statistics import RULES_OFF as _OFF
 
 REPO = Path(__file__).resolve().parents[2]
 LANGS = ["zh", "ja", "ar", "fa", "ru", "hi", "de"]
@@ -56,27 +57,6 @@ def test_udhr_is_cut_into_its_preamble_and_articles(references):
 
 
 # the filter with only the calibrated rule on, to check that the statistic is the filter's own
-_OFF = {
-    "gopher_quality": dict(
-        min_doc_words=None,
-        max_doc_words=None,
-        min_avg_word_length=None,
-        max_avg_word_length=None,
-        max_symbol_word_ratio=None,
-        max_bullet_lines_ratio=None,
-        max_ellipsis_lines_ratio=None,
-        max_non_alpha_words_ratio=None,
-        min_stop_words=None,
-    ),
-    "gopher_repetition": dict(
-        dup_line_frac=None,
-        dup_para_frac=None,
-        dup_line_char_frac=None,
-        dup_para_char_frac=None,
-        top_n_grams=(),
-        dup_n_grams=(),
-    ),
-}
 _STEPS = {"gopher_quality": GopherQuality, "gopher_repetition": GopherRepetition}
 
 
