@@ -357,7 +357,7 @@ def cmd_status(args, console: Console) -> int:
 
 
 def cmd_plan(args, console: Console) -> int:
-    from gristmill.pipeline.planning.projection import load_calibration, plan_for_size, project, render
+    from gristmill.pipeline.planning.projection import gpu_column, load_calibration, plan_for_size, project, render
 
     if args.gb is not None and args.files is not None:
         raise ValueError("give --gb or --files, not both")
@@ -372,6 +372,7 @@ def cmd_plan(args, console: Console) -> int:
     projections = project(cfg, stages, size / 1e9, calibration, args.cores)
     header, rows, footer = render(projections, size / 1e9, args.cores, cfg.executor.type == "slurm")
     _scratch_column(cfg, stages, header, rows, footer)
+    gpu_column(stages, header, rows, footer)
     if args.json:
         print(
             json.dumps(

@@ -166,6 +166,15 @@ class Step(PipelineStep):
     #: line through the calibration extended to the input
     bounded_work: ClassVar[bool] = False
 
+    #: GPUs one task of this step's stage needs (a step that runs a model on a GPU): the
+    #: executor gives each such task its own (`pipeline.execution.gpus`)
+    gpus_per_task: int = 0
+
+    def gpu_seconds(self, work: Workload) -> float | None:
+        """GPU-seconds the step is projected to use on `work`, from its measured throughput
+        (`pipeline plan`); None for a step that uses no GPU or was never measured."""
+        return None
+
 
 class GlobalStep(Step):
     """A step that needs all documents first: it plans stages instead of running in one."""
@@ -215,12 +224,20 @@ class Stage:
         return f"{self.index:02d}_{self.name}"
 
     @property
+    def gpus_per_task(self) -> int:
+        """GPUs each task of the stage needs: the most any of its steps asks for."""
+        return max((getattr(s, "gpus_per_task", 0) for s in self.pipeline), default=0)
+
+    @property
     def output(self) -> Path:
         return self.folder / "output"
 
 
 class BuildContext(Protocol):
     """What a step may ask of the planner while it is built."""
+
+    #: where the tasks run: "local" (this machine), "slurm" or "ray" (other machines)
+    executor: str
 
     def local_path(self, path_or_url: str) -> Path:
         """A local file for a path or an http(s) URL (downloaded, verified, cached)."""

@@ -84,7 +84,9 @@ class Classifier(ModelFilter):
         )
         max_tokens: int = Field(512, ge=8, description="tokens per document scored: the text is truncated to them")
         device: Literal["auto", "cpu", "cuda"] = Field(
-            "auto", description="auto: a GPU where visible (bf16), else CPU (fp32) with a warning"
+            "auto",
+            description="auto: a GPU where visible (bf16), else CPU (fp32) with a warning; cuda: each task "
+            "is given a GPU (on Slurm and Ray, where the planning machine need not have one)",
         )
         batch_tokens: int | None = Field(
             None,
@@ -105,15 +107,20 @@ class Classifier(ModelFilter):
 
     @classmethod
     def build(cls, config: Config, ctx: BuildContext, step_id: str | None = None) -> Classifier:
-        return cls(config, step_id=step_id)
+        return cls(config, step_id=step_id, executor=getattr(ctx, "executor", "local"))
 
-    def __init__(self, config: Config | None = None, /, **kwargs):
+    def __init__(self, config: Config | None = None, /, *, executor: str = "local", **kwargs):
         super().__init__(config, **kwargs)
         c = self.config
         what = f"{self.name} ({c.model})"
         # validated now, in the planning process: the files, then a trial load and a probe score
         self.info = cm.check_classifier(c.model)
-        self.device = cm.resolve_device(c.device, what)
+        if c.device == "cuda" and executor != "local":
+            # the tasks run on the cluster's machines, whose GPUs this one need not have: each
+            # task checks its own (`load_model`) and fails in one line without one
+            self.device = "cuda"
+        else:
+            self.device = cm.resolve_device(c.device, what)
         if c.device == "auto" and self.device == "cpu":
             _warn_cpu_once(what)
         self.batch_size = c.window
@@ -144,6 +151,15 @@ class Classifier(ModelFilter):
     def gpus_per_task(self) -> int:
         """GPUs one task of this step's stage uses: 1 when it scores on a GPU (for executors)."""
         return 1 if self.device == "cuda" or self.config.device == "cuda" else 0
+
+    def gpu_seconds(self, work: Workload) -> float | None:
+        """From the throughput measured on one H200 (`benchmarks/classifier_throughput.py`,
+        docs/benchmarks.md), scaled by parameters x tokens scored per document: a forward's cost
+        at these lengths is its matrix products, ~2 x parameters FLOPs a token."""
+        if not self.gpus_per_task:
+            return None
+        scale = (self.info.params * self.config.max_tokens) / (cm.MEASURED_GPU_PARAMS * cm.MEASURED_GPU_TOKENS)
+        return work.documents / cm.MEASURED_GPU_DOCS_S * scale
 
     @property
     def batch_tokens(self) -> int:

@@ -54,6 +54,12 @@ HEAD_VERSION = 1
 CHARS_PER_TOKEN = 8
 #: tokens of padded input per forward pass, by device (`batch_tokens` overrides)
 BATCH_TOKENS = {"cpu": 8192, "cuda": 65536}
+#: the step's throughput measured on one H200 (benchmarks/classifier_throughput.py, bf16,
+#: batch_tokens 131,072): all-MiniLM-L6-v2 under a regression head at 512 tokens, documents of
+#: the sample (docs/benchmarks.md); `pipeline plan`'s GPU-hours scale it by parameters x tokens
+MEASURED_GPU_DOCS_S = 7092.0
+MEASURED_GPU_PARAMS = 22.7e6  # the encoder (22.7M) and a one-output head
+MEASURED_GPU_TOKENS = 512
 #: documents per forward pass at most, however short
 MAX_BATCH_DOCS = 1024
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")

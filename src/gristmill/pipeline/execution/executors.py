@@ -42,6 +42,7 @@ from datatrove.executor.slurm import SlurmPipelineExecutor
 
 from gristmill.config import SlurmConfig
 from gristmill.core import storage
+from gristmill.pipeline.execution import gpus as task_gpus
 from gristmill.pipeline.execution import zygote as task_zygote
 from gristmill.pipeline.execution.staging import RemoteStage, task_log
 from gristmill.pipeline.execution.task import (
@@ -105,10 +106,19 @@ def _stop(tasks) -> None:
 class LocalExecutor(LocalPipelineExecutor):
     """A stage's tasks, each in a child process of this one (see the module doc)."""
 
-    def __init__(self, *args, storage_config: storage.StorageConfig, remote: RemoteStage | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        storage_config: storage.StorageConfig,
+        remote: RemoteStage | None = None,
+        gpus_per_task: int = 0,
+        label: str = "",
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         # travel with the pickled executor to each task (`gristmill.pipeline.execution.task.run_task`)
         self.storage_config, self.remote = storage_config, remote
+        self.gpus_per_task, self.label = gpus_per_task, label
 
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
         return run_task(self, rank, local_rank, node_rank)
@@ -129,12 +139,21 @@ class LocalExecutor(LocalPipelineExecutor):
         )
         if not ranks:
             return
+        gpus = task_gpus.visible() if self.gpus_per_task else []
+        width = task_gpus.concurrent_tasks(self.label, self.workers, gpus, self.gpus_per_task)
         self.save_executor_as_json()
         fd, executor_file = tempfile.mkstemp(prefix="gristmill-executor-", suffix=".pik")
         with os.fdopen(fd, "wb") as f:
             dill.dump(self, f)
+        # a task of a GPU stage sees only its slot's GPUs
+        self._task_env = (
+            {s: dict(os.environ, CUDA_VISIBLE_DEVICES=task_gpus.slot_devices(gpus, self.gpus_per_task, s))
+             for s in range(width)}
+            if self.gpus_per_task
+            else {}
+        )  # fmt: skip
         running: list[_Task] = []
-        slots = list(range(min(self.workers, len(ranks))))
+        slots = list(range(min(width, len(ranks))))
         failure: TaskFailed | None = None
         try:
             with Signals():
@@ -170,8 +189,9 @@ class LocalExecutor(LocalPipelineExecutor):
 
     def _start(self, rank: int, slot: int, executor_file: str) -> _Task:
         status_r, status_w = os.pipe()
+        env = self._task_env.get(slot)  # None: this process's environment
         try:
-            proc = self._fork(rank, slot, executor_file, status_w) or subprocess.Popen(
+            proc = self._fork(rank, slot, executor_file, status_w, env) or subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
@@ -186,6 +206,7 @@ class LocalExecutor(LocalPipelineExecutor):
                 stdin=subprocess.DEVNULL,
                 pass_fds=(status_w,),
                 process_group=0,
+                env=env,
             )
         except BaseException:
             os.close(status_r)
@@ -196,13 +217,17 @@ class LocalExecutor(LocalPipelineExecutor):
         return _Task(rank, slot, proc, status_r)
 
     @staticmethod
-    def _fork(rank: int, slot: int, executor_file: str, status_w: int) -> task_zygote.ForkedProcess | None:
+    def _fork(
+        rank: int, slot: int, executor_file: str, status_w: int, env: dict | None
+    ) -> task_zygote.ForkedProcess | None:
         """The task forked from this process's zygote; None where tasks start with exec."""
         zygote = task_zygote.shared()
         if zygote is None:
             return None
         try:
-            return zygote.spawn(TASK_TARGET, [executor_file, str(rank), str(slot), str(zygote.pid)], (status_w,))
+            return zygote.spawn(
+                TASK_TARGET, [executor_file, str(rank), str(slot), str(zygote.pid)], (status_w,), env=env
+            )
         except ZygoteUnavailable as e:
             task_zygote.give_up(str(e))
             return None
@@ -220,6 +245,8 @@ def make_executor(stage: Stage, storage_config=None, remote: RemoteStage | None 
         # the tasks reach URLs (inputs, models) with the run's storage settings
         storage_config=storage_config if storage_config is not None else storage.settings(),
         remote=remote,
+        gpus_per_task=stage.gpus_per_task,
+        label=stage.label,
     )
 
 
@@ -377,6 +404,8 @@ def make_slurm_executor(
     sbatch.setdefault("mem-per-cpu", f"{int(mem_gb * 1024)}M")
     if slurm.account:
         sbatch.setdefault("account", slurm.account)
+    if stage.gpus_per_task:  # each array task its own GPUs; Slurm sets CUDA_VISIBLE_DEVICES
+        sbatch.setdefault("gres", f"gpu:{stage.gpus_per_task}")
     return SlurmExecutor(
         pipeline=stage.pipeline,
         tasks=stage.tasks,

@@ -356,9 +356,14 @@ def _cancel(refs: list) -> None:
         pass
 
 
-def _fits(node: dict, cpus: float, memory: int) -> bool:
+def _fits(node: dict, want: dict) -> bool:
     have = node.get("Resources", {})
-    return node.get("Alive", False) and have.get("CPU", 0) >= cpus and have.get("memory", 0) >= memory
+    return (
+        node.get("Alive", False)
+        and have.get("CPU", 0) >= want["num_cpus"]
+        and have.get("memory", 0) >= want["memory"]
+        and have.get("GPU", 0) >= want.get("num_gpus", 0)
+    )
 
 
 class RayCluster:
@@ -372,11 +377,15 @@ class RayCluster:
         self.address: str | None = None
 
     def resources(self, stage: Stage) -> dict:
-        """num_cpus and memory (bytes) each task of `stage` asks Ray for."""
+        """num_cpus, memory (bytes) and, for a stage holding a GPU step, num_gpus (Ray then sets
+        each task's CUDA_VISIBLE_DEVICES) that each task of `stage` asks Ray for."""
         over = self.ray_cfg.stages.get(stage.name)
         cpus = (over and over.num_cpus) or self.ray_cfg.num_cpus
         gb = (over and over.memory_gb) or self.ray_cfg.memory_gb
-        return {"num_cpus": cpus, "memory": int(gb * GB) if gb else self.estimates[stage.label]}
+        want = {"num_cpus": cpus, "memory": int(gb * GB) if gb else self.estimates[stage.label]}
+        if stage.gpus_per_task:
+            want["num_gpus"] = stage.gpus_per_task
+        return want
 
     def _setting(self, stage: Stage) -> str:
         over = self.ray_cfg.stages.get(stage.name)
@@ -416,16 +425,20 @@ class RayCluster:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         for stage in self.stages:
             want = self.resources(stage)
-            if any(_fits(n, want["num_cpus"], want["memory"]) for n in nodes):
+            if any(_fits(n, want) for n in nodes):
                 continue
             largest = max(nodes, key=lambda n: n["Resources"].get("memory", 0), default=None)
+            gpus = want.get("num_gpus", 0)
             has = (
                 f"{largest['Resources'].get('CPU', 0):g} CPUs and {largest['Resources'].get('memory', 0) / GB:.2f} GB"
+                + (f" and {largest['Resources'].get('GPU', 0):g} GPUs" if gpus else "")
                 if largest
                 else "no node"
             )
             raise ConfigError(
-                f"stage {stage.label}: a task asks Ray for {want['num_cpus']:g} CPUs and {want['memory'] / GB:.2f} GB"
+                f"stage {stage.label}: a task asks Ray for {want['num_cpus']:g} CPUs"
+                + (f", {gpus:g} GPUs" if gpus else "")
+                + f" and {want['memory'] / GB:.2f} GB"
                 f" of memory ({self._setting(stage)}); no node of the Ray cluster at {self.address} has that"
                 f" (the largest: {has}); set executor.ray.autoscaling if the cluster adds nodes on demand"
             )

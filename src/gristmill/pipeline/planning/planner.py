@@ -226,6 +226,10 @@ class PlanContext:
         return self.cfg.executor.tasks
 
     @property
+    def executor(self) -> str:
+        return self.cfg.executor.type
+
+    @property
     def compression(self) -> str | None:
         return None if self.cfg.output.compression == "none" else self.cfg.output.compression
 

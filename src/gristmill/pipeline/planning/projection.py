@@ -327,3 +327,29 @@ def render(
             f"over the {_fmt_mb(p.limit_bytes / 1e6)} of {p.limit_setting}{fix}"
         )
     return header, rows, footer
+
+
+def gpu_column(stages: list[Stage], header: list[str], rows: list[list[str]], footer: list[str]) -> None:
+    """A plan with a stage that holds a GPU step (`Step.gpus_per_task`): GPU-hours per stage,
+    from each GPU step's measured throughput (`Step.gpu_seconds`)."""
+    gpu_stages = [s for s in stages if s.gpus_per_task]
+    if not gpu_stages:
+        return
+    header.append("GPU-h")
+    total = 0.0
+    for stage, row in zip(stages, rows):
+        secs = [s.gpu_seconds(stage.work) for s in stage.pipeline if getattr(s, "gpus_per_task", 0)]
+        secs = [x for x in secs if x is not None] if stage.work is not None else []
+        if not stage.gpus_per_task or not secs:
+            row.append("—")
+            continue
+        hours = sum(secs) / 3600 * stage.gpus_per_task
+        total += hours
+        row.append(_fmt_h(hours))
+    labels = ", ".join(s.label for s in gpu_stages)
+    footer.append(
+        f"GPU-h: {_fmt_h(total)} GPU-hours in {labels} (a GPU per task: local runs one task per visible GPU, "
+        "Slurm asks --gres=gpu:N, Ray num_gpus), from the throughput measured on one H200 "
+        "over every document read (an upper bound: the filters before it drop most) "
+        "(benchmarks/classifier_throughput.py) scaled by parameters x tokens"
+    )
