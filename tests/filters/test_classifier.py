@@ -349,3 +349,50 @@ def test_windows_tokenized_ahead_give_the_same_scores(small, pages):
     out = scored(ahead, texts)
     assert [d.metadata["classifier_score"] for d in out] == expect
     assert sum(submitted) == len(texts) and len(submitted) == 7 and not ahead._ahead  # every window used
+
+
+# --- on a GPU (skipped where none is visible; run on the device machine) -------------------------
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible (run on a GPU machine)")
+
+
+@needs_gpu
+def test_a_batch_that_runs_the_gpu_out_of_memory_is_retried_in_halves_with_the_same_scores(minilm_cls, pages):
+    """The GPU capped at ~1.5 GB: a 2M-token batch (~12 GB of activations) runs out of memory and
+    is scored in halves until it fits; the scores are those of batches that fit from the start."""
+    texts = (pages * 20)[:4000]
+    info = cm.check_classifier(minilm_cls)
+    fits = cm.Scorer(info, "cuda", 512, batch_tokens=16384)
+    want, _ = fits.score(texts)
+    del fits
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(1.5e9 / total)
+    try:
+        events: dict[str, int] = {}
+        big = cm.Scorer(
+            info, "cuda", 512, batch_tokens=1 << 21, on_event=lambda k, n=1: events.__setitem__(k, events.get(k, 0) + n)
+        )
+        got, _ = big.score(texts)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert events.get("oom_retries", 0) >= 1, events
+    assert big.batch_tokens < 1 << 21  # the budget halved for what followed
+    assert np.abs(np.asarray(got) - np.asarray(want)).max() < 2e-2  # bf16, batches of other shapes
+
+
+@needs_gpu
+def test_a_local_run_scores_on_the_gpu_each_task_given_its_own(minilm_cls, tmp_path, wet_files):
+    cfg = from_dict(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "executor": {"type": "local", "tasks": 2, "workers": 2},
+            "input": {"paths": [str(p) for p in wet_files]},
+            "steps": [{"classifier": {"model": str(minilm_cls), "device": "cuda", "min_score": None}}],
+        }
+    )
+    stages = plan(cfg, check_memory=False)
+    assert stages[0].gpus_per_task == 1
+    run(cfg)
+    table = pq.read_table(tmp_path / "run" / "01_curate" / "output")
+    assert table.num_rows > 500 and np.isfinite(table["classifier_score"].to_numpy()).all()
