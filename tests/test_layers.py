@@ -116,10 +116,7 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 if not _in(mod, TOP):
                     bad.append(f"{mod} -> {t} (only the CLI and the trainer use evaluation)")
             elif _in(t, [TRAINER]):
-                if not (
-                    _in(mod, TOP)
-                    or (_in(mod, ["gristmill.pipeline"]) and _in(t, PIPELINE_MAY_IMPORT_OF_TRAINER))
-                ):
+                if not (_in(mod, TOP) or (_in(mod, ["gristmill.pipeline"]) and _in(t, PIPELINE_MAY_IMPORT_OF_TRAINER))):
                     bad.append(f"{mod} -> {t} (only the CLI uses the trainer; the pipeline starts it via its launcher)")
             elif _layer(t) > _layer(mod):
                 bad.append(f"{mod} (layer {_layer(mod)}) -> {t} (layer {_layer(t)})")
