@@ -23,7 +23,6 @@ from pathlib import Path
 from rich.console import Console
 
 from gristmill.ablation.config import AblateConfig, TrainRun, task_names, train_steps, variant_config
-from gristmill.ablation.sharing import StageRegistry, stage_keys
 from gristmill.core.configlib import ConfigError
 from gristmill.core.files import write_text_atomic
 
@@ -98,6 +97,7 @@ class Ablation:
     # --- curation ------------------------------------------------------------------------------
 
     def curate(self) -> dict:
+        from gristmill.ablation.sharing import StageRegistry, stage_keys
         from gristmill.pipeline.planning.planner import plan
         from gristmill.pipeline.report.journey import funnel
         from gristmill.pipeline.runner import run
