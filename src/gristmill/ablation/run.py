@@ -104,10 +104,12 @@ class Ablation:
 
         state = self.state()
         registry = StageRegistry(self.out)
-        configs = {name: variant_config(self.cfg, name) for name in self.cfg.names()}  # all checked first
+        configs = {name: variant_config(self.cfg, name) for name in self.cfg.names()}
+        # every variant planned (its models and inputs checked) before the first one runs
+        plans = {name: plan(vcfg) for name, vcfg in configs.items()}
         for name, vcfg in configs.items():
             run_dir = Path(vcfg.run_dir)
-            stages = plan(vcfg)
+            stages = plans[name]
             keys = stage_keys(vcfg, stages)
             linked = registry.share(name, run_dir, stages, keys)
             if linked:
