@@ -200,6 +200,9 @@ def test_bad_input_is_one_error_naming_it(tmp_path, shared_data, capsys):
     path = _ablate_yaml(tmp_path, shared_data, tokenizer={"path": gpt2, "vocab_size": 512})
     assert main(["ablate", str(path)]) == 2
     assert "has a vocabulary of 50,257, not the 512 of tokenizer.vocab_size" in _error(capsys)
+    path = _ablate_yaml(tmp_path, shared_data)
+    assert main(["ablate", str(path), "--only", "train"]) == 1  # nothing curated yet
+    assert "variant crawl: no token shards" in (err := capsys.readouterr().err) and "--only curate" in err
     path = _ablate_yaml(tmp_path, shared_data, tasks=["no_such_task"])
     assert main(["ablate", str(path)]) == 2
     assert "task 'no_such_task'" in _error(capsys)
