@@ -155,6 +155,24 @@ def test_a_rerun_after_a_killed_training_redoes_nothing_finished(ablation):
         assert (ablation / rel).stat().st_mtime_ns == mtime, f"{rel} was rewritten"
 
 
+def test_a_rerun_with_another_budget_is_refused(ablation, shared_data):
+    """Changed after training, the budget (or seed, model, tasks) would resume a training into another
+    one: refused, naming the run and the setting, before anything is launched."""
+    from rich.console import Console
+
+    from gristmill.ablation.config import load
+    from gristmill.ablation.run import Ablation
+    from gristmill.core.configlib import ConfigError
+
+    cfg = load(ablation / "ablate.yaml", ["tokens=81920"])
+
+    def never(*args):
+        raise AssertionError("launched a training")
+
+    with pytest.raises(ConfigError, match=r"crawl-s0 was trained with another configuration \(steps: 40 -> 80"):
+        Ablation(cfg, Console(stderr=True), launch=never).run("train")
+
+
 def test_plan_prints_cpu_and_gpu_hours_disk_and_wall(
     tmp_path, shared_data, capsys, lid_model, kenlm_model, quality_model
 ):

@@ -344,6 +344,7 @@ class Ablation:
                 tcfg = self.train_config(name, seed, state)
                 out = self.out / "train" / f"{name}-s{seed}"
                 runs.append(TrainRun(name, seed, out, tcfg.steps))
+                check_same_training(tcfg, out)
                 if trained(out, tcfg.steps):
                     self.say(f"train {name} seed {seed}: already trained ({tcfg.steps} steps)")
                     continue
@@ -364,6 +365,40 @@ class Ablation:
         from gristmill.trainer.launch import launch
 
         return launch(tcfg, out, self.cfg.model.nproc)
+
+
+#: train-config keys that say how or where a training runs, not what it computes (prefixes)
+_HOW = ("out_dir", "data.tokens", "data.verify", "log.", "nproc", "checkpoint.", "stop_after", "eval.batch_tokens")
+_HOW += ("kernels", "compile", "ac", "fsdp", "master_weights", "fused_", "optim.overlap_update")
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        return {k: v for key, val in node.items() for k, v in _flat(val, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def check_same_training(tcfg, out: Path) -> None:
+    """A training resumed or skipped must be the one this config asks for: its train_config.yaml
+    (written when it started) may differ in how it ran, never in what it computes (the budget,
+    the seed, the model, the optimizer, the scoring)."""
+    import yaml
+
+    path = out / "train_config.yaml"
+    if not path.is_file():
+        return
+    old = _flat(yaml.safe_load(path.read_text()) or {})
+    new = _flat(tcfg.model_dump(mode="json"))
+    diffs = [
+        f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k, "<unset>") != new.get(k, "<unset>") and not k.startswith(_HOW)
+    ]
+    if diffs:
+        raise ConfigError(
+            f"{out} was trained with another configuration ({'; '.join(diffs[:3])}"
+            f"{f' and {len(diffs) - 3} more' if len(diffs) > 3 else ''}); use another out, or remove it to train again"
+        )
 
 
 def trained(out: Path, steps: int) -> bool:
