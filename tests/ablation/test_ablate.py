@@ -54,16 +54,27 @@ def _make(folder: Path, shared_data: Path) -> None:
     cfg = load(_ablate_yaml(folder, shared_data))
     launches: list[list] = [[], []]
 
+    def in_process(tcfg, out, nproc):
+        """The trainer's loop in this process: what torchrun's rank runs, without two interpreters'
+        start-up per training (the killed and the resumed training go through the launcher)."""
+        from gristmill.trainer.launch import check_tokens, write_resolved
+        from gristmill.trainer.train import train
+
+        check_tokens(tcfg)
+        write_resolved(tcfg.model_copy(update={"out_dir": str(out)}), out)
+        train(tcfg, out)
+        return 0
+
     def killed_third(tcfg, out, nproc):
         launches[0].append(out.name)
         if len(launches[0]) == 3:
             launch(tcfg.model_copy(update={"stop_after": 20}), out, nproc)
             return 1
-        return launch(tcfg, out, nproc)
+        return in_process(tcfg, out, nproc)
 
     def recorded(tcfg, out, nproc):
         launches[1].append(out.name)
-        return launch(tcfg, out, nproc)
+        return launch(tcfg, out, nproc) if len(launches[1]) == 1 else in_process(tcfg, out, nproc)
 
     with one_torch_thread():
         with pytest.raises(AblationFailed, match="re-run the same command to resume"):
