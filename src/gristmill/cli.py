@@ -16,6 +16,7 @@ pipeline train CONFIG --plan [--gpus N] [--gpu h100|h200|...] [--set key=value .
 pipeline export-hf CHECKPOINT OUT
 pipeline eval MODEL --tasks piqa,arc_easy,... [--corpora wikitext2] --out DIR [--limit N] [--fewshot K]
 pipeline eval-compare --a EVAL,EVAL --b EVAL,EVAL --tasks piqa [--metric acc]
+pipeline ablate ABLATE.yaml [--plan] [--only curate|train] [--out DIR]
 """
 
 from __future__ import annotations
@@ -555,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gristmill.trainer.eval_cli import add_parsers as add_eval_parsers
 
     add_eval_parsers(sub)  # eval, eval-compare
+    from gristmill.ablation.cli import add_parser as add_ablate_parser
+
+    add_ablate_parser(sub)  # ablate
     return p
 
 
