@@ -30,8 +30,10 @@ from gristmill.dedup.near import (
 from gristmill.dedup.order import load_ranks, order_key
 
 
-def _plan(verify: Path, sig: Path, shards: int, tasks: int, removal: str, rounds: int = 8) -> NearDedupPlan:
-    cfg = NearDedup.Config(removal=removal, cluster_tasks=tasks, cluster_rounds=rounds)
+def _plan(
+    verify: Path, sig: Path, shards: int, tasks: int, removal: str, rounds: int = 8, max_rounds: int = 128
+) -> NearDedupPlan:
+    cfg = NearDedup.Config(removal=removal, cluster_tasks=tasks, cluster_rounds=rounds, cluster_max_rounds=max_rounds)
     return NearDedupPlan(
         cfg, 14, 9, 1, shards, cluster_tasks=tasks, cluster_rounds=rounds, signature_folder=sig, verify_folder=verify
     )
@@ -189,6 +191,24 @@ def test_a_chain_longer_than_the_planned_rounds_finishes_in_the_rest_stage(tmp_p
         assert len(rest) >= 2  # rounds beyond the planned 3 ran in the rest stage
         if removal == "kept_neighbour":
             assert len(removed) == n // 2 and 3 + len(rest) == n + 1  # a link decided a round, then a silent one
+
+
+def test_a_graph_past_cluster_max_rounds_fails_with_one_line_naming_the_setting(tmp_path):
+    n = 30  # 0~1~...~29 in order under kept_neighbour: n + 1 rounds
+    verify, sig = _synthetic(tmp_path / "a", np.stack([np.arange(n - 1), np.arange(1, n)], axis=1))
+    plan = _plan(verify, sig, 2, 4, "kept_neighbour", rounds=3, max_rounds=10)
+    with pytest.raises(RuntimeError) as e:
+        _cluster(plan, tmp_path / "a")
+    msg = str(e.value)
+    assert "\n" not in msg and "near_dedup.cluster_max_rounds = 10" in msg
+    assert "raise near_dedup.cluster_max_rounds" in msg
+    assert len(sorted((plan.rest_folder / "dups").glob("round_*"))) == 10 - 3  # it stopped at the cap
+    # raised, the same run finishes where it stopped, with the one-task union's removals
+    plan2 = _plan(verify, sig, 2, 4, "kept_neighbour", rounds=3, max_rounds=64)
+    nodes, roots, removed = _cluster(plan2, tmp_path / "a")
+    assert np.array_equal(roots, _one_task(plan2)[1]) and len(removed) == n // 2
+    with pytest.raises(ValueError, match="cluster_max_rounds"):
+        NearDedup.Config(cluster_rounds=20, cluster_max_rounds=10)
 
 
 def test_missing_or_truncated_edge_file_is_one_clear_error(tmp_path):

@@ -625,7 +625,16 @@ class NearDedupClusterRest(_ClusterPhase):
         with self.track_time():
             rounds = self.rounds()
             r = len(rounds.rounds)
+            cap = self.params.config.cluster_max_rounds
             while not rounds.converged(r):
+                if r >= cap:
+                    sent = sum(s["sent"] for s in rounds.summaries(r))
+                    raise RuntimeError(
+                        f"{self.params.step}: the duplicate graph did not converge in "
+                        f"{self.params.step}.cluster_max_rounds = {cap} rounds (round {r} still sent {sent:,} "
+                        f"messages); raise {self.params.step}.cluster_max_rounds and run again "
+                        "(the rounds done are kept)"
+                    )
                 r += 1
                 for q in range(self.params.cluster_tasks):
                     if not staged(rounds.summary_path(r, q)).is_file():  # a killed rest resumes at its partition
@@ -730,6 +739,21 @@ class NearDedup(GlobalStep):
             description="rounds of the cluster stages planned as stages (a round after the graph is done "
             "ends at once; a graph that needs more continues in near_dedup_cluster_rest, one partition at a time)",
         )
+
+        cluster_max_rounds: int = Field(
+            128,
+            ge=1,
+            description="rounds after which near_dedup_cluster_rest gives up with an error naming this setting "
+            "(components takes ~2 log2 of a component's diameter, kept_neighbour its longest chain of decisions)",
+        )
+
+        @model_validator(mode="after")
+        def _rounds(self):
+            if self.cluster_max_rounds < self.cluster_rounds:
+                raise ValueError(
+                    f"cluster_max_rounds ({self.cluster_max_rounds}) is below cluster_rounds ({self.cluster_rounds})"
+                )
+            return self
 
         @model_validator(mode="after")
         def _bands_rows(self):
