@@ -168,7 +168,7 @@ def _in_subprocess(target, *args) -> dict:
     return out
 
 
-def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: int, removal: str) -> dict:
+def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: int, removal: str, nodes: int) -> dict:
     """The cluster stages through the local executor; per-stage usage summed."""
     from gristmill.core.step import Stage
     from gristmill.dedup.cluster import Rounds, removed_slices
@@ -179,6 +179,7 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
         NearDedupClusterRest,
         NearDedupClusterRound,
         NearDedupPlan,
+        planned_rounds,
     )
     from gristmill.dedup.order import load_ranks
     from gristmill.pipeline.execution.executors import make_executor
@@ -186,7 +187,7 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
     from gristmill.pipeline.report.journey import merge_stage
 
     cfg = NearDedup.Config(removal=removal, cluster_tasks=tasks)
-    R = cfg.cluster_rounds
+    R = planned_rounds(removal, nodes)  # what a run plans for this many documents in clusters
     plan = NearDedupPlan(
         cfg, 14, 9, 1, SHARDS, cluster_tasks=tasks, cluster_rounds=R, signature_folder=sig, verify_folder=verify
     )
@@ -223,17 +224,22 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
 
 
 def _timed(fn, *args):
-    """fn(*args) with its CPU seconds (`time.process_time`) and tracemalloc peak bytes."""
+    """fn(*args) with its CPU seconds (`time.process_time`) and tracemalloc peak bytes (0 when
+    tracemalloc is off: it slows the many small allocations of reading files' headers)."""
     import tracemalloc
 
-    tracemalloc.reset_peak()
+    on = tracemalloc.is_tracing()
+    if on:
+        tracemalloc.reset_peak()
     c0 = time.process_time()
     out = fn(*args)
     cpu = time.process_time() - c0
-    return out, cpu, tracemalloc.get_traced_memory()[1]
+    return out, cpu, tracemalloc.get_traced_memory()[1] if on else 0
 
 
-def calibrate_graph(edges: np.ndarray, work: Path, parts: int, removal: str, max_rounds: int = 256) -> dict:
+def calibrate_graph(
+    edges: np.ndarray, work: Path, parts: int, removal: str, max_rounds: int = 256, memory: bool = True
+) -> dict:
     """The real cluster code on `edges`, in this process, one partition after the other:
     `near_dedup_cluster_edges`' task per edge shard, every round until no message is sent
     (`Rounds.run`, each round its own folder as a planned round stage is), `Rounds.finish`.
@@ -252,7 +258,8 @@ def calibrate_graph(edges: np.ndarray, work: Path, parts: int, removal: str, max
     plan.round_folders = [work / f"round_{r:03d}" for r in range(1, max_rounds + 1)]
     plan.rest_folder, plan.cluster_folder = work / "rest", work / "cluster"
     nodes = len(np.unique(edges))
-    tracemalloc.start()
+    if memory:
+        tracemalloc.start()
     try:
         step = NearDedupClusterEdges(plan)
         step.stage_folder = plan.cluster_edges_folder
@@ -290,42 +297,59 @@ def calibrate_graph(edges: np.ndarray, work: Path, parts: int, removal: str, max
     return out
 
 
+def _calibration_run(a, removal: str, nodes: int, extra: float, parts: int, memory: bool) -> dict:
+    work = (a.work or Path(tempfile.mkdtemp(prefix="cluster_cal_"))) / f"{removal}_{extra}_{parts}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    edges = make_graph(nodes, extra=extra)
+    what = "peak memory (tracemalloc)" if memory else "CPU"
+    print(f"{removal}: graph of {nodes:,} documents, {len(edges):,} edges (extra {extra}), {parts} partitions: {what}")
+    g = calibrate_graph(edges, work, parts, removal, memory=memory)
+    g["extra"] = extra
+    shutil.rmtree(work, ignore_errors=True)
+    return g
+
+
 def calibrate(a) -> int:
     """`--calibrate`: the cluster stages' CPU per node and per edge and peak memory on graphs of
     `--nodes` documents (two densities, so that per-node and per-edge costs separate), for each
-    removal rule; `--write-calibration` stores them in the plan's calibration."""
+    removal rule: CPU with tracemalloc off (it slows reading the files' headers 2-3x), then the
+    same graphs again for each partition's tracemalloc peak (`--no-memory`: not); and the cost
+    per (receiver, sender) pair of partitions a round reads, from `--pair-nodes` documents on
+    `--pair-partitions` partitions. `--write-calibration` stores them in the plan's calibration."""
     from gristmill.pipeline.planning.projection import CALIBRATION_PATH, cluster_unit_costs
 
     result = {
         "measured": time.strftime("%Y-%m-%d"),
         "command": "PYTHONPATH=src python benchmarks/cluster_throughput.py --calibrate "
-        f"--nodes {a.nodes} --partitions {a.partitions}",
+        f"--nodes {a.nodes} --partitions {a.partitions} --pair-nodes {a.pair_nodes} "
+        f"--pair-partitions {' '.join(map(str, a.pair_partitions))}",
         "removal": {},
     }
     for removal in a.removal:
         graphs = []
         for extra in (0.2, 1.5):
-            work = (a.work or Path(tempfile.mkdtemp(prefix="cluster_cal_"))) / f"{removal}_{extra}"
-            if work.exists():
-                shutil.rmtree(work)
-            work.mkdir(parents=True)
-            edges = make_graph(a.nodes, extra=extra)
-            print(f"{removal}: graph of {a.nodes:,} documents, {len(edges):,} edges (extra {extra})", flush=True)
-            g = calibrate_graph(edges, work, a.partitions, removal)
-            del edges
-            g["extra"] = extra
+            g = _calibration_run(a, removal, a.nodes, extra, a.partitions, memory=False)
+            if not a.no_memory:
+                m = _calibration_run(a, removal, a.nodes, extra, a.partitions, memory=True)
+                for k in g["stages"]:
+                    g["stages"][k]["peak_mb"] = m["stages"][k]["peak_mb"]
+                for x, y in zip(g["rounds"], m["rounds"]):
+                    x["peak_mb"] = y["peak_mb"]
             graphs.append(g)
-            shutil.rmtree(work, ignore_errors=True)
             total = sum(x["cpu_s"] for x in g["stages"].values()) + sum(x["cpu_s"] for x in g["rounds"])
             print(
                 f"{removal}: {g['nodes']:,} nodes, {g['edges']:,} edges: {g['final_round']} rounds, "
                 f"{total:.1f} CPU s ({total / g['nodes'] * 1e6:.2f} us a node), removed {g['removed']:,}"
             )
-        result["removal"][removal] = {"graphs": graphs}
+        pairs = [_calibration_run(a, removal, a.pair_nodes, 0.2, p, memory=False) for p in a.pair_partitions]
+        result["removal"][removal] = {"graphs": graphs, "pairs": pairs}
         fit = cluster_unit_costs(result["removal"][removal])
         for stage, f in fit.items():
             print(
                 f"{removal}: {stage}: {f['per_node'] * 1e6:.3f} us a node + {f['per_edge'] * 1e6:.3f} us an edge, "
+                f"+ {f['per_pair'] * 1e6:.0f} us a pair of partitions, "
                 f"peak {f['peak_bytes_per_node']:.0f} B a node of a partition"
             )
     if a.json:
@@ -352,12 +376,15 @@ def main(argv=None) -> int:
     ap.add_argument("--partitions", type=int, default=16, help="--calibrate: graph partitions")
     ap.add_argument("--removal", nargs="+", default=["kept_neighbour", "components"], help="--calibrate: rules")
     ap.add_argument("--json", type=Path, default=None, help="--calibrate: write the figures here")
+    ap.add_argument("--no-memory", action="store_true", help="--calibrate: CPU only, no tracemalloc pass")
+    ap.add_argument("--pair-nodes", type=int, default=1_000_000, help="--calibrate: graph of the pairs' cost")
+    ap.add_argument("--pair-partitions", type=int, nargs=2, default=[16, 128], help="--calibrate: its partitions")
     ap.add_argument("--write-calibration", action="store_true", help="--calibrate: into scale_calibration.json")
     a = ap.parse_args(argv)
     if a.write_calibration and (a.smoke or not a.calibrate):
         ap.error("--write-calibration needs --calibrate and is refused with --smoke")
     if a.smoke:
-        a.nodes, a.tasks, a.partitions = 3000, [1, 4], 4
+        a.nodes, a.tasks, a.partitions, a.pair_nodes, a.pair_partitions = 3000, [1, 4], 4, 3000, [2, 4]
     if a.calibrate:
         return calibrate(a)
     work = a.work or Path(tempfile.mkdtemp(prefix="cluster_bench_"))
@@ -386,7 +413,7 @@ def main(argv=None) -> int:
             f"removed {ref['removed']:,}"
         )
         for tasks in a.tasks:
-            r = gristmill_cluster(sig, verify, work / f"{removal}_{tasks}", tasks, a.workers, removal)
+            r = gristmill_cluster(sig, verify, work / f"{removal}_{tasks}", tasks, a.workers, removal, n)
             same = np.array_equal(r["removed"], want)
             results[(removal, tasks)] = r
             print(

@@ -6,11 +6,14 @@ seconds (`time.process_time`) of the real functions.
         [--buckets 4000] [--sample-files 4000] [--json OUT] [--write-calibration] [--smoke]
 
 What grows with a crawl in these stages, and what is measured for each:
-* `shard_plan` (`tokenize.shards.plan_shards`) opens every encode output, one file per (encode
-  task, bucket): T x B files (4,000 x 4,000 for `configs/slurm-crawl.yaml`), and sorts every
-  document's key. Two bucket folders: `--files` files of 10 documents each (the per-file cost),
-  and 4 files holding `--docs` documents (the per-document cost); CPU = per file x files +
-  per document x documents.
+* `shard_lengths` (B tasks; before it was divided, `shard_plan`'s one task did this) opens every
+  encode output, one file per (encode task, bucket): T x B files (4,000 x 4,000 for
+  `configs/slurm-crawl.yaml`), and sorts every document's key (`tokenize.shards.bucket_cumsums`).
+  Two bucket folders: `--files` files of 10 documents each (the per-file cost), and 4 files
+  holding `--docs` documents (the per-document cost); CPU = per file x files + per document x
+  documents.
+* `shard_plan` (1 task) cuts the shards from the B buckets' running sums, memory-mapped
+  (`--buckets` of them holding `--docs` documents in all): per bucket.
 * `manifest` (`ManifestStep.run`) reads one list per shard task (`--buckets`) and links every
   shard (`--shards`) into `tokens/`: per list and per shard.
 * `tokenizer` reads the run's sample merged from one file per sample task (`--sample-files`,
@@ -63,12 +66,32 @@ def _encode_file(path: Path, docs: int, rng: np.random.Generator) -> None:
         w.write_batch(batch)
 
 
-def _plan_cpu(root: Path, shard_tokens: int) -> float:
-    from gristmill.tokenize.shards import plan_shards
+def _lengths_cpu(root: Path) -> float:
+    """A `shard_lengths` task's work on one bucket: `bucket_cumsums` and the two files written."""
+    from gristmill.core.files import save_npy_atomic
+    from gristmill.tokenize.shards import bucket_cumsums, bucket_dir
 
     c0 = time.process_time()
-    plan_shards(root, 1, shard_tokens)
+    for split, cum in bucket_cumsums(bucket_dir(root, 0)).items():
+        save_npy_atomic(root / "lengths" / f"{split}_00000.npy", cum)
     return time.process_time() - c0
+
+
+def plan_from_lengths(work: Path, buckets: int, docs: int, shard_tokens: int) -> dict:
+    """`shard_plan`'s one task over `buckets` buckets' running sums (`docs` documents each),
+    memory-mapped as `ShardPlanStep` reads them; shards of ~`shard_tokens`."""
+    from gristmill.core.files import save_npy_atomic
+    from gristmill.tokenize.shards import plan_shards
+    from gristmill.tokenize.stages import _lengths_of
+
+    rng = np.random.default_rng(2)
+    for b in range(buckets):
+        for split, n in (("train", docs), ("val", max(docs // 1000, 1))):
+            save_npy_atomic(work / f"{split}_{b:05d}.npy", np.cumsum(rng.integers(1, 2000, n)))
+    c0 = time.process_time()
+    plan = plan_shards(work, buckets, shard_tokens, _lengths_of(work))
+    cpu = time.process_time() - c0
+    return {"buckets": buckets, "documents": buckets * docs, "shards": len(plan["shards"]), "cpu_s": round(cpu, 4)}
 
 
 def shard_plan(work: Path, files: int, docs: int) -> dict:
@@ -78,8 +101,8 @@ def shard_plan(work: Path, files: int, docs: int) -> dict:
         _encode_file(many / "00000" / f"{f:05d}.arrow", 10, rng)
     for f in range(4):
         _encode_file(big / "00000" / f"{f:05d}.arrow", docs // 4, rng)
-    c_many = min(_plan_cpu(many, 1000) for _ in range(2))
-    c_big = min(_plan_cpu(big, 1000) for _ in range(2))
+    c_many = min(_lengths_cpu(many) for _ in range(2))
+    c_big = min(_lengths_cpu(big) for _ in range(2))
     # two points, (files, documents): (F, 10 F) and (4, D)
     d1, d2 = 10 * files, 4 * (docs // 4)
     per_doc = max((c_big - c_many * 4 / files) / (d2 - 4 * d1 / files), 0.0)
@@ -159,10 +182,16 @@ def main(argv=None) -> int:
         (work / "sp").mkdir()
         sp = shard_plan(work / "sp", a.files, a.docs)
         print(
-            f"shard_plan: {sp['files_point']['files']:,} files of 10 documents: "
+            f"shard_lengths: {sp['files_point']['files']:,} files of 10 documents: "
             f"{sp['files_point']['cpu_s']:.3f} CPU s; "
             f"{sp['docs_point']['documents']:,} documents in 4 files: {sp['docs_point']['cpu_s']:.3f} CPU s -> "
             f"{sp['per_file_s'] * 1e6:.1f} us a file + {sp['per_document_s'] * 1e9:.0f} ns a document"
+        )
+        (work / "pl").mkdir()
+        pl = plan_from_lengths(work / "pl", a.buckets, a.docs // a.buckets + 1, 100_000_000)
+        print(
+            f"shard_plan: {pl['buckets']:,} buckets' sums ({pl['documents']:,} documents, {pl['shards']:,} shards): "
+            f"{pl['cpu_s']:.3f} CPU s"
         )
         mf = manifest(work / "mf", a.buckets, a.shards)
         print(f"manifest: {mf['buckets']:,} shard lists, {mf['shards']:,} shards linked: {mf['cpu_s']:.3f} CPU s")
@@ -179,7 +208,8 @@ def main(argv=None) -> int:
         "command": "PYTHONPATH=src python benchmarks/single_task_stages.py "
         f"--files {a.files} --docs {a.docs} --buckets {a.buckets} --shards {a.shards} "
         f"--sample-files {a.sample_files}",
-        "shard_plan": sp,
+        "shard_lengths": sp,
+        "shard_plan": pl,
         "manifest": mf,
         "tokenizer_merge": tk,
     }

@@ -279,3 +279,18 @@ def test_rounds_layout_names_the_stage_folders(tmp_path):
     assert r.msg_dir(3) == tmp_path / "rest" / "edges" / "round_00003"
     with pytest.raises(ValueError, match="round 1 of near_dedup's clustering did not finish"):
         r.converged(1)
+
+
+def test_planned_rounds_follow_the_measured_rounds_and_grow_with_the_graph():
+    from gristmill.dedup.near import MIN_PLANNED_ROUNDS, ROUNDS_MEASURED, planned_rounds
+
+    for removal, points in ROUNDS_MEASURED.items():
+        assert planned_rounds(removal, 500) == MIN_PLANNED_ROUNDS  # a demo run's graph: 8 stages
+        for log_nodes, rounds in points[1:]:
+            assert planned_rounds(removal, 10**log_nodes) >= rounds + 2  # what that graph took, and a margin
+        sizes = [1e4, 1e6, 1e7, 1e8, 1e9, 1e10]
+        got = [planned_rounds(removal, n) for n in sizes]
+        assert got == sorted(got) and got[-1] > got[2]  # grows past the largest graph measured
+    assert planned_rounds("components", 1e9) > planned_rounds("kept_neighbour", 1e9)
+    cfg = NearDedup.Config()
+    assert cfg.cluster_rounds is None and cfg.cluster_max_rounds >= planned_rounds("components", 1e12)

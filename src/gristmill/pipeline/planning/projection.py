@@ -70,7 +70,9 @@ def cluster_unit_costs(entry: dict) -> dict[str, dict]:
     """The cluster stages' unit costs from one removal rule's calibration graphs
     (`benchmarks/cluster_throughput.py --calibrate`): stage ("edges", "round_1", ..., "finish") ->
     CPU s per node and per edge (solved from graphs of the same nodes and different edge counts,
-    both >= 0), the tracemalloc peak per node of a partition, and the messages sent per node.
+    both >= 0), per pair of partitions (a round's task reads a slice of every sender's part: P^2
+    reads a round; from one graph on two partition counts), the tracemalloc peak per node of a
+    partition, and the messages sent per node.
     A round a graph did not need costs it nothing (its tasks read the summaries and end)."""
     graphs = entry["graphs"]
     top = max(g["final_round"] for g in graphs)
@@ -83,13 +85,20 @@ def cluster_unit_costs(entry: dict) -> dict[str, dict]:
             return x["cpu_s"], x["peak_mb"], x.get("sent", 0)
         return g["stages"][name]["cpu_s"], g["stages"][name]["peak_mb"], 0
 
+    pairs = entry.get("pairs", [])
     out = {}
     for name in names:
         pts = [(g["nodes"], g["edges"], *cost(g, name)) for g in graphs]
         per_node, per_edge = _two_costs([(n, e, c) for n, e, c, _, _ in pts])
+        per_pair = 0.0
+        if len(pairs) >= 2:  # the same graph on more partitions: what a (receiver, sender) pair costs
+            lo, hi = min(pairs, key=lambda g: g["partitions"]), max(pairs, key=lambda g: g["partitions"])
+            d = hi["partitions"] ** 2 - lo["partitions"] ** 2
+            per_pair = max((cost(hi, name)[0] - cost(lo, name)[0]) / d, 0.0) if d else 0.0
         out[name] = {
             "per_node": per_node,
             "per_edge": per_edge,
+            "per_pair": per_pair,
             "peak_bytes_per_node": max(m * 1e6 / (n / g["partitions"]) for (n, _, _, m, _), g in zip(pts, graphs)),
             "sent_per_node": max(s / n for n, _, _, _, s in pts),
         }
@@ -223,6 +232,10 @@ def project(
         if isinstance(reader, WetReader):  # the stage that reads the input files
             t = input_traffic(cfg, gb * 1e9, reader.sources)
             traffic = {"ingress_bytes": t.ingress, "cache_bytes": t.cache, "traffic_note": t.note}
+        if m is None and stage.name == "shard_lengths" and calibration.get("single_task"):
+            # divided out of shard_plan after the scale runs: its unit costs alone
+            m = StageModel("single_task", (0.0, 0.0), 0.0, 0.0, (0.0, 0.0), 1, stage.tasks)
+            cands = [m]
         if stage.name in CLUSTER_STAGES and calibration.get("cluster"):
             out.append(_cluster_projection(cfg, stage, e, gb, calibration["cluster"], cores, out, traffic))
             continue
@@ -241,7 +254,7 @@ def project(
             cpu = min(cpu, max(c.cpu_top for c in cands))
         bounded = any(getattr(s, "bounded_work", False) for s in stage.pipeline)
         reach = None if bounded or m.rss_at_gb <= 0 else gb / m.rss_at_gb
-        rss = m.rss_mb
+        rss = None if m.config == "single_task" else m.rss_mb  # no task of it ran in a scale run
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
         if stage.name in SINGLE_TASK_STAGES and calibration.get("single_task"):
             cpu, reach = _single_task_cpu(stage, stages, gb, models, preferred, calibration["single_task"], cpu, reach)
@@ -268,14 +281,15 @@ def project(
 
 #: the tokenizer's one-task stages, projected from their unit costs at snapshot-like sizes
 #: (`calibration["single_task"]`, `benchmarks/single_task_stages.py`)
-SINGLE_TASK_STAGES = ("shard_plan", "manifest", "tokenizer")
+SINGLE_TASK_STAGES = ("shard_lengths", "shard_plan", "manifest", "tokenizer")
 
 
 def _single_task_cpu(stage, stages, gb, models, preferred, cal: dict, cpu: float, reach):
-    """(CPU s, extrapolation) of a one-task tokenizer stage from what it walks: `shard_plan` every
-    encode file (encode tasks x buckets) and every document's key; `manifest` a list per shard
-    task and a link per shard; `tokenizer` its bounded cost measured by the scale run plus a
-    file per sample task to merge."""
+    """(CPU s, extrapolation) of a tokenizer stage from what it walks: `shard_lengths` (divided
+    over the buckets) every encode file (encode tasks x buckets) and every document's key;
+    `shard_plan` each bucket's running sums; `manifest` a list per shard task and a link per
+    shard; `tokenizer` its bounded cost measured by the scale run plus a file per sample task to
+    merge."""
 
     def model_of(name: str):
         st = next((s for s in stages if s.name == name), None)
@@ -290,20 +304,21 @@ def _single_task_cpu(stage, stages, gb, models, preferred, cal: dict, cpu: float
         return cpu + merge["cpu_s"] * files / merge["files"], None
     enc, enc_model = model_of("tokenize")
     documents = enc_model.docs_per_gb * gb if enc_model and enc_model.docs_per_gb else 0.0
-    if stage.name == "shard_plan":
-        sp = cal["shard_plan"]
+    if stage.name == "shard_lengths":
+        sp = cal["shard_lengths"]
         files = (enc.tasks if enc else 1) * step.buckets
         est = sp["per_file_s"] * files + sp["per_document_s"] * documents
-        return max(est, cpu if reach is None else 0.0), max(
-            files / sp["files_point"]["files"], documents / sp["docs_point"]["documents"]
-        )
+        return est, max(files / sp["files_point"]["files"], documents / sp["docs_point"]["documents"])
+    if stage.name == "shard_plan":
+        pl = cal["shard_plan"]
+        return pl["cpu_s"] * step.buckets / pl["buckets"], step.buckets / pl["buckets"]
     shards_stage, shards_model = model_of("shards")
     tokens = (shards_model.disk[0] + shards_model.disk[1] * gb) * 1e6 / 2 if shards_model else 0.0  # uint16
     shards = tokens / max(step.shard_tokens, 1)
     mf = cal["manifest"]
     lists = shards_stage.tasks if shards_stage else 1
     est = mf["cpu_s"] * (lists + shards) / (mf["buckets"] + mf["shards"])
-    return est, (lists + shards) / (mf["buckets"] + mf["shards"])
+    return max(est, cpu), (lists + shards) / (mf["buckets"] + mf["shards"])
 
 
 #: the near-dedup cluster stages, projected from their unit costs on a generated graph
@@ -354,7 +369,8 @@ def _cluster_projection(cfg, stage: Stage, e, gb: float, cal: dict, cores, done:
     else:
         names = ["edges" if stage.name == "near_dedup_cluster_edges" else "finish"]
     picked = [costs[n] for n in names if n in costs]
-    cpu = sum(c["per_node"] * nodes + c["per_edge"] * edges for c in picked)
+    parts = max(params.cluster_tasks, 1)
+    cpu = sum(c["per_node"] * nodes + c["per_edge"] * edges + c.get("per_pair", 0.0) * parts**2 for c in picked)
     # what a round writes: its partitions' state (41 B a node) and its messages (17 B each); the
     # edges stage two entries an edge (16 B each)
     if stage.name == "near_dedup_cluster_edges":
@@ -363,7 +379,6 @@ def _cluster_projection(cfg, stage: Stage, e, gb: float, cal: dict, cores, done:
         disk = 24 * nodes
     else:
         disk = sum(41 * nodes + 17 * c["sent_per_node"] * nodes for c in picked)
-    parts = max(params.cluster_tasks, 1)
     peak = max((c["peak_bytes_per_node"] for c in picked), default=0.0) * base["nodes"] / base["partitions"]
     model = StageModel(
         f"graph {base['nodes'] / 1e6:g}M", (0.0, 0.0), peak / 1e6, 0.0, (0.0, 0.0), len(rule["graphs"]), parts
@@ -446,7 +461,7 @@ def render(
                 _fmt_mb(p.estimate_bytes / 1e6) + flag,
                 _fmt_mb(p.record_bytes / 1e6),
                 _fmt_mb(p.limit_bytes / 1e6),
-                "—" if p.model is None else _fmt_mb(p.rss_mb),
+                "—" if p.model is None or p.rss_mb is None else _fmt_mb(p.rss_mb),
                 _fmt_mb(p.disk_mb) + far,
                 _fmt_mb(p.ingress_bytes / 1e6),
                 _fmt_mb(p.cache_bytes / 1e6),
