@@ -127,14 +127,14 @@ def test_pipeline_plan_projects_a_snapshot_without_downloading():
     assert names[0] == "01_curate" and any("near_dedup_cluster" in n for n in names)
     curate = out["stages"][0]
     assert curate["from"] == "crawl"  # matched to the calibrated config with the same stages and steps
-    assert float(curate["CPU-h"].replace(",", "")) > 100  # 13.5 TB of WET: thousands of CPU-hours, not seconds
+    assert float(curate["CPU-h"].rstrip("*").replace(",", "")) > 100  # 13.5 TB of WET: thousands of CPU-hours, not seconds
     cluster = next(s for s in out["stages"] if s["stage"].endswith("near_dedup_cluster_round"))
     assert cluster["tasks"] == "4000" and cluster["mem/task"].endswith("MB")  # a partition each, ~80 B/node
     assert any(line.startswith("total:") for line in out["notes"])
     # the tokenizer reads at most sample_bytes: its cost is what the calibration measured with a
     # full sample, not a line through the filtering config's runs extended to 13.5 TB (~6 h)
     tok = next(s for s in out["stages"] if s["stage"].endswith("_tokenizer"))
-    assert float(tok["CPU-h"]) < 0.1, tok
+    assert float(tok["CPU-h"].rstrip("*")) < 0.1, tok
     # what is a line through small runs extended 13,000-fold says so, and what is capped does not
     assert float(curate["extrapolated"].rstrip("x").replace(",", "")) > 100 and tok["extrapolated"] == ""
     assert any(line.startswith("extrapolated:") for line in out["notes"])

@@ -257,7 +257,9 @@ def project(
         rss = None if m.config == "single_task" else m.rss_mb  # no task of it ran in a scale run
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
         if stage.name in SINGLE_TASK_STAGES and calibration.get("single_task"):
-            cpu, reach = _single_task_cpu(stage, stages, gb, models, preferred, calibration["single_task"], cpu, reach)
+            cpu, reach = _single_task_cpu(
+                stage, stages, gb, models, preferred, calibration["single_task"], cpu, reach, m.cpu[0]
+            )
         at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
         wall = cpu / max(at_once, 1)
         out.append(
@@ -284,12 +286,12 @@ def project(
 SINGLE_TASK_STAGES = ("shard_lengths", "shard_plan", "manifest", "tokenizer")
 
 
-def _single_task_cpu(stage, stages, gb, models, preferred, cal: dict, cpu: float, reach):
+def _single_task_cpu(stage, stages, gb, models, preferred, cal: dict, cpu: float, reach, fixed: float = 0.0):
     """(CPU s, extrapolation) of a tokenizer stage from what it walks: `shard_lengths` (divided
     over the buckets) every encode file (encode tasks x buckets) and every document's key;
     `shard_plan` each bucket's running sums; `manifest` a list per shard task and a link per
-    shard; `tokenizer` its bounded cost measured by the scale run plus a file per sample task to
-    merge."""
+    shard (at least the scale run's fixed cost of the stage: its task's start); `tokenizer` its
+    bounded cost measured by the scale run plus a file per sample task to merge."""
 
     def model_of(name: str):
         st = next((s for s in stages if s.name == name), None)
@@ -318,7 +320,7 @@ def _single_task_cpu(stage, stages, gb, models, preferred, cal: dict, cpu: float
     mf = cal["manifest"]
     lists = shards_stage.tasks if shards_stage else 1
     est = mf["cpu_s"] * (lists + shards) / (mf["buckets"] + mf["shards"])
-    return max(est, cpu), (lists + shards) / (mf["buckets"] + mf["shards"])
+    return max(est, fixed), (lists + shards) / (mf["buckets"] + mf["shards"])
 
 
 #: the near-dedup cluster stages, projected from their unit costs on a generated graph
