@@ -127,7 +127,8 @@ def test_pipeline_plan_projects_a_snapshot_without_downloading():
     assert names[0] == "01_curate" and any("near_dedup_cluster" in n for n in names)
     curate = out["stages"][0]
     assert curate["from"] == "crawl"  # matched to the calibrated config with the same stages and steps
-    assert float(curate["CPU-h"].rstrip("*").replace(",", "")) > 100  # 13.5 TB of WET: thousands of CPU-hours, not seconds
+    # 13.5 TB of WET: thousands of CPU-hours, not seconds
+    assert float(curate["CPU-h"].rstrip("*").replace(",", "")) > 100
     cluster = next(s for s in out["stages"] if s["stage"].endswith("near_dedup_cluster_round"))
     assert cluster["tasks"] == "4000" and cluster["mem/task"].endswith("MB")  # a partition each, ~80 B/node
     assert any(line.startswith("total:") for line in out["notes"])

@@ -13,7 +13,15 @@ Two sources, kept apart in the output:
   for reference, the peak RSS measured at the largest calibrated size. Memory is projected by
   the models alone: a line through two small measurements of a bounded stage would extrapolate
   its constant overheads. A stage is matched to the calibrated config with the same stage
-  name and steps; one that matches none is shown without a projection (not calibrated).
+  name and steps; one that matches none is shown without a projection (not calibrated);
+- the stages the scale runs cannot load (their work there is near nothing) from unit costs
+  measured at snapshot-like sizes: the near-dedup cluster stages from CPU per node, per edge and
+  per pair of partitions on a generated graph of 1e7 documents (`calibration["cluster"]`,
+  `benchmarks/cluster_throughput.py --calibrate`), the tokenizer's one-task stages and
+  `shard_lengths` from CPU per file, document, bucket and shard on generated metadata
+  (`calibration["single_task"]`, `benchmarks/single_task_stages.py`).
+A figure extended more than `EXTRAPOLATION_MARK` (100x) beyond the size it was measured at is
+marked `*`; the total adds every stage's (and names those without a projection).
 Wall time: each stage's CPU over the tasks that run at once (`--cores`, or every task of the
 stage on Slurm), stages one after another.
 """
