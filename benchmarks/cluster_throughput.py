@@ -10,7 +10,8 @@ order. `--giant` adds one component of that many more documents joined as a path
 case for rounds) — off by default.
 
 Each side runs as a run does:
-* gristmill: the stages `near_dedup_cluster_edges`, `_round` x `cluster_rounds`, `_rest`,
+* gristmill: the stages `near_dedup_cluster_edges`, `_round` x the rounds a run plans for the
+  graph (`near.planned_rounds`), `_rest`,
   `near_dedup_cluster`, each through gristmill's local executor (`--workers` processes, a task
   a process), for `removal: components` and `kept_neighbour`, at each `--tasks`; CPU and peak RSS
   per task from each task's usage file, wall from the first stage's start to the last's end;
@@ -24,8 +25,17 @@ It prints, per side, CPU s, peak RSS and wall, the rounds the graph took, the re
 (the same for every task count; datatrove's, a component rule, equal to `components`'), and
 parallel efficiency = wall(1 task) / (wall(N tasks) x min(N, workers)).
 
+`--calibrate [--nodes 10000000 --partitions 16 --pair-nodes 1000000 --pair-partitions 16 128]
+[--write-calibration]`: the unit costs `pipeline plan` projects the cluster stages from. The
+real round code in this process, partition after partition, every round until no message is
+sent, on graphs of `--nodes` documents at two densities (20% and 150% more edges), for each
+`--removal` rule: CPU (`time.process_time`, tracemalloc off) and rounds, then each partition's
+tracemalloc peak in a second pass (`--no-memory`: not), and the same `--pair-nodes` graph on
+both `--pair-partitions` counts (what a round's P^2 part reads cost). Fitted per stage by
+`projection.cluster_unit_costs`; docs/scale.md has the figures.
+
 `--smoke`: 3,000 documents, tasks 1 and 4 (seconds; checks that the benchmark still runs, its
-figures mean nothing).
+figures mean nothing); with `--calibrate`, the same on 3,000 documents and 4 partitions.
 """
 
 from __future__ import annotations
