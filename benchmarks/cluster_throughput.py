@@ -10,7 +10,8 @@ order. `--giant` adds one component of that many more documents joined as a path
 case for rounds) — off by default.
 
 Each side runs as a run does:
-* gristmill: the stages `near_dedup_cluster_edges`, `_round` x `cluster_rounds`, `_rest`,
+* gristmill: the stages `near_dedup_cluster_edges`, `_round` x the rounds a run plans for the
+  graph (`near.planned_rounds`), `_rest`,
   `near_dedup_cluster`, each through gristmill's local executor (`--workers` processes, a task
   a process), for `removal: components` and `kept_neighbour`, at each `--tasks`; CPU and peak RSS
   per task from each task's usage file, wall from the first stage's start to the last's end;
@@ -24,8 +25,17 @@ It prints, per side, CPU s, peak RSS and wall, the rounds the graph took, the re
 (the same for every task count; datatrove's, a component rule, equal to `components`'), and
 parallel efficiency = wall(1 task) / (wall(N tasks) x min(N, workers)).
 
+`--calibrate [--nodes 10000000 --partitions 16 --pair-nodes 1000000 --pair-partitions 16 128]
+[--write-calibration]`: the unit costs `pipeline plan` projects the cluster stages from. The
+real round code in this process, partition after partition, every round until no message is
+sent, on graphs of `--nodes` documents at two densities (20% and 150% more edges), for each
+`--removal` rule: CPU (`time.process_time`, tracemalloc off) and rounds, then each partition's
+tracemalloc peak in a second pass (`--no-memory`: not), and the same `--pair-nodes` graph on
+both `--pair-partitions` counts (what a round's P^2 part reads cost). Fitted per stage by
+`projection.cluster_unit_costs`; docs/scale.md has the figures.
+
 `--smoke`: 3,000 documents, tasks 1 and 4 (seconds; checks that the benchmark still runs, its
-figures mean nothing).
+figures mean nothing); with `--calibrate`, the same on 3,000 documents and 4 partitions.
 """
 
 from __future__ import annotations
@@ -54,8 +64,9 @@ def _rss_mb() -> float:
     return 0.0
 
 
-def make_graph(nodes: int, seed: int = 0, giant: int = 0) -> np.ndarray:
-    """(E, 2) int64 edges over document indices 0..nodes+giant-1 (see the module docstring)."""
+def make_graph(nodes: int, seed: int = 0, giant: int = 0, extra: float = 0.2) -> np.ndarray:
+    """(E, 2) int64 edges over document indices 0..nodes+giant-1 (see the module docstring);
+    `extra`: random edges inside clusters of 3 or more, per such document (0.2: 20% more)."""
     rng = np.random.default_rng(seed)
     sizes = []
     total = 0
@@ -76,10 +87,14 @@ def make_graph(nodes: int, seed: int = 0, giant: int = 0) -> np.ndarray:
     parent = start[tree] + np.floor(rng.random(int(tree.sum())) * j[tree]).astype(np.int64)
     edges = [np.stack([members[parent], members[tree]], axis=1)]
     big = np.flatnonzero(np.repeat(sizes, sizes) >= 3)
-    extra = rng.choice(big, size=int(0.2 * len(big)), replace=False) if len(big) else np.empty(0, np.int64)
-    other = start[extra] + np.floor(rng.random(len(extra)) * np.repeat(sizes, sizes)[extra]).astype(np.int64)
-    keep = other != extra
-    edges.append(np.stack([members[extra[keep]], members[other[keep]]], axis=1))
+    more = int(extra * len(big))
+    if more <= len(big):
+        pick = rng.choice(big, size=more, replace=False) if len(big) else np.empty(0, np.int64)
+    else:  # denser than one more edge per document: with replacement
+        pick = rng.choice(big, size=more, replace=True)
+    other = start[pick] + np.floor(rng.random(len(pick)) * np.repeat(sizes, sizes)[pick]).astype(np.int64)
+    keep = other != pick
+    edges.append(np.stack([members[pick[keep]], members[other[keep]]], axis=1))
     if giant:
         path = n + rng.permutation(giant)
         edges.append(np.stack([path[:-1], path[1:]], axis=1))
@@ -92,7 +107,7 @@ def _keys(idx: np.ndarray) -> np.ndarray:
     return order_key((idx % SOURCES).astype(np.uint64), (idx // SOURCES).astype(np.int64) * 1000)
 
 
-def write_inputs(edges: np.ndarray, work: Path) -> tuple[Path, Path, Path]:
+def write_inputs(edges: np.ndarray, work: Path, with_dups: bool = True) -> tuple[Path, Path, Path]:
     """gristmill's verified edge shards and signature source tables, and datatrove's `.dups`."""
     from gristmill.dedup.lsh import shard_of
 
@@ -109,6 +124,8 @@ def write_inputs(edges: np.ndarray, work: Path) -> tuple[Path, Path, Path]:
         d = verify / "verified" / f"shard_{s:03d}"
         d.mkdir(parents=True)
         np.save(d / "edges.npy", np.unique(e[shard == s], axis=0))
+    if not with_dups:
+        return sig, verify, dups
     dups.mkdir()
     rec = np.empty((len(edges), 4), "<u4")
     rec[:, 0], rec[:, 1] = edges[:, 0] % SOURCES, edges[:, 0] // SOURCES
@@ -161,7 +178,7 @@ def _in_subprocess(target, *args) -> dict:
     return out
 
 
-def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: int, removal: str) -> dict:
+def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: int, removal: str, nodes: int) -> dict:
     """The cluster stages through the local executor; per-stage usage summed."""
     from gristmill.core.step import Stage
     from gristmill.dedup.cluster import Rounds, removed_slices
@@ -172,6 +189,7 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
         NearDedupClusterRest,
         NearDedupClusterRound,
         NearDedupPlan,
+        planned_rounds,
     )
     from gristmill.dedup.order import load_ranks
     from gristmill.pipeline.execution.executors import make_executor
@@ -179,7 +197,7 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
     from gristmill.pipeline.report.journey import merge_stage
 
     cfg = NearDedup.Config(removal=removal, cluster_tasks=tasks)
-    R = cfg.cluster_rounds
+    R = planned_rounds(removal, nodes)  # what a run plans for this many documents in clusters
     plan = NearDedupPlan(
         cfg, 14, 9, 1, SHARDS, cluster_tasks=tasks, cluster_rounds=R, signature_folder=sig, verify_folder=verify
     )
@@ -215,6 +233,145 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
     }
 
 
+def _timed(fn, *args):
+    """fn(*args) with its CPU seconds (`time.process_time`) and tracemalloc peak bytes (0 when
+    tracemalloc is off: it slows the many small allocations of reading files' headers)."""
+    import tracemalloc
+
+    on = tracemalloc.is_tracing()
+    if on:
+        tracemalloc.reset_peak()
+    c0 = time.process_time()
+    out = fn(*args)
+    cpu = time.process_time() - c0
+    return out, cpu, tracemalloc.get_traced_memory()[1] if on else 0
+
+
+def calibrate_graph(
+    edges: np.ndarray, work: Path, parts: int, removal: str, max_rounds: int = 256, memory: bool = True
+) -> dict:
+    """The real cluster code on `edges`, in this process, one partition after the other:
+    `near_dedup_cluster_edges`' task per edge shard, every round until no message is sent
+    (`Rounds.run`, each round its own folder as a planned round stage is), `Rounds.finish`.
+    Per stage: CPU seconds (sum over partitions) and the largest partition's tracemalloc peak."""
+    import tracemalloc
+
+    from gristmill.dedup.cluster import Rounds
+    from gristmill.dedup.near import NearDedup, NearDedupClusterEdges, NearDedupPlan
+    from gristmill.dedup.order import load_ranks
+
+    sig, verify, _ = write_inputs(edges, work, with_dups=False)
+    cfg = NearDedup.Config(removal=removal, cluster_tasks=parts)
+    plan = NearDedupPlan(cfg, 14, 9, 1, SHARDS, cluster_tasks=parts, cluster_rounds=max_rounds)
+    plan.signature_folder, plan.verify_folder = sig, verify
+    plan.cluster_edges_folder = work / "edges"
+    plan.round_folders = [work / f"round_{r:03d}" for r in range(1, max_rounds + 1)]
+    plan.rest_folder, plan.cluster_folder = work / "rest", work / "cluster"
+    nodes = len(np.unique(edges))
+    if memory:
+        tracemalloc.start()
+    try:
+        step = NearDedupClusterEdges(plan)
+        step.stage_folder = plan.cluster_edges_folder
+        cpu = peak = 0.0
+        for rank in range(parts):  # the edges stage runs a task per partition, as planned
+            _, c, m = _timed(lambda r=rank: list(step.run(None, r, parts)))
+            cpu, peak = cpu + c, max(peak, m)
+        out = {"stages": {"edges": {"cpu_s": round(cpu, 3), "peak_mb": round(peak / 1e6, 1)}}, "rounds": []}
+        rounds = Rounds(plan.cluster_edges_folder, plan.round_folders, plan.rest_folder, parts, removal == "components")
+        r = 0
+        while r == 0 or not rounds.converged(r):
+            r += 1
+            if r > max_rounds:
+                raise RuntimeError(f"the graph did not converge in {max_rounds} rounds")
+            cpu = peak = 0.0
+            sent = changed = 0
+            for q in range(parts):
+                s, c, m = _timed(rounds.run, r, q)
+                cpu, peak = cpu + c, max(peak, m)
+                sent, changed = sent + s["sent"], changed + s["changed"]
+            out["rounds"].append(
+                {"cpu_s": round(cpu, 3), "peak_mb": round(peak / 1e6, 1), "sent": sent, "changed": changed}
+            )
+            print(f"  {removal}: round {r}: {cpu:.1f} CPU s, {sent:,} messages, peak {peak / 1e6:.0f} MB", flush=True)
+        task_ranks, _ = load_ranks(sig)
+        cpu = peak = 0.0
+        removed = 0
+        for q in range(parts):
+            st, c, m = _timed(rounds.finish, q, task_ranks, plan.cluster_folder)
+            cpu, peak, removed = cpu + c, max(peak, m), removed + st["removed"]
+        out["stages"]["finish"] = {"cpu_s": round(cpu, 3), "peak_mb": round(peak / 1e6, 1)}
+    finally:
+        tracemalloc.stop()
+    out.update(nodes=nodes, edges=len(edges), partitions=parts, final_round=r, removed=removed)
+    return out
+
+
+def _calibration_run(a, removal: str, nodes: int, extra: float, parts: int, memory: bool) -> dict:
+    work = (a.work or Path(tempfile.mkdtemp(prefix="cluster_cal_"))) / f"{removal}_{extra}_{parts}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    edges = make_graph(nodes, extra=extra)
+    what = "peak memory (tracemalloc)" if memory else "CPU"
+    print(f"{removal}: graph of {nodes:,} documents, {len(edges):,} edges (extra {extra}), {parts} partitions: {what}")
+    g = calibrate_graph(edges, work, parts, removal, memory=memory)
+    g["extra"] = extra
+    shutil.rmtree(work, ignore_errors=True)
+    return g
+
+
+def calibrate(a) -> int:
+    """`--calibrate`: the cluster stages' CPU per node and per edge and peak memory on graphs of
+    `--nodes` documents (two densities, so that per-node and per-edge costs separate), for each
+    removal rule: CPU with tracemalloc off (it slows reading the files' headers 2-3x), then the
+    same graphs again for each partition's tracemalloc peak (`--no-memory`: not); and the cost
+    per (receiver, sender) pair of partitions a round reads, from `--pair-nodes` documents on
+    `--pair-partitions` partitions. `--write-calibration` stores them in the plan's calibration."""
+    from gristmill.pipeline.planning.projection import CALIBRATION_PATH, cluster_unit_costs
+
+    result = {
+        "measured": time.strftime("%Y-%m-%d"),
+        "command": "PYTHONPATH=src python benchmarks/cluster_throughput.py --calibrate "
+        f"--nodes {a.nodes} --partitions {a.partitions} --pair-nodes {a.pair_nodes} "
+        f"--pair-partitions {' '.join(map(str, a.pair_partitions))}",
+        "removal": {},
+    }
+    for removal in a.removal:
+        graphs = []
+        for extra in (0.2, 1.5):
+            g = _calibration_run(a, removal, a.nodes, extra, a.partitions, memory=False)
+            if not a.no_memory:
+                m = _calibration_run(a, removal, a.nodes, extra, a.partitions, memory=True)
+                for k in g["stages"]:
+                    g["stages"][k]["peak_mb"] = m["stages"][k]["peak_mb"]
+                for x, y in zip(g["rounds"], m["rounds"]):
+                    x["peak_mb"] = y["peak_mb"]
+            graphs.append(g)
+            total = sum(x["cpu_s"] for x in g["stages"].values()) + sum(x["cpu_s"] for x in g["rounds"])
+            print(
+                f"{removal}: {g['nodes']:,} nodes, {g['edges']:,} edges: {g['final_round']} rounds, "
+                f"{total:.1f} CPU s ({total / g['nodes'] * 1e6:.2f} us a node), removed {g['removed']:,}"
+            )
+        pairs = [_calibration_run(a, removal, a.pair_nodes, 0.2, p, memory=False) for p in a.pair_partitions]
+        result["removal"][removal] = {"graphs": graphs, "pairs": pairs}
+        fit = cluster_unit_costs(result["removal"][removal])
+        for stage, f in fit.items():
+            print(
+                f"{removal}: {stage}: {f['per_node'] * 1e6:.3f} us a node + {f['per_edge'] * 1e6:.3f} us an edge, "
+                f"+ {f['per_pair'] * 1e6:.0f} us a pair of partitions, "
+                f"peak {f['peak_bytes_per_node']:.0f} B a node of a partition"
+            )
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1))
+    if a.write_calibration:
+        cal = json.loads(CALIBRATION_PATH.read_text())
+        cal["cluster"] = result
+        CALIBRATION_PATH.write_text(json.dumps(cal, indent=1) + "\n")
+        print(f"wrote {CALIBRATION_PATH} (cluster)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1_000_000, help="documents in clusters")
@@ -223,9 +380,23 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--work", type=Path, default=None, help="folder for the inputs and runs (default: a temporary one)")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument(
+        "--calibrate", action="store_true", help="measure the cluster stages' unit costs for `pipeline plan`"
+    )
+    ap.add_argument("--partitions", type=int, default=16, help="--calibrate: graph partitions")
+    ap.add_argument("--removal", nargs="+", default=["kept_neighbour", "components"], help="--calibrate: rules")
+    ap.add_argument("--json", type=Path, default=None, help="--calibrate: write the figures here")
+    ap.add_argument("--no-memory", action="store_true", help="--calibrate: CPU only, no tracemalloc pass")
+    ap.add_argument("--pair-nodes", type=int, default=1_000_000, help="--calibrate: graph of the pairs' cost")
+    ap.add_argument("--pair-partitions", type=int, nargs=2, default=[16, 128], help="--calibrate: its partitions")
+    ap.add_argument("--write-calibration", action="store_true", help="--calibrate: into scale_calibration.json")
     a = ap.parse_args(argv)
+    if a.write_calibration and (a.smoke or not a.calibrate):
+        ap.error("--write-calibration needs --calibrate and is refused with --smoke")
     if a.smoke:
-        a.nodes, a.tasks = 3000, [1, 4]
+        a.nodes, a.tasks, a.partitions, a.pair_nodes, a.pair_partitions = 3000, [1, 4], 4, 3000, [2, 4]
+    if a.calibrate:
+        return calibrate(a)
     work = a.work or Path(tempfile.mkdtemp(prefix="cluster_bench_"))
     if work.exists():
         shutil.rmtree(work)
@@ -252,7 +423,7 @@ def main(argv=None) -> int:
             f"removed {ref['removed']:,}"
         )
         for tasks in a.tasks:
-            r = gristmill_cluster(sig, verify, work / f"{removal}_{tasks}", tasks, a.workers, removal)
+            r = gristmill_cluster(sig, verify, work / f"{removal}_{tasks}", tasks, a.workers, removal, n)
             same = np.array_equal(r["removed"], want)
             results[(removal, tasks)] = r
             print(

@@ -618,7 +618,9 @@ def main() -> None:
             doc += f"\n{BEGIN}\n{text}\n{END}\n"
         DOC.write_text(doc)
     if args.write_calibration:
-        CALIBRATION.write_text(json.dumps(calibration(results), indent=1) + "\n")
+        # the unit costs other benchmarks measured (`cluster`, `single_task`) are kept
+        kept = {k: v for k, v in json.loads(CALIBRATION.read_text()).items() if k in ("cluster", "single_task")}
+        CALIBRATION.write_text(json.dumps(calibration(results) | kept, indent=1) + "\n")
         print(f"calibration written to {CALIBRATION}")
 
 

@@ -201,6 +201,26 @@ def check_cluster_throughput(request, tmp, data):
     assert out.count("(same as one task: True)") == 4, out[-4000:]
     assert figure(out, "components:  4 tasks:") > 0 and figure(out, "rounds") >= 2
     assert figure(out, "CPU s datatrove / gristmill:") > 0  # datatrove: a core dependency, its side always runs
+    # --calibrate: the real rounds on both densities and both rules, each fitted to per-node and
+    # per-edge costs that `pipeline plan` reads (not written with --smoke)
+    cal = tmp / "cal.json"
+    out = smoke("cluster_throughput", "--calibrate", "--json", cal, tmp=tmp, data=data)
+    got = json.loads(cal.read_text())["removal"]
+    assert set(got) == {"kept_neighbour", "components"}
+    for rule in got.values():
+        assert [g["extra"] for g in rule["graphs"]] == [0.2, 1.5] and len(rule["pairs"]) == 2
+        assert all(g["final_round"] >= 2 and g["rounds"][-1]["sent"] == 0 for g in rule["graphs"])
+        assert rule["graphs"][1]["edges"] > 1.5 * rule["graphs"][0]["edges"]  # the denser graph
+    assert "us a node +" in out
+
+
+def check_single_task_stages(request, tmp, data):
+    out = smoke("single_task_stages", "--json", tmp / "s.json", tmp=tmp, data=data)
+    got = json.loads((tmp / "s.json").read_text())
+    assert got["shard_lengths"]["per_file_s"] >= 0 and got["shard_lengths"]["per_document_s"] >= 0
+    assert got["shard_plan"]["shards"] >= 1 and got["manifest"]["shards"] == 20
+    assert got["tokenizer_merge"]["read_bytes"] >= got["tokenizer_merge"]["budget_bytes"]  # the sample filled
+    assert "CPU s" in out
 
 
 def check_make_large_records(request, tmp, data):
@@ -224,7 +244,7 @@ def check_large_records_run(request, tmp, data):
     for model in ("lid_model", "kenlm_model", "quality_model"):
         request.getfixturevalue(model)
     out = smoke("large_records_run", "--work", tmp / "large", tmp=tmp, data=data)
-    assert "| 26_manifest |" in out  # the records went through both dedups and tokenization
+    assert "| 27_manifest |" in out  # the records went through both dedups and tokenization
     assert figure(out, "open: 26 stages, largest task peak") > 0
 
 
@@ -239,7 +259,7 @@ def check_make_wet_corpus(request, tmp, data):
 
 def check_scale_run(request, tmp, data):
     work, out = request.getfixturevalue("scale_run")
-    assert "| 26_manifest |" in out  # the permissive config's stages, through the token shards
+    assert "| 27_manifest |" in out  # the permissive config's stages, through the token shards
     assert figure(out, "near dedup (pairs J >= 0.85): recall") >= 0.9
     assert figure(out, "exact dedup: recall") >= 0.9
     assert set(json.loads((work / "results.json").read_text())["runs"]) == {"permissive"}

@@ -30,8 +30,10 @@ from gristmill.dedup.near import (
 from gristmill.dedup.order import load_ranks, order_key
 
 
-def _plan(verify: Path, sig: Path, shards: int, tasks: int, removal: str, rounds: int = 8) -> NearDedupPlan:
-    cfg = NearDedup.Config(removal=removal, cluster_tasks=tasks, cluster_rounds=rounds)
+def _plan(
+    verify: Path, sig: Path, shards: int, tasks: int, removal: str, rounds: int = 8, max_rounds: int = 128
+) -> NearDedupPlan:
+    cfg = NearDedup.Config(removal=removal, cluster_tasks=tasks, cluster_rounds=rounds, cluster_max_rounds=max_rounds)
     return NearDedupPlan(
         cfg, 14, 9, 1, shards, cluster_tasks=tasks, cluster_rounds=rounds, signature_folder=sig, verify_folder=verify
     )
@@ -191,6 +193,24 @@ def test_a_chain_longer_than_the_planned_rounds_finishes_in_the_rest_stage(tmp_p
             assert len(removed) == n // 2 and 3 + len(rest) == n + 1  # a link decided a round, then a silent one
 
 
+def test_a_graph_past_cluster_max_rounds_fails_with_one_line_naming_the_setting(tmp_path):
+    n = 30  # 0~1~...~29 in order under kept_neighbour: n + 1 rounds
+    verify, sig = _synthetic(tmp_path / "a", np.stack([np.arange(n - 1), np.arange(1, n)], axis=1))
+    plan = _plan(verify, sig, 2, 4, "kept_neighbour", rounds=3, max_rounds=10)
+    with pytest.raises(RuntimeError) as e:
+        _cluster(plan, tmp_path / "a")
+    msg = str(e.value)
+    assert "\n" not in msg and "near_dedup.cluster_max_rounds = 10" in msg
+    assert "raise near_dedup.cluster_max_rounds" in msg
+    assert len(sorted((plan.rest_folder / "dups").glob("round_*"))) == 10 - 3  # it stopped at the cap
+    # raised, the same run finishes where it stopped, with the one-task union's removals
+    plan2 = _plan(verify, sig, 2, 4, "kept_neighbour", rounds=3, max_rounds=64)
+    nodes, roots, removed = _cluster(plan2, tmp_path / "a")
+    assert np.array_equal(roots, _one_task(plan2)[1]) and len(removed) == n // 2
+    with pytest.raises(ValueError, match="cluster_max_rounds"):
+        NearDedup.Config(cluster_rounds=20, cluster_max_rounds=10)
+
+
 def test_missing_or_truncated_edge_file_is_one_clear_error(tmp_path):
     i, j = np.triu_indices(50, 1)
     verify, sig = _synthetic(tmp_path, np.stack([i, j], axis=1).astype(np.int64))
@@ -259,3 +279,18 @@ def test_rounds_layout_names_the_stage_folders(tmp_path):
     assert r.msg_dir(3) == tmp_path / "rest" / "edges" / "round_00003"
     with pytest.raises(ValueError, match="round 1 of near_dedup's clustering did not finish"):
         r.converged(1)
+
+
+def test_planned_rounds_follow_the_measured_rounds_and_grow_with_the_graph():
+    from gristmill.dedup.near import MIN_PLANNED_ROUNDS, ROUNDS_MEASURED, planned_rounds
+
+    for removal, points in ROUNDS_MEASURED.items():
+        assert planned_rounds(removal, 500) == MIN_PLANNED_ROUNDS  # a demo run's graph: 8 stages
+        for log_nodes, rounds in points[1:]:
+            assert planned_rounds(removal, 10**log_nodes) >= rounds + 2  # what that graph took, and a margin
+        sizes = [1e4, 1e6, 1e7, 1e8, 1e9, 1e10]
+        got = [planned_rounds(removal, n) for n in sizes]
+        assert got == sorted(got) and got[-1] > got[2]  # grows past the largest graph measured
+    assert planned_rounds("components", 1e9) > planned_rounds("kept_neighbour", 1e9)
+    cfg = NearDedup.Config()
+    assert cfg.cluster_rounds is None and cfg.cluster_max_rounds >= planned_rounds("components", 1e12)

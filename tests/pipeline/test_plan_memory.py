@@ -127,19 +127,43 @@ def test_pipeline_plan_projects_a_snapshot_without_downloading():
     assert names[0] == "01_curate" and any("near_dedup_cluster" in n for n in names)
     curate = out["stages"][0]
     assert curate["from"] == "crawl"  # matched to the calibrated config with the same stages and steps
-    assert float(curate["CPU-h"].replace(",", "")) > 100  # 13.5 TB of WET: thousands of CPU-hours, not seconds
+    # 13.5 TB of WET: thousands of CPU-hours, not seconds
+    assert float(curate["CPU-h"].rstrip("*").replace(",", "")) > 100
     cluster = next(s for s in out["stages"] if s["stage"].endswith("near_dedup_cluster_round"))
     assert cluster["tasks"] == "4000" and cluster["mem/task"].endswith("MB")  # a partition each, ~80 B/node
     assert any(line.startswith("total:") for line in out["notes"])
     # the tokenizer reads at most sample_bytes: its cost is what the calibration measured with a
     # full sample, not a line through the filtering config's runs extended to 13.5 TB (~6 h)
     tok = next(s for s in out["stages"] if s["stage"].endswith("_tokenizer"))
-    assert float(tok["CPU-h"]) < 0.1, tok
+    assert float(tok["CPU-h"].rstrip("*")) < 0.1, tok
     # what is a line through small runs extended 13,000-fold says so, and what is capped does not
     assert float(curate["extrapolated"].rstrip("x").replace(",", "")) > 100 and tok["extrapolated"] == ""
     assert any(line.startswith("extrapolated:") for line in out["notes"])
     total = next(line for line in out["notes"] if line.startswith("total:"))
-    assert "not calibrated (below) are not in it" in total  # the cluster stages have no calibration yet
+    # every stage projected, the cluster rounds and the tokenizer's divided stages included, and
+    # the total is their sum: nothing left out of the wall
+    assert f"all {len(names)} stages in it" in total, total
+    assert all(s["CPU-h"] != "—" and s["wall"] != "—" for s in out["stages"]), out["stages"]
+    rounds = [s for s in out["stages"] if s["stage"].endswith("near_dedup_cluster_round")]
+    assert len(rounds) > 8  # planned for ~1e7 documents in clusters, as generated graphs of that size took
+    assert all(s["from"].startswith("graph ") for s in out["stages"] if "near_dedup_cluster" in s["stage"])
+    wall_s = sum(_seconds(s["wall"]) for s in out["stages"])
+    shown = total.split(" wall on ")[0].split(", ")[-1]
+    assert _seconds(shown) == pytest.approx(wall_s, rel=0.05, abs=60), (shown, wall_s)
+    # a figure more than 100x beyond what it was measured at carries the mark, the capped ones not
+    assert curate["CPU-h"].endswith("*") and curate["wall"].endswith("*") and not tok["CPU-h"].endswith("*")
+    assert any("* marks the" in line for line in out["notes"])
+    # the one-task stages: the shard plan reads the divided stage's sums, minutes at most; the walk
+    # of the 16M encode files is spread over the shard_lengths tasks
+    lengths = next(s for s in out["stages"] if s["stage"].endswith("_shard_lengths"))
+    plan_ = next(s for s in out["stages"] if s["stage"].endswith("_shard_plan"))
+    assert lengths["tasks"] == "4000" and plan_["tasks"] == "1"
+    assert _seconds(plan_["wall"]) < 300 and float(lengths["CPU-h"].rstrip("*")) > 0.1, (plan_, lengths)
+
+
+def _seconds(text: str) -> float:
+    value, unit = text.rstrip("*").split()
+    return float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
 
 
 def test_pipeline_plan_flags_what_does_not_fit(tmp_path):

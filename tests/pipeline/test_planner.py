@@ -174,7 +174,7 @@ def test_tokenize_is_placed_by_the_loop_like_any_global_step(tmp_path, wet_files
     steps = [{"langid": {"model": str(lid_model), "languages": None}}, "keep_longest", "c4_lines"]
     stages = planner_mod.plan(_cfg(tmp_path, wet_files, lid_model, [*steps, {"tokenize": tokenize}]))
     labels = ["01_curate", "02_keep_longest", "03_filter", "04_tokenizer_sample", "05_tokenizer", "06_tokenize"]
-    assert [s.label for s in stages] == [*labels, "07_shard_plan", "08_shards", "09_manifest"]
+    assert [s.label for s in stages] == [*labels, "07_shard_lengths", "08_shard_plan", "09_shards", "10_manifest"]
     assert stages[3].pipeline[0].folder == stages[5].pipeline[0].folder == stages[2].output
     section = _cfg(tmp_path, wet_files, lid_model, steps).resolved() | {"tokenize": tokenize}
     assert [s.label for s in planner_mod.plan(from_dict(section))] == [s.label for s in stages]

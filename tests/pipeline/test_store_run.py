@@ -230,7 +230,7 @@ def test_stats_status_and_report_read_a_run_directory_on_s3(demo, tmp_path):
     assert journey(ours) == journey(theirs) and len(journey(ours)) > 5
     status = _cli(demo["env"], "status", f"s3://{BUCKET}/demo")
     assert status.returncode == 0, status.stderr
-    assert "26_manifest" in status.stdout and "complete" in status.stdout
+    assert "27_manifest" in status.stdout and "complete" in status.stdout
     report = _cli(demo["env"], "report", f"s3://{BUCKET}/demo", "-o", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr
     assert "near_dedup" in (tmp_path / "r.html").read_text()

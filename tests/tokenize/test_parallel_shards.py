@@ -53,14 +53,15 @@ def test_plan_has_the_parallel_stages(tmp_path, wet_files, tokenizer_files):
         "02_tokenizer_sample",
         "03_tokenizer",
         "04_tokenize",
-        "05_shard_plan",
-        "06_shards",
-        "07_manifest",
+        "05_shard_lengths",
+        "06_shard_plan",
+        "07_shards",
+        "08_manifest",
     ]
-    assert [s.tasks for s in stages] == [2, 2, 1, 2, 1, 5, 1]  # curate: one task per WET file at most
+    assert [s.tasks for s in stages] == [2, 2, 1, 2, 5, 1, 5, 1]  # curate: one task per WET file at most
     assert stages[3].pipeline[1].buckets == 5  # encode tasks write one bucket per shard task
     del cfg["tokenize"]["shard_tasks"]
-    assert [s.tasks for s in plan(from_dict(cfg))] == [2, 2, 1, 2, 1, 2, 1]  # default: the encode tasks
+    assert [s.tasks for s in plan(from_dict(cfg))] == [2, 2, 1, 2, 2, 1, 2, 1]  # default: the encode tasks
 
 
 def test_buckets_are_ordered_key_ranges():
@@ -87,12 +88,12 @@ def test_shards_are_byte_identical_for_any_encode_and_shard_tasks(runs):
         assert [b.name for b in buckets] == [f"{i:05d}" for i in range(p)]
         ranks = {f.stem for b in buckets for f in b.glob("*.arrow")}
         assert ranks == {f"{r:05d}" for r in range(min(n, 2))}, (n, p)
-        assert len(list((run_dir / "06_shards" / "output").glob("*.json"))) == p
+        assert len(list((run_dir / "07_shards" / "output").glob("*.json"))) == p
 
 
 def test_a_shard_spans_buckets_and_a_bucket_holds_several_shards(runs):
     pieces = [
-        s["pieces"] for s in json.loads((runs[(1, 7)] / "05_shard_plan" / "output" / "plan.json").read_text())["shards"]
+        s["pieces"] for s in json.loads((runs[(1, 7)] / "06_shard_plan" / "output" / "plan.json").read_text())["shards"]
     ]
     assert max(len(p) for p in pieces) >= 3  # one shard read from three shard tasks' buckets
     owners = [p[0][0] for p in pieces]
@@ -172,9 +173,9 @@ def test_reader_and_inspect_accept_the_output(runs):
 def test_shard_task_refuses_a_plan_for_another_task_count(runs):
     run_dir = runs[(2, 3)]
     step = ShardStep(
-        run_dir / "04_tokenize" / "output", run_dir / "05_shard_plan" / "output", run_dir / "03_tokenizer" / "output"
+        run_dir / "04_tokenize" / "output", run_dir / "06_shard_plan" / "output", run_dir / "03_tokenizer" / "output"
     )
-    step.stage_folder = run_dir / "06_shards"
+    step.stage_folder = run_dir / "07_shards"
     with pytest.raises(ValueError, match=r"plan\.json: planned for 3 shard tasks, this stage runs 2"):
         list(step.run(rank=0, world_size=2))
 
@@ -184,9 +185,9 @@ def test_manifest_names_a_missing_shard_task(tmp_path, runs):
     shards = tmp_path / "shards"
     shards.mkdir()
     for f in ("00000.json", "00002.json"):  # task 1 never finished
-        (shards / f).write_bytes((run_dir / "06_shards" / "output" / f).read_bytes())
+        (shards / f).write_bytes((run_dir / "07_shards" / "output" / f).read_bytes())
     step = ManifestStep(
-        run_dir / "05_shard_plan" / "output",
+        run_dir / "06_shard_plan" / "output",
         shards,
         run_dir / "03_tokenizer" / "output",
         tmp_path / "tokens",
@@ -212,3 +213,28 @@ def test_plan_refuses_encode_output_of_the_one_file_per_task_layout(tmp_path, ru
     with pytest.raises(ValueError, match=r"encoded/00000\.arrow: encode output of an older layout; rerun with --force"):
         list(step.run())
     assert not (tmp_path / "plan").exists()
+
+
+def test_the_plan_from_the_divided_lengths_is_the_plan_from_the_encode_files(runs, tmp_path):
+    """`shard_lengths` (P tasks) and `shard_plan` (1 task, a binary search per cut) give the cuts
+    the one task walking every encode file gives; a bucket whose sums are missing is one line."""
+    from gristmill.tokenize.shards import plan_shards
+    from gristmill.tokenize.stages import ShardPlanStep
+
+    run_dir = runs[(1, 7)]
+    enc = run_dir / "04_tokenize" / "output"
+    planned = json.loads((run_dir / "06_shard_plan" / "output" / "plan.json").read_text())
+    shard_tokens = planned["shard_tokens"]
+    assert plan_shards(enc, 7, shard_tokens) == planned
+    lengths = run_dir / "05_shard_lengths" / "output"
+    assert len(list(lengths.glob("train_*.npy"))) == 7 and len(list(lengths.glob("val_*.npy"))) == 7
+    partial = tmp_path / "lengths"
+    partial.mkdir()
+    for f in lengths.glob("*.npy"):
+        if f.name != "train_00004.npy":
+            (partial / f.name).write_bytes(f.read_bytes())
+    step = ShardPlanStep(enc, buckets=7, shard_tokens=shard_tokens, lengths=partial)
+    step.stage_folder = tmp_path / "plan"
+    with pytest.raises(ValueError, match=r"train_00004\.npy: lengths of bucket 4 unreadable") as e:
+        list(step.run(rank=0, world_size=1))
+    assert "\n" not in str(e.value)

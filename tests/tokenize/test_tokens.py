@@ -75,11 +75,12 @@ def test_plan_puts_token_stages_last(tmp_path, gpt2_cfg):
         "02_tokenizer_sample",
         "03_tokenizer",
         "04_tokenize",
-        "05_shard_plan",
-        "06_shards",
-        "07_manifest",
+        "05_shard_lengths",
+        "06_shard_plan",
+        "07_shards",
+        "08_manifest",
     ]
-    assert [s.tasks for s in stages] == [2, 4, 1, 4, 1, 4, 1]  # curate: one task per WET file at most
+    assert [s.tasks for s in stages] == [2, 4, 1, 4, 4, 1, 4, 1]  # curate: one task per WET file at most
     assert stages[1].pipeline[0].folder == stages[3].pipeline[0].folder == stages[0].output
 
 

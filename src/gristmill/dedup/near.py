@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -625,7 +626,16 @@ class NearDedupClusterRest(_ClusterPhase):
         with self.track_time():
             rounds = self.rounds()
             r = len(rounds.rounds)
+            cap = self.params.config.cluster_max_rounds
             while not rounds.converged(r):
+                if r >= cap:
+                    sent = sum(s["sent"] for s in rounds.summaries(r))
+                    raise RuntimeError(
+                        f"{self.params.step}: the duplicate graph did not converge in "
+                        f"{self.params.step}.cluster_max_rounds = {cap} rounds (round {r} still sent {sent:,} "
+                        f"messages); raise {self.params.step}.cluster_max_rounds and run again "
+                        "(the rounds done are kept)"
+                    )
                 r += 1
                 for q in range(self.params.cluster_tasks):
                     if not staged(rounds.summary_path(r, q)).is_file():  # a killed rest resumes at its partition
@@ -724,12 +734,29 @@ class NearDedup(GlobalStep):
             f"~{ROUND_BYTES_PER_NODE} bytes x documents in clusters / cluster_tasks (default: executor.tasks, "
             "more when a partition would not fit a task's memory)",
         )
-        cluster_rounds: int = Field(
-            8,
+        cluster_rounds: int | None = Field(
+            None,
             ge=1,
             description="rounds of the cluster stages planned as stages (a round after the graph is done "
-            "ends at once; a graph that needs more continues in near_dedup_cluster_rest, one partition at a time)",
+            "ends at once; a graph that needs more continues in near_dedup_cluster_rest, one partition at a time; "
+            "default: what generated graphs of the documents expected in clusters took, measured, plus 2, "
+            "at least 8: `planned_rounds`)",
         )
+
+        cluster_max_rounds: int = Field(
+            128,
+            ge=1,
+            description="rounds after which near_dedup_cluster_rest gives up with an error naming this setting "
+            "(components takes ~2 log2 of a component's diameter, kept_neighbour its longest chain of decisions)",
+        )
+
+        @model_validator(mode="after")
+        def _rounds(self):
+            if self.cluster_rounds is not None and self.cluster_max_rounds < self.cluster_rounds:
+                raise ValueError(
+                    f"cluster_max_rounds ({self.cluster_max_rounds}) is below cluster_rounds ({self.cluster_rounds})"
+                )
+            return self
 
         @model_validator(mode="after")
         def _bands_rows(self):
@@ -769,7 +796,11 @@ class NearDedup(GlobalStep):
             ctx.workload(1).documents,
             lambda n: ctx.task_memory_bytes("near_dedup_cluster_round", n) - BASE_TASK_BYTES,
         )
-        plan.cluster_tasks, plan.cluster_rounds = c, self.config.cluster_rounds
+        rounds = self.config.cluster_rounds or min(
+            planned_rounds(self.config.removal, CANDIDATE_SHARE * ctx.workload(1).documents),
+            self.config.cluster_max_rounds,
+        )
+        plan.cluster_tasks, plan.cluster_rounds = c, rounds
         edges = ctx.stage("near_dedup_cluster_edges", [NearDedupClusterEdges(plan, step_id=name)], tasks=c)
         plan.cluster_edges_folder = edges.folder
         for r in range(1, plan.cluster_rounds + 1):
@@ -780,6 +811,35 @@ class NearDedup(GlobalStep):
         ).folder
         plan.cluster_folder = ctx.stage("near_dedup_cluster", [NearDedupCluster(plan, step_id=name)], tasks=c).folder
         ctx.stage("near_dedup_filter", [ParquetReader(docs), NearDedupFilter(plan, step_id=name), ctx.writer()])
+
+
+#: rounds the cluster stages took on generated graphs (`benchmarks/cluster_throughput.py`: Zipf-sized
+#: clusters of random trees; docs/dedup.md): (log10 of the documents in clusters, rounds)
+ROUNDS_MEASURED = {
+    "components": ((3.48, 12), (6.0, 17), (7.0, 18)),
+    "kept_neighbour": ((3.48, 6), (6.0, 9), (7.0, 11)),
+}
+#: the fewest round stages planned (a graph of a few hundred documents takes 3 to 5)
+MIN_PLANNED_ROUNDS = 8
+
+
+def planned_rounds(removal: str, nodes: float) -> int:
+    """Round stages to plan for a graph of `nodes` documents: the measured rounds at that size
+    (interpolated in log10 of the nodes; past the largest graph measured, extended by the slope
+    over all of them: rounds grow ~ log of a component's diameter), plus 2, at least
+    `MIN_PLANNED_ROUNDS` (and that below the smallest graph measured). A graph that takes more
+    continues in `near_dedup_cluster_rest`, up to `cluster_max_rounds`."""
+    pts = ROUNDS_MEASURED[removal]
+    x = math.log10(max(nodes, 1.0))
+    if x <= pts[0][0]:  # a few thousand documents: any rounds past the planned ones take seconds
+        return MIN_PLANNED_ROUNDS
+    if x >= pts[-1][0]:
+        slope = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+        r = pts[-1][1] + slope * (x - pts[-1][0])
+    else:
+        (x0, y0), (x1, y1) = next((a, b) for a, b in zip(pts, pts[1:]) if a[0] <= x <= b[0])
+        r = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return max(MIN_PLANNED_ROUNDS, math.ceil(r) + 2)
 
 
 def bucket_tasks(

@@ -282,7 +282,14 @@ class SortedBucket:
         return chunk_vals, chunk_lens, [taken[u][r] for u, r in where]
 
 
-def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
+def bucket_cumsums(folder: Path) -> dict[str, np.ndarray]:
+    """Per split, the running sum of the bucket's document lengths in global order (8 bytes a
+    document): all that `plan_shards` needs of a bucket (`shard_lengths`' task writes it)."""
+    sb = SortedBucket(folder, tokens=False)
+    return {split: np.cumsum(sb.lengths[sb.order[split]]) for split in ("train", "val")}
+
+
+def plan_shards(root: Path, buckets: int, shard_tokens: int, cumsums=None) -> dict:
     """Cut points of the sequential rule, found bucket by bucket from document lengths alone.
 
     A shard closes after the document that brings it to `shard_tokens`; a shard may span buckets.
@@ -290,13 +297,15 @@ def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
     pieces: [[bucket, first, stop], ...]}]} with shards in manifest order (train, then val).
     Memory: one bucket's `SortedBucket` without token values, plus the lengths' running sum
     (8 bytes a document); work per bucket is one sort plus a binary search per shard cut.
+    `cumsums(b)`: bucket b's running sums (`bucket_cumsums`), e.g. memory-mapped from the files
+    the `shard_lengths` tasks wrote: then this walks no encode file, only a binary search per cut.
     """
     done: dict[str, list[dict]] = {"train": [], "val": []}
     open_: dict[str, dict | None] = {"train": None, "val": None}
     for b in range(buckets):
-        sb = SortedBucket(bucket_dir(root, b), tokens=False)
+        sums = cumsums(b) if cumsums is not None else bucket_cumsums(bucket_dir(root, b))
         for split in ("train", "val"):
-            cum = np.cumsum(sb.lengths[sb.order[split]])  # tokens up to and including each document
+            cum = sums[split]  # tokens up to and including each document
             pos = 0
             while pos < len(cum):
                 cur = open_[split]
@@ -320,7 +329,7 @@ def plan_shards(root: Path, buckets: int, shard_tokens: int) -> dict:
                     done[split].append(cur)
                     open_[split] = None
                 pos = stop
-        del sb
+        del sums
     for split in ("train", "val"):
         if open_[split] is not None:
             done[split].append(open_[split])

@@ -7,7 +7,11 @@
                             engine.json
     NN_tokenize   (N tasks) encode each task's share of the documents → output/<bucket>/<rank>.arrow,
                             P buckets by shuffle-key range
-    NN_shard_plan (1 task)  where the shards are cut: reads only keys and lengths, bucket by bucket
+    NN_shard_lengths (P tasks) task p: bucket p's document lengths in global order, as running sums
+                            (output/<split>_<p>.npy, 8 bytes a document): the walk of every encode
+                            file (N x P of them) and every key's sort, divided over P tasks
+    NN_shard_plan (1 task)  where the shards are cut: a binary search per cut in those sums,
+                            bucket by bucket (memory-mapped: a few pages per cut)
     NN_shards     (P tasks) task p sorts bucket p and writes the shards that start in it
     NN_manifest   (1 task)  tokens/: the shards in global order, tokenizer.json, manifest.json
 
@@ -33,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -42,7 +47,7 @@ from datatrove.data import Document, DocumentsPipeline
 from pydantic import Field, model_validator
 
 from gristmill.core.configlib import ConfigError, Fraction, Strict
-from gristmill.core.files import write_text_atomic
+from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Step, Workload
 from gristmill.core.working_copy import listed, staged
@@ -418,15 +423,16 @@ class EncodeStep(Step):
         yield
 
 
-class ShardPlanStep(Step):
-    """Where the shards are cut (`output/plan.json`), from the encode outputs' keys and lengths."""
+class ShardLengthsStep(Step):
+    """Task p: bucket p's document lengths in global order, as running sums per split
+    (`output/train_PPPPP.npy`, `output/val_PPPPP.npy`), for `shard_plan`."""
 
     type = "🔤 TOKENIZER"
-    step_name = "shard_plan"
+    step_name = "shard_lengths"
 
-    def __init__(self, encoded: Path, *, buckets: int, shard_tokens: int):
+    def __init__(self, encoded: Path, *, buckets: int):
         super().__init__()
-        self.encoded, self.buckets, self.shard_tokens = Path(encoded), buckets, shard_tokens
+        self.encoded, self.buckets = Path(encoded), buckets
 
     memory_setting = "tokenize.shard_tasks"
 
@@ -442,13 +448,69 @@ class ShardPlanStep(Step):
         return self.stage_folder / "output"
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        from gristmill.tokenize.shards import bucket_cumsums, bucket_dir
+
+        with self.track_time():
+            for b in range(rank, self.buckets, world_size):
+                sums = bucket_cumsums(bucket_dir(self.encoded, b))
+                for split, cum in sums.items():
+                    save_npy_atomic(self.output / f"{split}_{b:05d}.npy", cum)
+                self.stat_update("documents", value=sum(len(c) for c in sums.values()))
+        return
+        yield
+
+
+def _lengths_of(folder: Path):
+    """Bucket b's running sums from `shard_lengths`' output, memory-mapped; one clear line for a
+    bucket it did not write."""
+
+    def load(b: int) -> dict:
+        out = {}
+        for split in ("train", "val"):
+            f = staged(folder / f"{split}_{b:05d}.npy")
+            try:
+                out[split] = np.load(f, mmap_mode="r")
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{f}: lengths of bucket {b} unreadable ({e}): run the step again") from None
+        return out
+
+    return load
+
+
+class ShardPlanStep(Step):
+    """Where the shards are cut (`output/plan.json`), from the buckets' running sums of document
+    lengths (`shard_lengths`' output; without it, from the encode outputs' keys and lengths)."""
+
+    type = "🔤 TOKENIZER"
+    step_name = "shard_plan"
+
+    def __init__(self, encoded: Path, *, buckets: int, shard_tokens: int, lengths: Path | None = None):
+        super().__init__()
+        self.encoded, self.buckets, self.shard_tokens = Path(encoded), buckets, shard_tokens
+        self.lengths = lengths and Path(lengths)
+
+    memory_setting = "tokenize.shard_tasks"
+
+    def memory_bytes(self, work: Workload) -> int:
+        """From `shard_lengths`' sums: a few mapped pages per cut and the plan (16 MB). Else one
+        bucket at a time as `ShardLengthsStep` holds it."""
+        if self.lengths is not None:
+            return 16 << 20
+        return int(600 * work.documents / self.buckets) + (8 << 20)
+
+    @property
+    def output(self) -> Path:
+        return self.stage_folder / "output"
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import plan_shards
 
         flat = sorted(listed(self.encoded, "*.arrow"))
         if flat:  # one file per task, not per bucket: no bucket would hold its documents
             raise ValueError(f"{flat[0]}: encode output of an older layout; rerun with --force")
         with self.track_time():
-            plan = plan_shards(self.encoded, self.buckets, self.shard_tokens)
+            sums = _lengths_of(self.lengths) if self.lengths is not None else None
+            plan = plan_shards(self.encoded, self.buckets, self.shard_tokens, sums)
         self.output.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.output / "plan.json", json.dumps(plan))
         self.stat_update("documents", value=sum(s["documents"] for s in plan["shards"]))
@@ -662,8 +724,11 @@ class Tokenize(GlobalStep):
             tasks=cfg.tasks,
         )
         enc.pipeline[1].engine_hint = engine
+        lengths = ctx.stage("shard_lengths", [ShardLengthsStep(enc.output, buckets=buckets)], tasks=buckets)
         plan = ctx.stage(
-            "shard_plan", [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens)], tasks=1
+            "shard_plan",
+            [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens, lengths=lengths.output)],
+            tasks=1,
         )
         shards = ctx.stage("shards", [ShardStep(enc.output, plan.output, prep.output)], tasks=buckets)
         shards.pipeline[0].shard_tokens = cfg.shard_tokens

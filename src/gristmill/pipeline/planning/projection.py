@@ -13,7 +13,15 @@ Two sources, kept apart in the output:
   for reference, the peak RSS measured at the largest calibrated size. Memory is projected by
   the models alone: a line through two small measurements of a bounded stage would extrapolate
   its constant overheads. A stage is matched to the calibrated config with the same stage
-  name and steps; one that matches none is shown without a projection (not calibrated).
+  name and steps; one that matches none is shown without a projection (not calibrated);
+- the stages the scale runs cannot load (their work there is near nothing) from unit costs
+  measured at snapshot-like sizes: the near-dedup cluster stages from CPU per node, per edge and
+  per pair of partitions on a generated graph of 1e7 documents (`calibration["cluster"]`,
+  `benchmarks/cluster_throughput.py --calibrate`), the tokenizer's one-task stages and
+  `shard_lengths` from CPU per file, document, bucket and shard on generated metadata
+  (`calibration["single_task"]`, `benchmarks/single_task_stages.py`).
+A figure extended more than `EXTRAPOLATION_MARK` (100x) beyond the size it was measured at is
+marked `*`; the total adds every stage's (and names those without a projection).
 Wall time: each stage's CPU over the tasks that run at once (`--cores`, or every task of the
 stage on Slurm), stages one after another.
 """
@@ -34,6 +42,8 @@ from gristmill.input.wet import WetReader
 from gristmill.pipeline.planning.planner import estimate_memory, input_traffic, plan
 
 CALIBRATION_FILE = "scale_calibration.json"
+#: the shipped calibration, which `benchmarks/*.py --write-calibration` rewrite
+CALIBRATION_PATH = Path(__file__).with_name(CALIBRATION_FILE)
 #: a projection extended beyond this multiple of its largest calibrated input is marked as such
 EXTRAPOLATION_MARK = 100.0
 
@@ -64,6 +74,64 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return a, b
 
 
+def cluster_unit_costs(entry: dict) -> dict[str, dict]:
+    """The cluster stages' unit costs from one removal rule's calibration graphs
+    (`benchmarks/cluster_throughput.py --calibrate`): stage ("edges", "round_1", ..., "finish") ->
+    CPU s per node and per edge (solved from graphs of the same nodes and different edge counts,
+    both >= 0), per pair of partitions (a round's task reads a slice of every sender's part: P^2
+    reads a round; from one graph on two partition counts), the tracemalloc peak per node of a
+    partition, and the messages sent per node.
+    A round a graph did not need costs it nothing (its tasks read the summaries and end)."""
+    graphs = entry["graphs"]
+    top = max(g["final_round"] for g in graphs)
+    names = ["edges"] + [f"round_{r}" for r in range(1, top + 1)] + ["finish"]
+
+    def cost(g: dict, name: str) -> tuple[float, float, float]:
+        if name.startswith("round_"):
+            r = int(name[6:])
+            x = g["rounds"][r - 1] if r <= len(g["rounds"]) else {"cpu_s": 0.0, "peak_mb": 0.0, "sent": 0}
+            return x["cpu_s"], x["peak_mb"], x.get("sent", 0)
+        return g["stages"][name]["cpu_s"], g["stages"][name]["peak_mb"], 0
+
+    pairs = entry.get("pairs", [])
+    out = {}
+    for name in names:
+        pts = [(g["nodes"], g["edges"], *cost(g, name)) for g in graphs]
+        per_node, per_edge = _two_costs([(n, e, c) for n, e, c, _, _ in pts])
+        per_pair = 0.0
+        if len(pairs) >= 2:  # the same graph on more partitions: what a (receiver, sender) pair costs
+            lo, hi = min(pairs, key=lambda g: g["partitions"]), max(pairs, key=lambda g: g["partitions"])
+            d = hi["partitions"] ** 2 - lo["partitions"] ** 2
+            per_pair = max((cost(hi, name)[0] - cost(lo, name)[0]) / d, 0.0) if d else 0.0
+        out[name] = {
+            "per_node": per_node,
+            "per_edge": per_edge,
+            "per_pair": per_pair,
+            "peak_bytes_per_node": max(m * 1e6 / (n / g["partitions"]) for (n, _, _, m, _), g in zip(pts, graphs)),
+            "sent_per_node": max(s / n for n, _, _, _, s in pts),
+        }
+    return out
+
+
+def _two_costs(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(a, b) >= 0 with CPU = a x nodes + b x edges through the points (least squares; one of
+    them 0 where the other alone fits better)."""
+    snn = sum(n * n for n, _, _ in points)
+    see = sum(e * e for _, e, _ in points)
+    sne = sum(n * e for n, e, _ in points)
+    snc = sum(n * c for n, _, c in points)
+    sec = sum(e * c for _, e, c in points)
+    det = snn * see - sne * sne
+    if det > 1e-9 * snn * see:
+        a, b = (snc * see - sec * sne) / det, (sec * snn - snc * sne) / det
+        if a >= 0 and b >= 0:
+            return a, b
+    only_n, only_e = snc / snn if snn else 0.0, sec / see if see else 0.0
+    err_n = sum((c - only_n * n) ** 2 for n, _, c in points)
+    err_e = sum((c - only_e * e) ** 2 for _, e, c in points)
+    return (max(only_n, 0.0), 0.0) if err_n <= err_e else (0.0, max(only_e, 0.0))
+
+
 def _steps_key(steps: list[str]) -> tuple[str, ...]:
     """Step names without their position prefix (`03_c4_lines` -> `c4_lines`)."""
     return tuple(re.sub(r"^\d+_", "", s) for s in steps)
@@ -84,6 +152,8 @@ class StageModel:
     tasks: int = 1
     #: CPU s measured at the largest calibrated size
     cpu_top: float = 0.0
+    #: documents into the stage per GB of input at the largest calibrated size (None: not counted)
+    docs_per_gb: float | None = None
 
     @classmethod
     def fit(cls, config: str, points: list[dict]) -> StageModel:
@@ -98,6 +168,7 @@ class StageModel:
             len(points),
             max(top["tasks"], 1),
             top["cpu_s"] or 0.0,
+            top["docs_in"] / top["input_gb"] if top.get("docs_in") and top["input_gb"] else None,
         )
 
 
@@ -169,6 +240,13 @@ def project(
         if isinstance(reader, WetReader):  # the stage that reads the input files
             t = input_traffic(cfg, gb * 1e9, reader.sources)
             traffic = {"ingress_bytes": t.ingress, "cache_bytes": t.cache, "traffic_note": t.note}
+        if m is None and stage.name == "shard_lengths" and calibration.get("single_task"):
+            # divided out of shard_plan after the scale runs: its unit costs alone
+            m = StageModel("single_task", (0.0, 0.0), 0.0, 0.0, (0.0, 0.0), 1, stage.tasks)
+            cands = [m]
+        if stage.name in CLUSTER_STAGES and calibration.get("cluster"):
+            out.append(_cluster_projection(cfg, stage, e, gb, calibration["cluster"], cores, out, traffic))
+            continue
         if m is None:
             out.append(
                 StageProjection(
@@ -184,8 +262,12 @@ def project(
             cpu = min(cpu, max(c.cpu_top for c in cands))
         bounded = any(getattr(s, "bounded_work", False) for s in stage.pipeline)
         reach = None if bounded or m.rss_at_gb <= 0 else gb / m.rss_at_gb
-        rss = m.rss_mb
+        rss = None if m.config == "single_task" else m.rss_mb  # no task of it ran in a scale run
         disk = max(m.disk[0] + m.disk[1] * gb, 0.0)
+        if stage.name in SINGLE_TASK_STAGES and calibration.get("single_task"):
+            cpu, reach = _single_task_cpu(
+                stage, stages, gb, models, preferred, calibration["single_task"], cpu, reach, m.cpu[0]
+            )
         at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
         wall = cpu / max(at_once, 1)
         out.append(
@@ -205,6 +287,127 @@ def project(
             )
         )
     return out
+
+
+#: the tokenizer's one-task stages, projected from their unit costs at snapshot-like sizes
+#: (`calibration["single_task"]`, `benchmarks/single_task_stages.py`)
+SINGLE_TASK_STAGES = ("shard_lengths", "shard_plan", "manifest", "tokenizer")
+
+
+def _single_task_cpu(stage, stages, gb, models, preferred, cal: dict, cpu: float, reach, fixed: float = 0.0):
+    """(CPU s, extrapolation) of a tokenizer stage from what it walks: `shard_lengths` (divided
+    over the buckets) every encode file (encode tasks x buckets) and every document's key;
+    `shard_plan` each bucket's running sums; `manifest` a list per shard task and a link per
+    shard (at least the scale run's fixed cost of the stage: its task's start); `tokenizer` its
+    bounded cost measured by the scale run plus a file per sample task to merge."""
+
+    def model_of(name: str):
+        st = next((s for s in stages if s.name == name), None)
+        cands = models.get((st.name, _steps_key(st.step_names)), []) if st else []
+        return st, next((c for c in cands if c.config == preferred), cands[0] if cands else None)
+
+    step = stage.pipeline[0]
+    if stage.name == "tokenizer":
+        sample, _ = model_of("tokenizer_sample")
+        files = sample.tasks if sample else 1
+        merge = cal["tokenizer_merge"]
+        return cpu + merge["cpu_s"] * files / merge["files"], None
+    enc, enc_model = model_of("tokenize")
+    documents = enc_model.docs_per_gb * gb if enc_model and enc_model.docs_per_gb else 0.0
+    if stage.name == "shard_lengths":
+        sp = cal["shard_lengths"]
+        files = (enc.tasks if enc else 1) * step.buckets
+        est = sp["per_file_s"] * files + sp["per_document_s"] * documents
+        return est, max(files / sp["files_point"]["files"], documents / sp["docs_point"]["documents"])
+    if stage.name == "shard_plan":
+        pl = cal["shard_plan"]
+        return pl["cpu_s"] * step.buckets / pl["buckets"], step.buckets / pl["buckets"]
+    shards_stage, shards_model = model_of("shards")
+    tokens = (shards_model.disk[0] + shards_model.disk[1] * gb) * 1e6 / 2 if shards_model else 0.0  # uint16
+    shards = tokens / max(step.shard_tokens, 1)
+    mf = cal["manifest"]
+    lists = shards_stage.tasks if shards_stage else 1
+    est = mf["cpu_s"] * (lists + shards) / (mf["buckets"] + mf["shards"])
+    return max(est, fixed), (lists + shards) / (mf["buckets"] + mf["shards"])
+
+
+#: the near-dedup cluster stages, projected from their unit costs on a generated graph
+#: (`calibration["cluster"]`, `benchmarks/cluster_throughput.py --calibrate`), not from the scale
+#: runs (whose near-empty graphs measure only the tasks' start)
+CLUSTER_STAGES = (
+    "near_dedup_cluster_edges",
+    "near_dedup_cluster_round",
+    "near_dedup_cluster_rest",
+    "near_dedup_cluster",
+)
+
+
+def _cluster_projection(cfg, stage: Stage, e, gb: float, cal: dict, cores, done: list, traffic: dict):
+    """A cluster stage's CPU from the calibrated per-node and per-edge costs of its removal rule:
+    nodes = `CANDIDATE_SHARE` x documents into near dedup (the calibrated signature stage's
+    documents per GB, else the planner's estimate), edges = nodes x the calibration graph's
+    edges per node. Round r costs what round r cost on the graph (nothing past its last round);
+    the rest stage the rounds past `cluster_rounds`, in one task."""
+    from gristmill.dedup.near import CANDIDATE_SHARE
+
+    step = stage.pipeline[0]
+    params = step.params
+    rule = cal["removal"].get(params.config.removal)
+    if rule is None:
+        return StageProjection(stage, None, None, None, None, None, e.bytes, e.limit, e.limit_setting, e.record_bytes)
+    costs = cluster_unit_costs(rule)
+    base = min(rule["graphs"], key=lambda g: g["edges"] / g["nodes"])  # the graph of the default density
+    sig = next(
+        (
+            p
+            for p in done
+            if p.stage.name == "near_dedup_signature"
+            and getattr(p.stage.pipeline[-1], "params", None) is params
+            and p.model is not None
+            and p.model.docs_per_gb
+        ),
+        None,
+    )
+    documents = sig.model.docs_per_gb * gb if sig else (stage.work.documents if stage.work else gb * 300_000)
+    nodes = CANDIDATE_SHARE * documents
+    edges = nodes * base["edges"] / base["nodes"]
+    final = base["final_round"]
+    if stage.name == "near_dedup_cluster_round":
+        names = [f"round_{step.round}"] if step.round <= final else []
+    elif stage.name == "near_dedup_cluster_rest":
+        names = [f"round_{r}" for r in range(params.cluster_rounds + 1, final + 1)]
+    else:
+        names = ["edges" if stage.name == "near_dedup_cluster_edges" else "finish"]
+    picked = [costs[n] for n in names if n in costs]
+    parts = max(params.cluster_tasks, 1)
+    cpu = sum(c["per_node"] * nodes + c["per_edge"] * edges + c.get("per_pair", 0.0) * parts**2 for c in picked)
+    # what a round writes: its partitions' state (41 B a node) and its messages (17 B each); the
+    # edges stage two entries an edge (16 B each)
+    if stage.name == "near_dedup_cluster_edges":
+        disk = 32 * edges
+    elif stage.name == "near_dedup_cluster":
+        disk = 24 * nodes
+    else:
+        disk = sum(41 * nodes + 17 * c["sent_per_node"] * nodes for c in picked)
+    peak = max((c["peak_bytes_per_node"] for c in picked), default=0.0) * base["nodes"] / base["partitions"]
+    model = StageModel(
+        f"graph {base['nodes'] / 1e6:g}M", (0.0, 0.0), peak / 1e6, 0.0, (0.0, 0.0), len(rule["graphs"]), parts
+    )
+    at_once = stage.tasks if cfg.executor.type == "slurm" and cores is None else min(cores or 1, stage.tasks)
+    return StageProjection(
+        stage,
+        model,
+        cpu,
+        peak / 1e6,
+        disk / 1e6,
+        cpu / max(at_once, 1),
+        e.bytes,
+        e.limit,
+        e.limit_setting,
+        e.record_bytes,
+        **traffic,
+        extrapolated=nodes / base["nodes"],
+    )
 
 
 def _best_config(stages: list[Stage], models: dict) -> str | None:
@@ -258,17 +461,18 @@ def render(
     rows = []
     for p in projections:
         flag = "" if p.fits else " ✗"
+        far = "*" if p.cpu_s is not None and p.extrapolated and p.extrapolated > EXTRAPOLATION_MARK else ""
         rows.append(
             [
                 p.stage.label,
                 str(p.stage.tasks),
-                "—" if p.cpu_s is None else _fmt_h(p.cpu_s / 3600),
-                _fmt_s(p.wall_s),
+                "—" if p.cpu_s is None else _fmt_h(p.cpu_s / 3600) + far,
+                _fmt_s(p.wall_s) + far,
                 _fmt_mb(p.estimate_bytes / 1e6) + flag,
                 _fmt_mb(p.record_bytes / 1e6),
                 _fmt_mb(p.limit_bytes / 1e6),
-                "—" if p.model is None else _fmt_mb(p.rss_mb),
-                _fmt_mb(p.disk_mb),
+                "—" if p.model is None or p.rss_mb is None else _fmt_mb(p.rss_mb),
+                _fmt_mb(p.disk_mb) + far,
                 _fmt_mb(p.ingress_bytes / 1e6),
                 _fmt_mb(p.cache_bytes / 1e6),
                 "—" if p.model is None else p.model.config,
@@ -284,24 +488,26 @@ def render(
         f"input: {gb:,.0f} GB of compressed WET (~{gb * 300_000:.3g} documents at 300k per GB)",
         "mem/task: the steps' memory models (upper bounds; ✗: over the limit); largest record: the part of "
         f"mem/task for documents as long as input.max_record_bytes ({max_record_bytes / (1 << 20):g} MiB); "
-        "measured: the largest task's peak RSS in the calibration run of the same stage (config: from); "
-        "CPU-h, wall and disk: lines through the calibration runs",
+        "measured: the largest task's peak RSS in the calibration run of the same stage (config: from; "
+        "graph: the cluster stages' generated graph, one partition's tracemalloc peak); "
+        "CPU-h, wall and disk: lines through the calibration runs (the cluster stages: per-node and per-edge "
+        "costs on that graph, nodes = documents into near dedup x CANDIDATE_SHARE)",
         f"total: {_fmt_h(cpu / 3600)} CPU-hours, {_fmt_s(wall)} wall on {where}, {_fmt_mb(disk)} written "
         f"(stage folders, token shards included)"
         + (
             f"; of {len(projections)} stages, {len(known)} projected: the {len(projections) - len(known)} "
             "not calibrated (below) are not in it"
             if len(known) < len(projections)
-            else ""
+            else f"; all {len(projections)} stages in it"
         ),
     ]
     far = [p for p in known if p.extrapolated and p.extrapolated > EXTRAPOLATION_MARK]
     if far:
         share = sum(p.wall_s for p in far) / wall if wall else 0.0
         footer.append(
-            f"extrapolated: {len(far)} stages' CPU-h, wall and disk extend their calibration more than "
-            f"{EXTRAPOLATION_MARK:g}x beyond its largest input ({share:.0%} of the total wall): lines through "
-            "small runs, not measurements at this size"
+            f"extrapolated: * marks the {len(far)} stages whose CPU-h, wall and disk extend their calibration "
+            f"more than {EXTRAPOLATION_MARK:g}x beyond its largest size (column extrapolated: how far; "
+            f"{share:.0%} of the total wall): lines through smaller measurements, not measurements at this size"
         )
     for p in projections:
         if p.traffic_note:
