@@ -89,7 +89,7 @@ demo: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN)
 	$(VENV)/bin/pipeline run configs/crawl.yaml
 	$(VENV)/bin/pipeline stats runs/crawl
 
-test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN) $(MINILM)
+test: $(STAMP) $(LID) $(KENLM_EN) $(QUALITY_EN) $(MINILM) $(CLASSIFIER_EN)
 	@# headless Chromium opens the HTML report in tests/pipeline/test_report.py
 	test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
 	$(VENV)/bin/ruff check src tests benchmarks

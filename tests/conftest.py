@@ -145,6 +145,16 @@ def minilm_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def judged_classifier(minilm_model) -> Path:
+    """configs/crawl-neural.yaml's classifier: a head on all-MiniLM-L6-v2 trained by the set-up
+    (`make models/classifier/judged-en/head.json`) on the project's judgments of the sample."""
+    path = REPO / "models" / "classifier" / "judged-en"
+    if not (path / "head.json").is_file():
+        _missing(f"{path} (run `make models/classifier/judged-en/head.json`)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def kenlm_tools() -> None:
     """lmplz and build_binary (`make kenlm-bin`), for tests of `pipeline kenlm train`."""
     from gristmill.filters.kenlm_train import ToolMissing, find_tool

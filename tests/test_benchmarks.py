@@ -245,7 +245,7 @@ def check_large_records_run(request, tmp, data):
         request.getfixturevalue(model)
     out = smoke("large_records_run", "--work", tmp / "large", tmp=tmp, data=data)
     assert "| 27_manifest |" in out  # the records went through both dedups and tokenization
-    assert figure(out, "open: 26 stages, largest task peak") > 0
+    assert figure(out, "open: 27 stages, largest task peak") > 0
 
 
 def check_make_wet_corpus(request, tmp, data):

@@ -116,9 +116,22 @@ def test_load_reports_file_problems(tmp_path):
 
 
 def test_shipped_configs_validate(monkeypatch):
-    for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
+    """Every run config in configs/ validates; an ablation config validates as one, and given to a
+    run is refused in one line that names the command it is for."""
+    from gristmill.ablation.config import load as load_ablation
+
+    monkeypatch.chdir(Path(__file__).parents[1])
+    ablations = 0
+    for path in sorted(Path("configs").glob("*.yaml")):
+        if "variants" in yaml.safe_load(path.read_text()):
+            ablations += 1
+            assert len(load_ablation(path).names()) >= 2, path
+            with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: an ablation config .* `pipeline ablate "):
+                load(path)
+            continue
         cfg = load(path)
         assert cfg.specs, path
+    assert ablations >= 1
 
 
 # --- steps validated by the model; tokenization is a step --------------------------------

@@ -523,6 +523,11 @@ def load(path: str | Path, overrides: list[str] = (), run_dir: str | None = None
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if isinstance(data, dict) and "variants" in data and "base" in data:
+        # an ablation config (gristmill.ablation.config) given where a run config is expected
+        raise ConfigError(
+            f"{path}: an ablation config (it has `base:` and `variants:`): run it with `pipeline ablate {path}`"
+        )
     return from_dict(data, overrides, run_dir, source=str(path))
 
 

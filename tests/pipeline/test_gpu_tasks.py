@@ -105,7 +105,7 @@ def _neural_cfg(tmp_path: Path, executor: dict, device: str):
     )
 
 
-def test_slurm_asks_a_gpu_for_each_task_of_the_classifier_stage_only(tmp_path, monkeypatch):
+def test_slurm_asks_a_gpu_for_each_task_of_the_classifier_stage_only(tmp_path, monkeypatch, judged_classifier):
     """The planning machine has no GPU: `device: cuda` stands for tasks on the cluster's nodes."""
     from gristmill.pipeline.execution.executors import make_slurm_executor
     from gristmill.pipeline.planning.planner import plan
@@ -120,7 +120,7 @@ def test_slurm_asks_a_gpu_for_each_task_of_the_classifier_stage_only(tmp_path, m
     assert "gres" not in make_slurm_executor(later, cfg.executor.slurm, None).get_sbatch_args(2)
 
 
-def test_a_local_run_with_device_cuda_and_no_gpu_is_refused_at_planning(tmp_path, monkeypatch):
+def test_a_local_run_with_device_cuda_and_no_gpu_is_refused_at_planning(tmp_path, monkeypatch, judged_classifier):
     from gristmill.filters.model_check import ModelError
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -130,7 +130,7 @@ def test_a_local_run_with_device_cuda_and_no_gpu_is_refused_at_planning(tmp_path
         plan(_neural_cfg(tmp_path, {"type": "local", "tasks": 2}, "cuda"), check_memory=False)
 
 
-def test_ray_asks_num_gpus_and_a_cluster_without_gpus_is_refused_naming_them(tmp_path, monkeypatch):
+def test_ray_asks_num_gpus_and_a_cluster_without_gpus_is_refused_naming_them(tmp_path, monkeypatch, judged_classifier):
     from gristmill.core.messages import ConfigError
     from gristmill.pipeline.execution.ray import RayCluster, _fits
     from gristmill.pipeline.planning.planner import plan
@@ -153,7 +153,7 @@ def test_ray_asks_num_gpus_and_a_cluster_without_gpus_is_refused_naming_them(tmp
         cluster._check_room()
 
 
-def test_plan_shows_gpu_hours_of_the_classifier_stage(tmp_path, monkeypatch):
+def test_plan_shows_gpu_hours_of_the_classifier_stage(tmp_path, monkeypatch, judged_classifier):
     from gristmill.cli import main
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -178,7 +178,7 @@ def test_plan_shows_gpu_hours_of_the_classifier_stage(tmp_path, monkeypatch):
     from gristmill.input.sources import CC_WET_FILE_BYTES
 
     docs = 1000 * CC_WET_FILE_BYTES / 1e9 * 300_000
-    params = cm.check_classifier("models/classifier/judged-en").params
+    params = cm.check_classifier(str(judged_classifier)).params
     expected = docs / cm.MEASURED_GPU_DOCS_S * params / cm.MEASURED_GPU_PARAMS / 3600
     assert hours == pytest.approx(expected, rel=0.1), (hours, expected)
     assert all(r["GPU-h"] == "—" for s, r in rows.items() if s != "01_curate")

@@ -302,7 +302,7 @@ def test_a_run_on_ray_writes_what_the_local_run_writes_also_when_a_ray_worker_is
     assert killed["cmdline"].startswith(b"ray::01_curate:task_00000"), killed  # a Ray worker, running task 0
     assert killed["forked"], killed  # the worker's zygote forked the task's process
     plan = json.loads((run_dir / "plan.json").read_text())["stages"]
-    assert len(plan) == 10  # curate, 3 exact dedup, 6 tokenize phases
+    assert len(plan) == 11  # curate, 3 exact dedup, 7 tokenize phases
     expected, got = written(local_run), written(run_dir)
     assert any(k.startswith("tokens/") and k.endswith(".arrow") for k in got)
     assert sorted(got) == sorted(expected)
