@@ -95,10 +95,28 @@ def test_report_has_every_section_and_the_thresholds(report_run, tmp_path):
     assert 'id="training"' not in page  # no train/ in this run dir
     (run_dir / "train").mkdir(exist_ok=True)
     try:
-        (run_dir / "train" / "metrics.jsonl").write_text(
-            "\n".join(json.dumps({"step": i, "loss": 5 - i / 10}) for i in range(1, 20)) + "\n"
-        )
-        assert '<section id="training">' in build(run_dir)
+        steps = [{"step": i, "loss": 5 - i / 10} for i in range(1, 20)]
+        # the trainer's scorings during training (trainer/scores.py), plotted against tokens seen
+        scorings = [
+            {"step": i, "tokens": 1024 * i, "eval/core": 0.01 * i, "eval/piqa/acc": 0.5, "eval/piqa/centred": 0.02 * i,
+             "eval/lambada_openai/perplexity": 900.0 / i, "eval/wikitext2/bits_per_byte": 3.0 - 0.1 * i}
+            for i in (5, 10, 15)
+        ]  # fmt: skip
+        (run_dir / "train" / "metrics.jsonl").write_text("\n".join(map(json.dumps, steps + scorings)) + "\n")
+        page = build(run_dir)
+        assert '<section id="training">' in page
+        training = page.split('<section id="training">')[1].split("</section>")[0]
+        for title in [
+            "CORE (mean centred accuracy) by tokens seen",
+            "piqa: centred accuracy by tokens seen",
+            "lambada_openai: perplexity by tokens seen",
+            "wikitext2: bits per byte by tokens seen",
+        ]:
+            assert title in training, title
+        assert training.count("<polyline") == 5  # loss, and the four scorings
+        (run_dir / "train" / "metrics.jsonl").write_text("\n".join(map(json.dumps, steps)) + "\n")
+        training = build(run_dir).split('<section id="training">')[1].split("</section>")[0]
+        assert training.count("<polyline") == 1 and "tokens seen" not in training  # no scoring: loss alone
     finally:
         shutil.rmtree(run_dir / "train")
 

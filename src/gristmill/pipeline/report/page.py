@@ -443,6 +443,7 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
         val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m and "step" in m]
         out.append('<section id="training"><h2>Training</h2><div class=grid>')
         out.append(str(line_chart({"loss": loss, **({"val_loss": val} if val else {})}, "loss by step")))
+        out.extend(str(chart) for chart in _eval_charts(metrics))
         out.append("</div></section>")
 
     # samples
@@ -467,6 +468,28 @@ def build(run_dir: str | Path, samples_per_reason: int = 5) -> str:
     out.append("</section>")
     out.append(SCRIPT + "</body></html>")
     return "\n".join(out)
+
+
+def _eval_charts(metrics: list[dict]) -> list:
+    """The scorings during training (`trainer/scores.py`'s `eval/...` keys) against tokens seen:
+    CORE, then each task's centred accuracy (chance at 0, so tasks of 2 and 4 choices share an
+    axis) or a language-modelling task's perplexity, then each corpus's bits per byte."""
+    scored = [m for m in metrics if "tokens" in m and any(k.startswith("eval/") for k in m)]
+    keys = sorted({k for m in scored for k in m if k.startswith("eval/")})
+    series: dict[str, list] = {}
+    for key in keys:
+        parts = key.split("/")
+        if key == "eval/core" or (len(parts) == 3 and parts[2] in ("centred", "perplexity", "bits_per_byte")):
+            series[key] = [(m["tokens"], m[key]) for m in scored if isinstance(m.get(key), (int, float))]
+    charts = []
+    if series.get("eval/core"):
+        charts.append(line_chart({"CORE": series.pop("eval/core")}, "CORE (mean centred accuracy) by tokens seen"))
+    for key, pts in series.items():
+        if pts:
+            _, name, metric = key.split("/")
+            what = {"centred": "centred accuracy", "perplexity": "perplexity", "bits_per_byte": "bits per byte"}
+            charts.append(line_chart({name: pts}, f"{name}: {what[metric]} by tokens seen"))
+    return charts
 
 
 def write(run_dir: str | Path, output: str | Path) -> Path:
