@@ -46,6 +46,7 @@ STEP_MODULES = (
     "gristmill.filters.kenlm",
     "gristmill.filters.quality",
     "gristmill.filters.classifier",
+    "gristmill.filters.quality_buckets",
     "gristmill.dedup.exact",
     "gristmill.dedup.near",
     "gristmill.dedup.decontaminate",

@@ -109,15 +109,19 @@ class IntermediateWriter:
             self._writer = pa.ipc.new_file(self._sink, self.schema)
         self.documents = self.tokens = 0
 
-    def write(self, ids: list[str], texts: list[str], token_lists: list[list[int]]) -> None:
+    def write(
+        self, ids: list[str], texts: list[str], token_lists: list[list[int]], val: list[bool] | None = None
+    ) -> None:
         if not ids:
             return
         tokens = tokens_array(token_lists, self.eos_id, self.dtype)
+        if val is None:
+            val = [is_val(i, self.val_fraction) for i in ids]
         batch = pa.record_batch(
             [
                 tokens,
                 pa.array(ids, pa.string()),
-                pa.array([is_val(i, self.val_fraction) for i in ids], pa.bool_()),
+                pa.array(val, pa.bool_()),
                 pa.array([shuffle_key(i, self.seed) for i in ids], pa.uint64()),
                 pa.array([xxhash.xxh3_64_intdigest(t) for t in texts], pa.uint64()),
             ],
@@ -193,15 +197,25 @@ class BucketedWriter:
         self.writers: dict[int, IntermediateWriter] = {}
         self.documents = self.tokens = 0
 
-    def write(self, ids: list[str], texts: list[str], token_lists: list[list[int]]) -> None:
+    def write(
+        self, ids: list[str], texts: list[str], token_lists: list[list[int]], val: list[bool] | None = None
+    ) -> None:
+        """`val`: each row's split where it is not its id's (a repeated document's copies: train)."""
         parts: dict[int, list[int]] = {}
         for i, doc_id in enumerate(ids):
             parts.setdefault(bucket_of(shuffle_key(doc_id, self.seed), self.buckets), []).append(i)
         with on_failure(self.abort, self.root):  # one bucket's file failed: drop every bucket's
-            self._write(parts, ids, texts, token_lists)
+            self._write(parts, ids, texts, token_lists, val)
         self.documents += len(ids)
 
-    def _write(self, parts: dict[int, list[int]], ids: list[str], texts: list[str], token_lists: list[list[int]]):
+    def _write(
+        self,
+        parts: dict[int, list[int]],
+        ids: list[str],
+        texts: list[str],
+        token_lists: list[list[int]],
+        val: list[bool] | None,
+    ):
         for b in sorted(parts):
             w = self.writers.get(b)
             if w is None:
@@ -214,7 +228,12 @@ class BucketedWriter:
                 )
             rows = parts[b]
             before = w.tokens
-            w.write([ids[i] for i in rows], [texts[i] for i in rows], [token_lists[i] for i in rows])
+            w.write(
+                [ids[i] for i in rows],
+                [texts[i] for i in rows],
+                [token_lists[i] for i in rows],
+                None if val is None else [val[i] for i in rows],
+            )
             self.tokens += w.tokens - before
 
     def close(self) -> None:
@@ -402,8 +421,10 @@ def finish_tokens(
     seed: int,
     val_fraction: float,
     shard_tokens: int,
+    extra: dict | None = None,
 ) -> dict:
-    """Build `out_dir` (shards + manifest + tokenizer) from the shard tasks' files.
+    """Build `out_dir` (shards + manifest + tokenizer) from the shard tasks' files; `extra`: more
+    keys of the manifest (`weighting`).
 
     `entries` are in manifest order. Shard files are hard-linked (copied where links fail), so the
     shard stage's output stays whole for a re-run; the directory is built as `<out_dir>.tmp` and
@@ -440,6 +461,7 @@ def finish_tokens(
         "shards": shards,
         "splits": splits,
         "totals": {"documents": sum(s["documents"] for s in shards), "tokens": sum(s["tokens"] for s in shards)},
+        **(extra or {}),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if out_dir.exists():

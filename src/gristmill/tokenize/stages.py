@@ -53,6 +53,8 @@ from gristmill.core.step import GlobalStep, StageContext, Step, Workload
 from gristmill.core.working_copy import listed, staged
 
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
+#: the column `tokenize.bucket_weights` reads: the `quality_buckets` step writes it
+QUALITY_BUCKET = "quality_bucket"
 
 
 def _sample_key(doc) -> int:
@@ -341,12 +343,22 @@ class EncodeStep(Step):
     step_name = "encode"
 
     def __init__(
-        self, tokenizer_folder: Path, *, seed: int, val_fraction: float, threads: int, batch_docs: int, buckets: int = 1
+        self,
+        tokenizer_folder: Path,
+        *,
+        seed: int,
+        val_fraction: float,
+        threads: int,
+        batch_docs: int,
+        buckets: int = 1,
+        bucket_weights: dict[int, int] | None = None,
     ):
         super().__init__()
         self.tokenizer_folder = Path(tokenizer_folder)
         self.seed, self.val_fraction, self.threads, self.batch_docs = seed, val_fraction, threads, batch_docs
         self.buckets = buckets
+        #: copies of a train document by its quality bucket (None: every document once)
+        self.bucket_weights = bucket_weights
         #: the engine expected at planning (the tokenizer stage decides it): for the memory model
         self.engine_hint = "tiktoken"
 
@@ -394,12 +406,16 @@ class EncodeStep(Step):
             self.val_fraction,
         )
         batch = []
+        weighting: dict[int, dict[str, int]] = {}
 
         def flush():
             with self.track_time(unit="batch"):
                 texts = [d.text for d in batch]
                 before = writer.tokens
-                writer.write([d.id or "" for d in batch], texts, encoder.encode_batch(texts))
+                if self.bucket_weights is None:
+                    writer.write([d.id or "" for d in batch], texts, encoder.encode_batch(texts))
+                else:
+                    self._write_weighted(writer, encoder, batch, weighting)
             self.stat_update("documents", value=len(batch))
             self.stat_update("bytes", value=sum(len(t.encode("utf-8")) for t in texts))
             self.stat_update("tokens", value=writer.tokens - before)
@@ -419,8 +435,68 @@ class EncodeStep(Step):
             writer.abort()
             raise
         writer.close()
+        if self.bucket_weights is not None:
+            write_text_atomic(
+                weighting_folder(self.stage_folder) / f"task_{rank:05d}.json",
+                json.dumps({str(b): v for b, v in sorted(weighting.items())}) + "\n",
+            )
         return
         yield
+
+    def _write_weighted(self, writer, encoder, batch: list[Document], weighting: dict) -> None:
+        """`batch` with each train document written `bucket_weights[its quality_bucket]` times
+        (a bucket not named: once; 0: not at all), each copy its own row (`<id>#2`, `#3`, ...: its
+        own shuffle key, so the copies are spread over the shards), always in the train split; a
+        val document is written once (or not, at weight 0): the val split stays a sample of the
+        documents, not of the weighting."""
+        from gristmill.tokenize.shards import is_val
+
+        weights = []
+        for d in batch:
+            b = d.metadata.get(QUALITY_BUCKET)
+            if b is None:
+                raise ValueError(
+                    f"document {d.id}: no {QUALITY_BUCKET} (tokenize.bucket_weights needs a quality_buckets step)"
+                )
+            weights.append((int(b), self.bucket_weights.get(int(b), 1)))
+        kept = [(d, b, w) for d, (b, w) in zip(batch, weights) if w > 0]
+        for _, (b, w) in zip(batch, weights):
+            tally = weighting.setdefault(b, {"weight": w, "documents": 0, "tokens": 0, "rows": 0, "row_tokens": 0})
+            tally["documents"] += 1
+        ids, texts, tokens, val = [], [], [], []
+        for (d, b, w), t in zip(kept, encoder.encode_batch([d.text for d, _, _ in kept])):
+            doc_id = d.id or ""
+            v = is_val(doc_id, self.val_fraction)
+            copies = 1 if v else w
+            ids.extend([doc_id] + [f"{doc_id}#{c}" for c in range(2, copies + 1)])
+            texts.extend([d.text] * copies)
+            tokens.extend([t] * copies)
+            val.extend([v] * copies)
+            tally = weighting[b]
+            tally["tokens"] += len(t) + 1  # with its EOS, as in the shards
+            tally["rows"] += copies
+            tally["row_tokens"] += copies * (len(t) + 1)
+            self.stat_update(f"tokens_bucket_{b:03d}", value=copies * (len(t) + 1))
+        writer.write(ids, texts, tokens, val)
+
+
+def weighting_folder(stage_folder: Path) -> Path:
+    """Where the encode tasks write what the bucket weighting did (`weights/task_RRRRR.json`)."""
+    return Path(stage_folder) / "weights"
+
+
+def read_weighting(folder: Path, tasks: int) -> dict:
+    """The encode tasks' weighting summed per bucket: the manifest's `weighting.buckets`."""
+    files = sorted(listed(folder, "task_*.json"))
+    if len(files) != tasks:
+        raise FileNotFoundError(f"{folder}: {len(files)} of {tasks} encode tasks wrote what their weighting did")
+    total: dict[str, dict[str, int]] = {}
+    for f in files:
+        for b, v in json.loads(staged(f).read_text()).items():
+            t = total.setdefault(b, {"weight": v["weight"], "documents": 0, "tokens": 0, "rows": 0, "row_tokens": 0})
+            for k in ("documents", "tokens", "rows", "row_tokens"):
+                t[k] += v[k]
+    return {b: {**v, "epochs": v["weight"]} for b, v in sorted(total.items(), key=lambda kv: int(kv[0]))}
 
 
 class ShardLengthsStep(Step):
@@ -584,11 +660,15 @@ class ManifestStep(Step):
         seed: int,
         val_fraction: float,
         shard_tokens: int,
+        weighting: tuple[Path, int, dict[int, int]] | None = None,
     ):
         super().__init__()
         self.plan_folder, self.shard_folder = Path(plan_folder), Path(shard_folder)
         self.tokenizer_folder, self.tokens_dir = Path(tokenizer_folder), Path(tokens_dir)
         self.seed, self.val_fraction, self.shard_tokens = seed, val_fraction, shard_tokens
+        #: (the encode stage's weighting folder, its tasks, the weights): the manifest says
+        #: what the bucket weighting did
+        self.weighting = weighting
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import finish_tokens, token_dtype
@@ -616,12 +696,23 @@ class ManifestStep(Step):
                 seed=self.seed,
                 val_fraction=self.val_fraction,
                 shard_tokens=self.shard_tokens,
+                extra=None if self.weighting is None else {"weighting": self._weighting()},
             )
         self.stat_update("documents", value=manifest["totals"]["documents"])
         self.stat_update("tokens", value=manifest["totals"]["tokens"])
         self.stat_update("shards", value=len(manifest["shards"]))
         return
         yield
+
+    def _weighting(self) -> dict:
+        folder, tasks, weights = self.weighting
+        return {
+            "field": QUALITY_BUCKET,
+            "weights": {str(b): w for b, w in sorted(weights.items())},
+            "rule": "a train document is written `weight` times (its epochs), each copy its own row id#2, id#3, ...;"
+            " weight 0 drops it; a bucket not named has weight 1; a val document is written once (or not, at 0)",
+            "buckets": read_weighting(folder, tasks),
+        }
 
 
 class TrainTokenizerConfig(Strict):
@@ -664,6 +755,18 @@ class TokenizeConfig(Strict):
     shard_tasks: int | None = Field(
         None, ge=1, description="shard tasks = shuffle-key buckets (default: the encode tasks)"
     )
+    bucket_weights: dict[int, int] | None = Field(
+        None,
+        description="copies of a train document by its `quality_bucket` (the quality_buckets step): {bucket: k},"
+        " k = 0 drops it, k > 1 repeats it; a bucket not named: once",
+    )
+
+    @model_validator(mode="after")
+    def _weights(self):
+        bad = {b: w for b, w in (self.bucket_weights or {}).items() if b < 0 or w < 0}
+        if bad:
+            raise ValueError(f"bucket_weights: buckets and weights are 0 or more (got {bad})")
+        return self
 
 
 class Tokenize(GlobalStep):
@@ -700,6 +803,11 @@ class Tokenize(GlobalStep):
     def stages(self, ctx: StageContext) -> None:
         cfg = self.config
         engine = self.check_source()
+        if cfg.bucket_weights is not None and QUALITY_BUCKET not in ctx.fields:
+            raise ConfigError(
+                f"tokenize.bucket_weights: the documents have no {QUALITY_BUCKET} column: put a quality_buckets"
+                " step before tokenize"
+            )
         sample = ctx.stage(
             "tokenizer_sample",
             [ParquetReader(ctx.documents), TokenizerSampleStep(cfg.tokenizer.sample_bytes)],
@@ -719,6 +827,7 @@ class Tokenize(GlobalStep):
                     threads=cfg.threads,
                     batch_docs=cfg.batch_docs,
                     buckets=buckets,
+                    bucket_weights=cfg.bucket_weights,
                 ),
             ],
             tasks=cfg.tasks,
@@ -743,6 +852,9 @@ class Tokenize(GlobalStep):
                     seed=cfg.seed,
                     val_fraction=cfg.val_fraction,
                     shard_tokens=cfg.shard_tokens,
+                    weighting=None
+                    if cfg.bucket_weights is None
+                    else (weighting_folder(enc.folder), enc.tasks, cfg.bucket_weights),
                 )
             ],
             tasks=1,

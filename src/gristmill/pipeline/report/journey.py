@@ -412,9 +412,24 @@ def journey_notes(row: JourneyRow) -> str:
         notes.append(f"{c['candidate_pairs']:,} candidate pairs, {c.get('verified_pairs', 0):,} verified")
     if c.get("clusters"):
         notes.append(f"{c['clusters']:,} clusters")
+    per_bucket = _by_bucket(c, "bucket_")
+    if per_bucket:  # quality_buckets: documents per bucket, the best last
+        notes.append("documents by quality bucket: " + ", ".join(f"{b}: {n:,}" for b, n in per_bucket))
     if "tokens" in c:
         notes.append(f"{c['tokens']:,} tokens" + (f" in {c['shards']:,} shards" if "shards" in c else ""))
+    per_bucket = _by_bucket(c, "tokens_bucket_")
+    if per_bucket:  # tokenize.bucket_weights: tokens as written, copies included
+        notes.append("tokens by quality bucket (with copies): " + ", ".join(f"{b}: {n:,}" for b, n in per_bucket))
     return "; ".join(notes)
+
+
+def _by_bucket(counters: dict[str, int], prefix: str) -> list[tuple[int, int]]:
+    """[(bucket, count)] of the counters named `<prefix>NNN`, by bucket."""
+    return sorted(
+        (int(k[len(prefix) :]), int(v))
+        for k, v in counters.items()
+        if k.startswith(prefix) and k[len(prefix) :].isdigit()
+    )
 
 
 def languages(merged: dict) -> dict[str, int]:
