@@ -17,6 +17,7 @@ from datatrove.data import Document
 
 from gristmill.config import ConfigError, from_dict
 from gristmill.filters.quality_buckets import BucketCuts, QualityBucketsConfig, SampleSignals, combine
+from gristmill.pipeline.report.journey import journey, journey_notes, merge_run
 from gristmill.pipeline.runner import run
 
 BUCKETS, DROP_BELOW, WEIGHTS = 4, 1, {3: 3, 2: 2}
@@ -99,6 +100,14 @@ def test_buckets_are_the_percentiles_of_the_combined_rank_over_the_run(bucketed)
     assert counters["dropped_low_quality_bucket"] == sizes[0]
     assert {b: counters[f"bucket_{b:03d}"] for b in range(BUCKETS)} == {b: sizes[b] for b in range(BUCKETS)}
     assert counters["missing_perplexity"] == sum(v is None for v in pp)
+    # what `pipeline stats`, the report and the notebook API say on the step's and tokenize's rows
+    rows = {r.step: journey_notes(r) for r in journey(merge_run(bucketed))}
+    (step,) = [k for k in rows if k.endswith("quality_buckets")]
+    assert (
+        f"documents by quality bucket: 0: {sizes[0]:,}, 1: {sizes[1]:,}, 2: {sizes[2]:,}, 3: {sizes[3]:,}" in rows[step]
+    )
+    (tokenize,) = [k for k in rows if k.endswith("tokenize")]
+    assert "tokens by quality bucket (with copies): 1: " in rows[tokenize]
 
 
 def test_weighted_shards_repeat_the_high_buckets_as_the_manifest_says(bucketed):
