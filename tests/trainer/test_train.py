@@ -358,3 +358,36 @@ def test_master_weights_run_resumes_bitwise_and_checkpoints_fp32(baseline, token
     train(_cfg(token_dir, STEPS, "precision=bf16"), into_master)
     fp32_run, d = _losses(baseline), _losses(into_master)
     assert set(d) == {4, 5, 6} and all(abs(d[s] - fp32_run[s]) < 0.05 for s in d)
+
+
+def test_tokens_per_s_leave_out_validation_scoring_and_checkpoints(tmp_path, monkeypatch):
+    """A logged step's tokens/s counts training time only: the time spent in `paused()` (what the
+    loop wraps around validation, task scoring and saving) is not in it. A fake clock: no timing."""
+    import torch
+
+    from gristmill.trainer import metrics as m
+
+    clock = [100.0]
+    monkeypatch.setattr(m.time, "perf_counter", lambda: clock[0])
+    metrics = m.Metrics(
+        tmp_path, enabled=True, total_steps=10, start_step=0, tensorboard=False, progress=False,
+        flops_per_token=1.0, device=torch.device("cpu"), world=1,
+    )  # fmt: skip
+    for _ in range(4):  # 4 steps of 1,000 tokens, 0.5 s each
+        clock[0] += 0.5
+        metrics.add_tokens(1000)
+    assert metrics.log_step(4, 1.0, lr=1e-3, grad_norm=1.0)["tokens_per_s"] == pytest.approx(2000)
+    clock[0] += 0.5
+    metrics.add_tokens(1000)
+    with metrics.paused():  # a scoring of 30 s after step 5
+        clock[0] += 30.0
+    clock[0] += 0.5
+    metrics.add_tokens(1000)
+    assert metrics.log_step(6, 1.0, lr=1e-3, grad_norm=1.0)["tokens_per_s"] == pytest.approx(2000)
+    clock[0] += 0.25
+    metrics.add_tokens(1000)
+    assert metrics.log_step(7, 1.0, lr=1e-3, grad_norm=1.0)["tokens_per_s"] == pytest.approx(
+        4000
+    )  # a pause counts once
+    metrics.close()
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [4, 6, 7]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -49,6 +51,7 @@ class Metrics:
         self.peak = peak_flops(device)
         self.tb = self.bar = self._jsonl = None
         self._last_time, self._tokens = time.perf_counter(), 0
+        self._paused_s = 0.0  # time since the last logged step spent outside training steps
         if not enabled:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -79,9 +82,19 @@ class Metrics:
     def add_tokens(self, n: int) -> None:
         self._tokens += n
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent in the block (validation, scoring, a checkpoint) is not training time: the
+        tokens/s and MFU of the next logged step leave it out."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused_s += time.perf_counter() - started
+
     def log_step(self, step: int, loss: float, *, lr: float, grad_norm: float, extra: dict | None = None) -> dict:
         now = time.perf_counter()
-        dt = max(now - self._last_time, 1e-9)
+        dt = max(now - self._last_time - self._paused_s, 1e-9)
         tps = self._tokens / dt  # all ranks' tokens
         rec = {
             "step": step,
@@ -96,7 +109,7 @@ class Metrics:
         if self.device.type == "cuda":
             rec["max_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         rec.update(extra or {})
-        self._last_time, self._tokens = now, 0
+        self._last_time, self._tokens, self._paused_s = now, 0, 0.0
         self._write(rec, step)
         if self.bar is not None:
             info = f"loss {loss:.4f} lr {lr:.2e} {tps:,.0f} tok/s" + (f" mfu {rec['mfu']:.1%}" if "mfu" in rec else "")

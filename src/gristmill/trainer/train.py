@@ -480,15 +480,17 @@ class Trainer:
                     # carry the preemption flag, which changes what to do
                     signals = self._take_pending(signals)
                     actions = after_step(step, self.cfg, signals)
-                if actions.evaluate:
-                    self.val_loss = self.evaluate()
-                    if self.val_loss is not None:
-                        self.metrics.log_eval(step, self.val_loss)
-                if actions.score:
-                    rec = self.scoring.run(self.model, self.autocast, step, self.out_dir if self.d.is_main else None)
-                    self.metrics.log_scores(step, step * self.tokens_per_step, rec)
-                if actions.save:
-                    self.save()
+                with self.metrics.paused():  # not training time: left out of tokens/s and MFU
+                    if actions.evaluate:
+                        self.val_loss = self.evaluate()
+                        if self.val_loss is not None:
+                            self.metrics.log_eval(step, self.val_loss)
+                    if actions.score:
+                        out = self.out_dir if self.d.is_main else None
+                        rec = self.scoring.run(self.model, self.autocast, step, out)
+                        self.metrics.log_scores(step, step * self.tokens_per_step, rec)
+                    if actions.save:
+                        self.save()
                 if actions.reason == "preempted" and self.d.is_main:
                     said = (
                         f"checkpoint of step {step} written; re-run (or requeue) resumes"
