@@ -215,3 +215,11 @@ def test_an_output_folder_that_cannot_be_written(tmp_path, judged_classifier, li
     r, _ = distil("--documents", nothing, teacher=judged_classifier, lid_model=lid_model, output=blocker / "en.bin")
     assert r.returncode == 2 and last_line(r).startswith(f"error: --output {blocker / 'en.bin'}: cannot write in")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_cohen_kappa():
+    # 50 pages, two raters: 35 agree; chance agreement (25*30 + 25*20) / 50^2 = 0.5
+    assert quality_distil.cohen_kappa([[20, 5], [10, 15]]) == pytest.approx(0.4)
+    assert quality_distil.cohen_kappa([[30, 0], [0, 20]]) == 1.0
+    assert quality_distil.cohen_kappa([[7, 0], [0, 0]]) is None  # one label on both sides: undefined
+    assert quality_distil.agreement(np.array([], bool), np.array([], bool))["accuracy"] is None
