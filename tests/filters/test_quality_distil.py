@@ -223,3 +223,25 @@ def test_cohen_kappa():
     assert quality_distil.cohen_kappa([[30, 0], [0, 20]]) == 1.0
     assert quality_distil.cohen_kappa([[7, 0], [0, 0]]) is None  # one label on both sides: undefined
     assert quality_distil.agreement(np.array([], bool), np.array([], bool))["accuracy"] is None
+
+
+def test_a_runs_parquet_output_gives_the_same_pool(distilled, tmp_path, wet_files, lid_model, shared_data):
+    """The pool read from Parquet files laid out as a run's output (`output/<language>/`), whose
+    `language` column is taken as it is, is the pool read from the WET files."""
+    _, report, predictions = distilled
+    in_pool = {r["id"] for r in predictions}
+    pages = list(iter_pages(wet_files))
+    for lang, part in (
+        ("en", [p for p in pages if p.id in in_pool]),
+        ("fr", [p for p in pages if p.id not in in_pool]),
+    ):
+        (tmp_path / "output" / lang).mkdir(parents=True)
+        columns = {k: [getattr(p, k) for p in part] for k in ("text", "id", "url")}
+        pq.write_table(
+            pa.table({**columns, "language": [lang] * len(part)}), tmp_path / "output" / lang / "00000.parquet"
+        )
+    pool, counts = quality_distil.read_pool([tmp_path / "output"], "en", lid_model, 0.65, 20, None, log=print)
+    warc = {p.id for p in iter_pages([shared_data / WARC])}
+    wet_pool = [r["id"] for r in predictions if r["id"] not in warc]
+    assert [p.id for p in pool] == wet_pool
+    assert counts["language_from"] == {"metadata": len(wet_pool), "langid": 0}
