@@ -81,6 +81,51 @@ def _seeded_order(keys, seed: int) -> list[int]:
     return sorted(keys, key=lambda h: xxhash.xxh3_64_intdigest(h.to_bytes(8, "little"), seed=seed + 1))
 
 
+def fasttext_params(
+    seed: int, thread: int, epoch: int, lr: float, dim: int, word_ngrams: int, min_count: int, bucket: int
+) -> dict:
+    """fastText's training parameters as the reports record them (`fit` takes them so)."""
+    return {
+        "seed": seed,
+        "thread": thread,
+        "epoch": epoch,
+        "lr": lr,
+        "dim": dim,
+        "wordNgrams": word_ngrams,
+        "minCount": min_count,
+        "bucket": bucket,
+    }
+
+
+def fit(examples: list[tuple[str, str]], output: Path, params: dict) -> Path:
+    """fastText `train_supervised` on (label, text) examples; the model saved beside `output`
+    under a temporary name (returned; `publish` renames it). The examples are put in a seeded,
+    input-order-independent order first: fastText's SGD sees them in file order."""
+    import fasttext
+
+    seed = params["seed"]
+    examples = sorted(examples, key=lambda lt: xxhash.xxh3_64_intdigest(lt[1].encode("utf-8"), seed=seed + 2))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="quality-train-", dir=output.parent) as tmp:
+        train_file = Path(tmp) / "train.txt"
+        train_file.write_text("".join(f"{label} {prepare(t)}\n" for label, t in examples), encoding="utf-8")
+        model = fasttext.train_supervised(input=str(train_file), verbose=0, **params)
+    tmp_model = temporary_path(output)  # two trainings of one output: each renames its own file
+    model.save_model(str(tmp_model))
+    return tmp_model
+
+
+def publish(output: Path, tmp_model: Path, report: dict, text: str, sidecars: dict[str, Path] | None = None) -> None:
+    """`<output>.report.json`, `.report.txt` and each finished sidecar file (suffix: its
+    temporary path) put in place, then the model renamed to `output`: a model file present
+    means its reports are too."""
+    Path(f"{output}.report.json").write_text(json.dumps(report, indent=2) + "\n")
+    Path(f"{output}.report.txt").write_text(text)
+    for suffix, tmp in (sidecars or {}).items():
+        os.replace(tmp, f"{output}{suffix}")
+    os.replace(tmp_model, output)
+
+
 def train(
     positives: list[str],
     negatives: list[str],
@@ -100,14 +145,13 @@ def train(
     bucket: int = 100_000,
     log=print,
 ) -> dict:
-    import fasttext
-
     t0 = time.perf_counter()
     pos = _collect(positives, detokenize, min_words)
     neg = _collect(negatives, "none", min_words)
     both = pos.keys() & neg.keys()
     for h in both:
         del neg[h]
+    output = Path(output)
     n = min(len(pos), len(neg), max_per_class or 1 << 62)
     if n < 10:
         raise ValueError(
@@ -119,32 +163,13 @@ def train(
     for label, texts in chosen.items():
         for t in texts:
             split["heldout" if is_heldout(t, heldout, seed) else "train"].append((label, t))
-    # a seeded, input-order-independent shuffle: fastText's SGD sees examples in file order
-    split["train"].sort(key=lambda lt: xxhash.xxh3_64_intdigest(lt[1].encode("utf-8"), seed=seed + 2))
     log(
         f"documents: {len(pos):,} positives, {len(neg):,} negatives distinct (>= {min_words} words; "
         f"{len(both)} in both dropped from negatives); {n:,} per class; "
         f"{len(split['train']):,} train, {len(split['heldout']):,} held out"
     )
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="quality-train-", dir=output.parent) as tmp:
-        train_file = Path(tmp) / "train.txt"
-        train_file.write_text("".join(f"{label} {prepare(t)}\n" for label, t in split["train"]), encoding="utf-8")
-        model = fasttext.train_supervised(
-            input=str(train_file),
-            epoch=epoch,
-            lr=lr,
-            dim=dim,
-            wordNgrams=word_ngrams,
-            minCount=min_count,
-            bucket=bucket,
-            seed=seed,
-            thread=thread,
-            verbose=0,
-        )
-    tmp_model = temporary_path(output)  # two trainings of one output: each renames its own file
-    model.save_model(str(tmp_model))
+    params = fasttext_params(seed, thread, epoch, lr, dim, word_ngrams, min_count, bucket)
+    tmp_model = fit(split["train"], output, params)
 
     held = split["heldout"]
     # scored as the quality step scores: the saved file, through gristmill's predictor
@@ -164,16 +189,7 @@ def train(
         "per_class": n,
         "train_examples": len(split["train"]),
         "heldout": {"fraction": heldout, "positives": int(is_pos.sum()), "negatives": int((~is_pos).sum())},
-        "params": {
-            "seed": seed,
-            "thread": thread,
-            "epoch": epoch,
-            "lr": lr,
-            "dim": dim,
-            "wordNgrams": word_ngrams,
-            "minCount": min_count,
-            "bucket": bucket,
-        },
+        "params": params,
         "metrics": {**binary_metrics(p_scores, n_scores, threshold), "roc_auc": roc_auc(p_scores, n_scores)},
         "histogram": {
             "bins": bins.round(2).tolist(),
@@ -182,9 +198,7 @@ def train(
         },
         "train_seconds": round(time.perf_counter() - t0, 1),
     }
-    Path(f"{output}.report.json").write_text(json.dumps(report, indent=2) + "\n")
-    Path(f"{output}.report.txt").write_text(_text_report(report))
-    os.replace(tmp_model, output)  # last: a model file present means its reports are too
+    publish(output, tmp_model, report, _text_report(report))
     m = report["metrics"]
     log(
         f"wrote {output}: held-out ROC AUC {m['roc_auc']:.4f}, precision {m['precision']:.3f}, "

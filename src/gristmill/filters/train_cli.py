@@ -1,7 +1,7 @@
-"""`pipeline kenlm train`, `pipeline quality train` and `pipeline train-classifier`: their
-arguments. The commands themselves are kenlm_train.py, quality_train.py and classifier_train.py,
-imported when one runs: they load KenLM, fastText, torch and the filters' modules (datatrove),
-which every other `pipeline` command would pay for at start-up.
+"""`pipeline kenlm train`, `pipeline quality train|distil` and `pipeline train-classifier`: their
+arguments. The commands themselves are kenlm_train.py, quality_train.py, quality_distil.py and
+classifier_train.py, imported when one runs: they load KenLM, fastText, torch and the filters'
+modules (datatrove), which every other `pipeline` command would pay for at start-up.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def add_kenlm_parser(sub) -> None:
 
 
 def add_quality_parser(sub) -> None:
-    """`pipeline quality train ...`: quality_train.cmd_quality_train."""
+    """`pipeline quality train|distil ...`: quality_train.cmd_quality_train, quality_distil.cmd_quality_distil."""
     q = sub.add_parser("quality", help="fastText quality classifiers")
     qsub = q.add_subparsers(dest="quality_command", required=True)
     t = qsub.add_parser("train", help="train a hq/lq fastText classifier; report held-out AUC, P/R/F1")
@@ -73,9 +73,54 @@ def add_quality_parser(sub) -> None:
     t.add_argument("--heldout", type=float, default=0.2)
     t.add_argument("--threshold", type=float, default=0.5, help="score for the reported precision/recall")
     t.add_argument("--seed", type=int, default=0)
+    _fasttext_arguments(t)
+    t.set_defaults(func=_run("gristmill.filters.quality_train", "cmd_quality_train"))
+
+    d = qsub.add_parser(
+        "distil",
+        help="train the fastText classifier on a neural classifier's decisions; report its agreement with them",
+    )
+    d.add_argument("--teacher", required=True, help="classifier model directory, e.g. models/classifier/judged-en")
+    d.add_argument(
+        "--documents",
+        nargs="+",
+        required=True,
+        help="the pool: WET files, WARC files (HTML extracted) or a run's output Parquet files/folders",
+    )
+    d.add_argument("--output", "-o", required=True, help="model path, e.g. models/quality/distilled-en.bin")
+    d.add_argument("--language", default="en", help="the teacher's language: the pool's documents are kept in it")
+    d.add_argument(
+        "--lid-model", default="models/lid.176.ftz", help="fastText LID model for documents without `language`"
+    )
+    d.add_argument("--min-language-score", type=float, default=0.65, help="as the langid step's min_score")
+    d.add_argument("--min-words", type=int, default=20, help="ignore shorter documents (headings, menus)")
+    d.add_argument("--max-documents", type=int, help="the pool's first N documents at most (the pool is in memory)")
+    d.add_argument("--teacher-label", default="keep", help="the teacher's label whose probability is its score")
+    d.add_argument("--teacher-threshold", type=float, default=0.5, help="keep where the teacher's score is >= this")
+    d.add_argument(
+        "--max-tokens", type=int, help="tokens per document the teacher reads (default: its head.json's, or 512)"
+    )
+    d.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the teacher runs")
+    d.add_argument(
+        "--teacher-scores",
+        metavar="PARQUET",
+        help="a previous distil's .predictions.parquet: the teacher's scores of its documents, reused",
+    )
+    d.add_argument(
+        "--judgments", help="labelled pages (JSONL: id + keep/drop), e.g. configs/classifier/judged-en.jsonl"
+    )
+    d.add_argument("--heldout", type=float, default=0.25, help="fraction of hosts held out (train-classifier's split)")
+    d.add_argument("--threshold", type=float, default=0.5, help="the student's score for keep")
+    d.add_argument("--seed", type=int, default=0)
+    _fasttext_arguments(d, epoch=25, lr=1.0)  # fastText's tutorial's: a small pool needs more passes
+    d.set_defaults(func=_run("gristmill.filters.quality_distil", "cmd_quality_distil"))
+
+
+def _fasttext_arguments(t, epoch: int = 10, lr: float = 0.2) -> None:
+    """fastText's training parameters, as `quality train` and `quality distil` take them."""
     t.add_argument("--thread", type=int, default=1, help="fastText threads (>1 is faster but not reproducible)")
-    t.add_argument("--epoch", type=int, default=10)
-    t.add_argument("--lr", type=float, default=0.2)
+    t.add_argument("--epoch", type=int, default=epoch)
+    t.add_argument("--lr", type=float, default=lr)
     t.add_argument("--dim", type=int, default=64)
     t.add_argument("--word-ngrams", type=int, default=2)
     t.add_argument("--min-count", type=int, default=2)
@@ -85,7 +130,6 @@ def add_quality_parser(sub) -> None:
         default=100_000,
         help="hash buckets for word n-grams (fastText's 2M default makes a 500 MB model)",
     )
-    t.set_defaults(func=_run("gristmill.filters.quality_train", "cmd_quality_train"))
 
 
 def add_classifier_parser(sub) -> None:
