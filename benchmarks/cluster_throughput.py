@@ -7,7 +7,9 @@ Zipf law (exponent 2, 2 to 10,000 documents), each cluster a random recursive tr
 joined to a random earlier one, as chains of near duplicates of near duplicates make it: depth
 ~ln(size)) plus 20% more random edges inside it; documents spread over 64 sources in order-key
 order. `--giant` adds one component of that many more documents joined as a path (the worst
-case for rounds) — off by default.
+case for rounds) — off by default. `--edges RUN_DIR` takes a finished run's verified edges
+instead (its near_dedup_signature and near_dedup_verify stages, read as they are: a real
+corpus's graph).
 
 Each side runs as a run does:
 * gristmill: the stages `near_dedup_cluster_edges`, `_round` x the rounds a run plans for the
@@ -138,7 +140,7 @@ def write_inputs(edges: np.ndarray, work: Path, with_dups: bool = True) -> tuple
 def _datatrove(dups: str, out: str, conn) -> None:
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupCluster
 
-    step = MinhashDedupCluster(dups, out, config=MinhashConfig(num_buckets=SHARDS))
+    step = MinhashDedupCluster(dups, out, config=MinhashConfig(num_buckets=len(list(Path(dups).glob("*.dups")))))
     base = _rss_mb()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
@@ -150,7 +152,7 @@ def _datatrove(dups: str, out: str, conn) -> None:
     conn.send({"cpu_s": cpu, "wall_s": wall, "max_rss_mb": _rss_mb(), "base_rss_mb": base, "removed": removed})
 
 
-def _one_task(verify: str, removal: str, conn) -> None:
+def _one_task(verify: str, removal: str, shards: int, out: str, conn) -> None:
     from gristmill.dedup.lsh import components, kept_neighbour
     from gristmill.dedup.near import _shard_edges
 
@@ -158,12 +160,12 @@ def _one_task(verify: str, removal: str, conn) -> None:
     base = _rss_mb()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
-    loaders = [(lambda s=s: _shard_edges(folder, s)) for s in range(SHARDS)]
+    loaders = [(lambda s=s: _shard_edges(folder, s)) for s in range(shards)]
     nodes, roots = (components if removal == "components" else kept_neighbour)(loaders)
     wall = time.monotonic() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     removed = np.sort(nodes[nodes != roots])
-    np.save(Path(verify) / f"removed_{removal}.npy", removed)
+    np.save(out, removed)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     conn.send({"cpu_s": cpu, "wall_s": wall, "max_rss_mb": _rss_mb(), "base_rss_mb": base, "removed": len(removed)})
 
@@ -178,7 +180,9 @@ def _in_subprocess(target, *args) -> dict:
     return out
 
 
-def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: int, removal: str, nodes: int) -> dict:
+def gristmill_cluster(
+    sig: Path, verify: Path, work: Path, tasks: int, workers: int, removal: str, nodes: int, shards: int = SHARDS
+) -> dict:
     """The cluster stages through the local executor; per-stage usage summed."""
     from gristmill.core.step import Stage
     from gristmill.dedup.cluster import Rounds, removed_slices
@@ -199,7 +203,7 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
     cfg = NearDedup.Config(removal=removal, cluster_tasks=tasks)
     R = planned_rounds(removal, nodes)  # what a run plans for this many documents in clusters
     plan = NearDedupPlan(
-        cfg, 14, 9, 1, SHARDS, cluster_tasks=tasks, cluster_rounds=R, signature_folder=sig, verify_folder=verify
+        cfg, 14, 9, 1, shards, cluster_tasks=tasks, cluster_rounds=R, signature_folder=sig, verify_folder=verify
     )
     steps = [(NearDedupClusterEdges(plan), "near_dedup_cluster_edges", tasks)]
     steps += [(NearDedupClusterRound(plan, r), "near_dedup_cluster_round", tasks) for r in range(1, R + 1)]
@@ -231,6 +235,33 @@ def gristmill_cluster(sig: Path, verify: Path, work: Path, tasks: int, workers: 
         "removed": removed,
         "round_cpu_s": [round(u.cpu_s, 2) for u in usage[1 : R + 1] if u],
     }
+
+
+def run_edges(run_dir: Path, work: Path) -> tuple[Path, Path, Path, int, int]:
+    """A finished run's near-dedup inputs as they are (its signature stage's source tables, its
+    verify stage's edge shards), and the same edges as datatrove's `.dups` (a document's file
+    the order key's source rank, its index the rank of its offset within the source). Returns
+    (signature folder, verify folder, dups folder, documents in clusters, edge shards)."""
+    from gristmill.dedup.near import _shard_edges
+    from gristmill.dedup.order import OFFSET_BITS
+
+    (sig,) = [p for p in run_dir.iterdir() if p.name.endswith("_near_dedup_signature")]
+    (verify,) = [p for p in run_dir.iterdir() if p.name.endswith("_near_dedup_verify")]
+    shards = len(list((verify / "verified").glob("shard_*")))
+    edges = np.concatenate([_shard_edges(verify / "verified", s) for s in range(shards)]).astype(np.uint64)
+    keys, idx = np.unique(edges.reshape(-1), return_inverse=True)
+    source = (keys >> np.uint64(OFFSET_BITS)).astype(np.int64)
+    first = np.searchsorted(source, source, side="left")  # keys sort by source, then offset
+    doc = np.arange(len(keys)) - first
+    dups = work / "dups"
+    dups.mkdir(parents=True)
+    pairs = idx.reshape(-1, 2)
+    rec = np.empty((len(pairs), 4), "<u4")
+    rec[:, 0], rec[:, 1] = source[pairs[:, 0]], doc[pairs[:, 0]]
+    rec[:, 2], rec[:, 3] = source[pairs[:, 1]], doc[pairs[:, 1]]
+    for b, part in enumerate(np.array_split(rec, shards)):
+        (dups / f"{b:05d}_00.dups").write_bytes(part.tobytes())
+    return sig, verify, dups, len(keys), shards
 
 
 def _timed(fn, *args):
@@ -376,6 +407,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1_000_000, help="documents in clusters")
     ap.add_argument("--giant", type=int, default=0, help="documents of one more component, a path")
+    ap.add_argument(
+        "--edges", type=Path, default=None, help="a finished run directory with near_dedup: its verified edges"
+    )
     ap.add_argument("--tasks", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--work", type=Path, default=None, help="folder for the inputs and runs (default: a temporary one)")
@@ -402,10 +436,14 @@ def main(argv=None) -> int:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     t = time.monotonic()
-    edges = make_graph(a.nodes, giant=a.giant)
-    sig, verify, dups = write_inputs(edges, work)
-    n = len(np.unique(edges))
-    print(f"graph: {n:,} documents in clusters, {len(edges):,} edges ({time.monotonic() - t:.1f} s to make)")
+    if a.edges is not None:
+        sig, verify, dups, n, shards = run_edges(a.edges, work)
+        print(f"edges of {a.edges}: {n:,} documents in clusters, {shards} edge shards")
+    else:
+        edges = make_graph(a.nodes, giant=a.giant)
+        sig, verify, dups = write_inputs(edges, work)
+        n, shards = len(np.unique(edges)), SHARDS
+        print(f"graph: {n:,} documents in clusters, {len(edges):,} edges ({time.monotonic() - t:.1f} s to make)")
     try:
         import datatrove  # noqa: F401
 
@@ -415,15 +453,15 @@ def main(argv=None) -> int:
         print("datatrove MinhashDedupCluster: skipped (not installed: pip install -e '.[bench]')")
     results = {}
     for removal in ("components", "kept_neighbour"):
-        ref = _in_subprocess(_one_task, str(verify), removal)
-        want = np.load(verify / f"removed_{removal}.npy")
+        ref = _in_subprocess(_one_task, str(verify), removal, shards, str(work / f"removed_{removal}.npy"))
+        want = np.load(work / f"removed_{removal}.npy")
         print(
             f"{removal}: one-task union (lsh.{'components' if removal == 'components' else 'kept_neighbour'}): "
             f"{ref['cpu_s']:.2f} CPU s, peak {ref['max_rss_mb']:.0f} MB (base {ref['base_rss_mb']:.0f}), "
             f"removed {ref['removed']:,}"
         )
         for tasks in a.tasks:
-            r = gristmill_cluster(sig, verify, work / f"{removal}_{tasks}", tasks, a.workers, removal, n)
+            r = gristmill_cluster(sig, verify, work / f"{removal}_{tasks}", tasks, a.workers, removal, n, shards)
             same = np.array_equal(r["removed"], want)
             results[(removal, tasks)] = r
             print(
