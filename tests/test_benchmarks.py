@@ -212,6 +212,13 @@ def check_cluster_throughput(request, tmp, data):
         assert all(g["final_round"] >= 2 and g["rounds"][-1]["sent"] == 0 for g in rule["graphs"])
         assert rule["graphs"][1]["edges"] > 1.5 * rule["graphs"][0]["edges"]  # the denser graph
     assert "us a node +" in out
+    # --edges: a finished run's own verified edges (near_dedup on the planted corpus, 2 tasks)
+    from gristmill.pipeline.planning.on_parquet import run_on_parquet
+
+    corpus, _ = request.getfixturevalue("dedup_corpus")
+    run_on_parquet("near_dedup", {"threshold": 0.8}, corpus / "docs", tmp / "near", 2)
+    out = smoke("cluster_throughput", "--edges", tmp / "near", tmp=tmp, data=data)
+    assert figure(out, f"edges of {tmp / 'near'}:") > 0 and out.count("(same as one task: True)") == 4, out[-4000:]
 
 
 def check_single_task_stages(request, tmp, data):
