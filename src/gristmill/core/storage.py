@@ -198,12 +198,12 @@ def join(url: str, *parts: str) -> str:
 # --- filesystems -----------------------------------------------------------------------------------
 
 
-def _options(proto: str) -> dict:
+def _options(proto: str, config: StorageConfig) -> dict:
     # Listings are never cached: a task's completion marker, written by another process, must be
     # seen by the next look.
     options: dict[str, Any] = {"use_listings_cache": False}
     if proto == "s3":
-        s3 = _settings.s3
+        s3 = config.s3
         if s3.endpoint_url:
             options["endpoint_url"] = s3.endpoint_url
         if s3.region:
@@ -217,8 +217,9 @@ def _options(proto: str) -> dict:
     return options
 
 
-def filesystem(url: str):
-    """(fsspec filesystem, path without the scheme) for a URL, with this process's settings."""
+def filesystem(url: str, config: StorageConfig | None = None):
+    """(fsspec filesystem, path without the scheme) for a URL, with `config` (default: this
+    process's settings)."""
     proto = protocol(url)
     if proto is None:
         raise ValueError(f"{url}: not a URL")
@@ -233,7 +234,7 @@ def filesystem(url: str):
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url, **_options(proto))
+        return fsspec.core.url_to_fs(url, **_options(proto, config or _settings))
     except (ImportError, ValueError) as e:
         raise StorageError(f"{url}: no filesystem for {proto}:// ({scrub(str(e))})") from None
 

@@ -49,8 +49,8 @@ from pydantic import Field, model_validator
 from gristmill.core.configlib import ConfigError, Fraction, Strict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import GlobalStep, StageContext, Step, Workload
-from gristmill.core.working_copy import listed, staged
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
+from gristmill.core.step import GlobalStep, Stage, StageContext, Step, Workload
 
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
 
@@ -125,7 +125,7 @@ class TokenizerSampleStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             entries = hash_sample_entries(data or [], self.sample_bytes, encoded=True)
-            out = self.stage_folder / "output" / f"sample_{rank:05d}.parquet"
+            out = self.stage_path("output", f"sample_{rank:05d}.parquet")
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp")
             keys = [xxhash.xxh3_64_intdigest(TRAIN_SALT + (i.encode("utf-8") if i else t)) for i, t in entries]
@@ -173,12 +173,12 @@ def _sample_rows(path: Path):
 
 
 def read_samples(folder: Path, budget_bytes: int):
-    """The candidates of the run's sample from the tasks' samples: their files, each sorted by
-    (key, id), merged in that order and read lazily, up to `budget_bytes` and every document
-    sharing the last key. `hash_sample` over them is the one-pass selection over all documents;
+    """The candidates of the run's sample from the tasks' samples (in `folder`, local): their
+    files, each sorted by (key, id), merged in that order and read lazily, up to `budget_bytes`
+    and every document sharing the last key. `hash_sample` over them is the one-pass selection over all documents;
     the task reads ~budget_bytes plus one row group per file, not every task's whole sample."""
     merged = heapq.merge(
-        *(_sample_rows(f) for f in sorted(staged(folder).glob("sample_*.parquet"))), key=lambda r: (r[0], r[1])
+        *(_sample_rows(f) for f in sorted(folder.glob("sample_*.parquet"))), key=lambda r: (r[0], r[1])
     )
     total, last = 0, None
     for key, i, text in merged:
@@ -226,7 +226,7 @@ class TokenizerStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize import encode, tokenizer
@@ -234,9 +234,8 @@ class TokenizerStep(Step):
         p = self.params
         train = p.get("train")
         with self.track_time():
-            docs = (
-                read_samples(self.sample_folder, p["sample_bytes"]) if self.sample_folder is not None else (data or [])
-            )
+            sample_folder = self.sample_folder and self.run_folder.staged(self.sample_folder)
+            docs = read_samples(sample_folder, p["sample_bytes"]) if sample_folder is not None else (data or [])
             # the sample as UTF-8, each text decoded when the trainer or the check reads it
             sample = [t for _, t in hash_sample_entries(docs, p["sample_bytes"], encoded=True)]
             self.stat_update("documents", value=len(sample))
@@ -376,14 +375,15 @@ class EncodeStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.encode import Encoder
         from gristmill.tokenize.shards import BucketedWriter, token_dtype
 
-        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
-        encoder = Encoder.from_file(self.tokenizer_folder / "tokenizer.json", meta["engine"], self.threads)
+        tok = self.run_folder.staged(self.tokenizer_folder)
+        meta = json.loads((tok / "engine.json").read_text())
+        encoder = Encoder.from_file(tok / "tokenizer.json", meta["engine"], self.threads)
         writer = BucketedWriter(
             self.output,
             rank,
@@ -445,14 +445,14 @@ class ShardLengthsStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import bucket_cumsums, bucket_dir
 
         with self.track_time():
             for b in range(rank, self.buckets, world_size):
-                sums = bucket_cumsums(bucket_dir(self.encoded, b))
+                sums = bucket_cumsums(bucket_dir(self.run_folder.path(self.encoded), b), self.run_folder)
                 for split, cum in sums.items():
                     save_npy_atomic(self.output / f"{split}_{b:05d}.npy", cum)
                 self.stat_update("documents", value=sum(len(c) for c in sums.values()))
@@ -460,14 +460,14 @@ class ShardLengthsStep(Step):
         yield
 
 
-def _lengths_of(folder: Path):
-    """Bucket b's running sums from `shard_lengths`' output, memory-mapped; one clear line for a
-    bucket it did not write."""
+def _lengths_of(folder: Path, run_folder: RunFolder = AS_GIVEN):
+    """Bucket b's running sums from `shard_lengths`' output (in `run_folder`), memory-mapped; one
+    clear line for a bucket it did not write."""
 
     def load(b: int) -> dict:
         out = {}
         for split in ("train", "val"):
-            f = staged(folder / f"{split}_{b:05d}.npy")
+            f = run_folder.staged(folder, f"{split}_{b:05d}.npy")
             try:
                 out[split] = np.load(f, mmap_mode="r")
             except (OSError, ValueError) as e:
@@ -500,17 +500,18 @@ class ShardPlanStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import plan_shards
 
-        flat = sorted(listed(self.encoded, "*.arrow"))
+        rf = self.run_folder
+        flat = sorted(rf.listed(self.encoded, "*.arrow"))
         if flat:  # one file per task, not per bucket: no bucket would hold its documents
             raise ValueError(f"{flat[0]}: encode output of an older layout; rerun with --force")
         with self.track_time():
-            sums = _lengths_of(self.lengths) if self.lengths is not None else None
-            plan = plan_shards(self.encoded, self.buckets, self.shard_tokens, sums)
+            sums = _lengths_of(self.lengths, rf) if self.lengths is not None else None
+            plan = plan_shards(rf.path(self.encoded), self.buckets, self.shard_tokens, sums, rf)
         self.output.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.output / "plan.json", json.dumps(plan))
         self.stat_update("documents", value=sum(s["documents"] for s in plan["shards"]))
@@ -546,20 +547,20 @@ class ShardStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import token_dtype, write_planned_shards
 
-        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
-        plan_file = self.plan_folder / "plan.json"
-        plan = json.loads(staged(plan_file).read_text())
+        rf = self.run_folder
+        meta = json.loads((rf.staged(self.tokenizer_folder) / "engine.json").read_text())
+        plan_file = rf.staged(self.plan_folder, "plan.json")
+        plan = json.loads(plan_file.read_text())
         if plan["buckets"] != world_size:
             raise ValueError(f"{plan_file}: planned for {plan['buckets']} shard tasks, this stage runs {world_size}")
         with self.track_time():
-            entries = write_planned_shards(
-                self.encoded, plan, rank, self.output / "shards", token_dtype(meta["vocab_size"])
-            )
+            root, out, dtype = rf.path(self.encoded), self.output / "shards", token_dtype(meta["vocab_size"])
+            entries = write_planned_shards(root, plan, rank, out, dtype, run_folder=rf)
         write_text_atomic(self.output / f"{rank:05d}.json", json.dumps(entries))
         self.stat_update("documents", value=sum(e["documents"] for e in entries))
         self.stat_update("tokens", value=sum(e["tokens"] for e in entries))
@@ -593,24 +594,26 @@ class ManifestStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import finish_tokens, token_dtype
 
-        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
-        plan = json.loads(staged(self.plan_folder / "plan.json").read_text())
-        staged(self.shard_folder)  # the shard tasks' lists and shards (a run on object storage)
+        rf = self.run_folder
+        tok = rf.staged(self.tokenizer_folder)
+        meta = json.loads((tok / "engine.json").read_text())
+        plan = json.loads(rf.staged(self.plan_folder, "plan.json").read_text())
+        shard_folder = rf.staged(self.shard_folder)  # the shard tasks' lists and shards
         written = {}
         for p in range(plan["buckets"]):
-            f = self.shard_folder / f"{p:05d}.json"
+            f = shard_folder / f"{p:05d}.json"
             if not f.is_file():
                 raise FileNotFoundError(f"{f}: shard task {p} left no list of its shards")
             written.update({e["path"]: e for e in json.loads(f.read_text())})
         missing = [s["path"] for s in plan["shards"] if s["path"] not in written]
         if missing:
-            raise ValueError(f"{self.shard_folder}: planned shards not written: {', '.join(missing[:5])}")
+            raise ValueError(f"{shard_folder}: planned shards not written: {', '.join(missing[:5])}")
         with self.track_time():
             manifest = finish_tokens(
-                self.shard_folder / "shards",
+                shard_folder / "shards",
                 [written[s["path"]] for s in plan["shards"]],
-                self.tokens_dir,
-                tokenizer_file=self.tokenizer_folder / "tokenizer.json",
+                rf.path(self.tokens_dir),
+                tokenizer_file=tok / "tokenizer.json",
                 tokenizer_meta={k: meta[k] for k in ("source", "vocab_size", "eos_id", "bos_id", "pad_id", "engine")},
                 dtype=token_dtype(meta["vocab_size"]),
                 seed=self.seed,
@@ -700,12 +703,16 @@ class Tokenize(GlobalStep):
     def stages(self, ctx: StageContext) -> None:
         cfg = self.config
         engine = self.check_source()
+
+        def output(stage: Stage) -> Path:  # what the steps keep: names in the run directory
+            return Path(stage.label, "output")
+
         sample = ctx.stage(
             "tokenizer_sample",
             [ParquetReader(ctx.documents), TokenizerSampleStep(cfg.tokenizer.sample_bytes)],
             tasks=cfg.tasks,
         )
-        prep = ctx.stage("tokenizer", [TokenizerStep(cfg.tokenizer.model_dump(), sample.folder / "output")], tasks=1)
+        prep = ctx.stage("tokenizer", [TokenizerStep(cfg.tokenizer.model_dump(), output(sample))], tasks=1)
         prep.pipeline[0].sample_tasks = sample.tasks
         buckets = cfg.shard_tasks or cfg.tasks or ctx.tasks  # one bucket per shard task
         enc = ctx.stage(
@@ -713,7 +720,7 @@ class Tokenize(GlobalStep):
             [
                 ParquetReader(ctx.documents),
                 EncodeStep(
-                    prep.output,
+                    output(prep),
                     seed=cfg.seed,
                     val_fraction=cfg.val_fraction,
                     threads=cfg.threads,
@@ -724,22 +731,22 @@ class Tokenize(GlobalStep):
             tasks=cfg.tasks,
         )
         enc.pipeline[1].engine_hint = engine
-        lengths = ctx.stage("shard_lengths", [ShardLengthsStep(enc.output, buckets=buckets)], tasks=buckets)
+        lengths = ctx.stage("shard_lengths", [ShardLengthsStep(output(enc), buckets=buckets)], tasks=buckets)
         plan = ctx.stage(
             "shard_plan",
-            [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens, lengths=lengths.output)],
+            [ShardPlanStep(output(enc), buckets=buckets, shard_tokens=cfg.shard_tokens, lengths=output(lengths))],
             tasks=1,
         )
-        shards = ctx.stage("shards", [ShardStep(enc.output, plan.output, prep.output)], tasks=buckets)
+        shards = ctx.stage("shards", [ShardStep(output(enc), output(plan), output(prep))], tasks=buckets)
         shards.pipeline[0].shard_tokens = cfg.shard_tokens
         ctx.stage(
             "manifest",
             [
                 ManifestStep(
-                    plan.output,
-                    shards.output,
-                    prep.output,
-                    ctx.run_dir / "tokens",
+                    output(plan),
+                    output(shards),
+                    output(prep),
+                    Path("tokens"),
                     seed=cfg.seed,
                     val_fraction=cfg.val_fraction,
                     shard_tokens=cfg.shard_tokens,
