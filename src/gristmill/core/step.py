@@ -30,6 +30,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from gristmill.core.configlib import Strict
 from gristmill.core.run_folder import AS_GIVEN, RunFolder
+from gristmill.core.storage import StorageConfig
 
 if TYPE_CHECKING:
     from gristmill.core.parquet_io import ParquetWriter
@@ -230,6 +231,9 @@ class Stage:
     #: the input files it reads, `{"path", "bytes"}` each in reading order (the stage that reads
     #: the input): a resume must read the same (`RunDir.check_inputs`)
     inputs: list[dict] | None = None
+    #: the run's `storage:` settings, with which its tasks reach URLs (inputs, models, a run
+    #: directory on object storage): they travel with the stage's executor to every task
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     @property
     def label(self) -> str:

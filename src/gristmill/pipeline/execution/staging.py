@@ -50,11 +50,11 @@ def run_key(url: str) -> str:
     return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
 
-def plan_root(url: str) -> Path:
+def plan_root(url: str, config: storage.StorageConfig) -> Path:
     """The local root a run on object storage is planned against (its steps' `RunFolder`). Never
     created: each task binds the folder to a working copy of its own, and a task that writes
     under the root (a path not taken from its run folder) fails."""
-    return Path(os.path.abspath(storage.scratch_root())) / "plan-root-never-written" / run_key(url)
+    return Path(os.path.abspath(storage.scratch_root(config))) / "plan-root-never-written" / run_key(url)
 
 
 @dataclass(frozen=True)
@@ -69,14 +69,14 @@ class RemoteStage:
         return storage.join(self.url, self.stage, *parts)
 
 
-def task_root(remote: RemoteStage, rank: int) -> Path:
-    return storage.scratch_root() / "tasks" / run_key(remote.url) / remote.stage / f"task_{rank:05d}"
+def task_root(remote: RemoteStage, rank: int, config: storage.StorageConfig) -> Path:
+    return storage.scratch_root(config) / "tasks" / run_key(remote.url) / remote.stage / f"task_{rank:05d}"
 
 
-def task_log(remote: RemoteStage, rank: int) -> str:
+def task_log(remote: RemoteStage, rank: int, config: storage.StorageConfig) -> str:
     """Where a task's log is: in its scratch folder if it is still there (a task killed outright),
     else on the store (a task that failed uploads its log)."""
-    local = task_root(remote, rank) / remote.stage / "logs" / f"task_{rank:05d}.log"
+    local = task_root(remote, rank, config) / remote.stage / "logs" / f"task_{rank:05d}.log"
     return str(local) if local.is_file() else remote.stage_url("logs", f"task_{rank:05d}.log")
 
 
@@ -91,7 +91,7 @@ def run_in_working_copy(executor, body, rank: int):
     from datatrove.io import get_datafolder
 
     remote: RemoteStage = executor.remote
-    root = task_root(remote, rank)
+    root = task_root(remote, rank, executor.storage_config)
     shutil.rmtree(root, ignore_errors=True)  # what an attempt killed outright left
     root.mkdir(parents=True)
     logging_dir = executor.logging_dir

@@ -221,7 +221,7 @@ class PlanContext:
         directory on object storage a root never written, which each task's working copy
         replaces (`gristmill.pipeline.execution.staging`)."""
         if storage.is_url(self.cfg.run_dir):
-            return plan_root(self.cfg.run_dir)
+            return plan_root(self.cfg.run_dir, self.cfg.storage)
         return Path(self.cfg.run_dir)
 
     @cached_property
@@ -254,9 +254,8 @@ class PlanContext:
     def stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
         index = len(self.stages) + 1
         folder = self.run_dir / f"{index:02d}_{name}"
-        stage = Stage(
-            index, name, folder, pipeline, tasks or self.tasks, self.cfg.executor.workers, [s.name for s in pipeline]
-        )
+        tasks, names = tasks or self.tasks, [s.name for s in pipeline]
+        stage = Stage(index, name, folder, pipeline, tasks, self.cfg.executor.workers, names, storage=self.cfg.storage)
         stage.work = self.workload(stage.tasks)
         fields = dict(self.fields)
         here = Path(stage.label)  # what the steps keep: names in the run directory
