@@ -292,15 +292,14 @@ def _lower_bound(keys, x: int) -> int:
     return bisect.bisect_left(keys, np.uint64(x))
 
 
-def _band_files(run_folder: RunFolder, sig_folder: Path, band: int) -> list[tuple[int, Path]]:
-    """(signature task, file) of every sorted part of the band (`task_RRRRR[.partPPPPP].npy`)."""
-    files = sorted(run_folder.staged(sig_folder, "bands", f"band_{band:03d}").glob("task_*.npy"))
+def _band_files(folder: Path) -> list[tuple[int, Path]]:
+    """(signature task, file) of every sorted part of a band (`task_RRRRR[.partPPPPP].npy`) in
+    its `folder` (local)."""
+    files = sorted(folder.glob("task_*.npy"))
     return [(int(f.name.split(".")[0].split("_")[1]), f) for f in files]
 
 
-def _load_pair(
-    run_folder: RunFolder, sig_folder: Path, band: int, lo: int, hi: int, task_ranks
-) -> tuple[np.ndarray, np.ndarray]:
+def _load_pair(band: Path, lo: int, hi: int, task_ranks) -> tuple[np.ndarray, np.ndarray]:
     """(keys, order keys) of the band's records with lo <= key < hi, from every signature task.
 
     Each task's file is sorted by key, so its slice of the range is found by binary search on
@@ -308,7 +307,7 @@ def _load_pair(
     once (16 bytes per record); one task's slice (20 bytes per record) is the only other buffer.
     """
     slices = []
-    for t, f in _band_files(run_folder, sig_folder, band):
+    for t, f in _band_files(band):
         m = np.load(f, mmap_mode="r")
         if len(m):
             k = m["key"]
@@ -326,16 +325,14 @@ def _load_pair(
     return keys, ords
 
 
-def _check_shared_sources(
-    run_folder: RunFolder, sig_folder: Path, task_ranks, part: int, parts: int, names: list[str], step: str
-) -> None:
+def _check_shared_sources(band0: Path, task_ranks, part: int, parts: int, names: list[str], step: str) -> None:
     """Refuse two documents of different signature tasks that share (source, offset).
 
     Each signature task refused its own repeats; documents of two tasks can share an order key
     only if their source is in both tasks' tables (normally never: a source is one input file,
     read by one task). The documents of such sources are checked here, partitioned by a hash of
     the order key (equal keys meet in one part) so a task holds 8 bytes x shared documents / parts.
-    Band 0 holds every document that has shingles.
+    Band 0 (`band0`: its folder, local) holds every document that has shingles.
     """
     seen: dict[int, int] = {}
     for ranks in task_ranks.values():
@@ -345,7 +342,7 @@ def _check_shared_sources(
     if not len(shared):
         return
     found = []
-    for t, f in _band_files(run_folder, sig_folder, 0):
+    for t, f in _band_files(band0):
         local = np.isin(task_ranks[t], shared)
         if not local.any():
             continue
@@ -385,9 +382,10 @@ class NearDedupBuckets(DedupPhase[NearDedupPlan]):
             # one after the other, holding one pair at a time (`bucket_tasks`)
             for pair in range(rank, p.bands * p.ranges, world_size):
                 b, g = divmod(pair, p.ranges)
+                band = rf.staged(sig, "bands", f"band_{b:03d}")
                 if b == 0:
-                    _check_shared_sources(rf, sig, task_ranks, g, p.ranges, sorted(rank_of, key=rank_of.get), p.step)
-                keys, ords = _load_pair(rf, sig, b, bounds[g], bounds[g + 1], task_ranks)
+                    _check_shared_sources(band, task_ranks, g, p.ranges, sorted(rank_of, key=rank_of.get), p.step)
+                keys, ords = _load_pair(band, bounds[g], bounds[g + 1], task_ranks)
                 self.stat_update("records", value=len(keys))
                 sort_records(keys, ords)
                 e = sorted_band_edges(keys, ords)
