@@ -1,14 +1,14 @@
-"""Paths and URLs without a server: what the config accepts and refuses for storage, how a
-task's pipeline is rebased into its working copy, and that a local run never goes through the
-working copy (docs/storage.md). The S3 server tests: tests/pipeline/test_store_run.py."""
+"""Paths and URLs without a server: what the config accepts and refuses for storage, how the
+steps of a plan share one run folder that a task binds to its working copy, and that a local
+run never goes through a working copy (docs/storage.md). The S3 server tests:
+tests/pipeline/test_store_run.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import pickle
 import re
 import socket
-from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -16,8 +16,8 @@ import yaml
 
 from gristmill.config import ConfigError, config_differences, from_dict
 from gristmill.core import messages, storage
-from gristmill.core.working_copy import listed, staged
-from gristmill.pipeline.execution.staging import rebase
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
+from gristmill.pipeline.planning.planner import plan
 from tests.cli_process import pipeline
 
 
@@ -175,43 +175,32 @@ def test_scrub_blanks_the_secrets_of_the_environment(monkeypatch):
     assert storage.scrub("denied for wJalrXUtnFEMI-secret, try again") == "denied for ***, try again"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Frozen:
-    folder: Path
-    name: str
+class _Copy:
+    """A working copy's root, without a store."""
 
-
-Pair = namedtuple("Pair", "a b")
-
-
-class _Step:
     def __init__(self, root: Path):
-        self.stage_folder = root / "01_curate"
-        self.scores_folder = str(root / "01_curate" / "scores" / "langid")
-        self.plan = _Frozen(root / "02_hash", "keep-me")
-        self.pair = Pair(root / "x", Path("/elsewhere/models/lid.176.ftz"))
-        self.by = {"out": [root / "03_find" / "filter"], "model": "/elsewhere/models/kenlm.bin"}
-        self.shared = None
+        self.root = root
 
 
-def test_rebase_moves_every_path_under_the_plan_root_and_nothing_else(tmp_path):
-    old, new = tmp_path / "plan", tmp_path / "task"
-    a = _Step(old)
-    b = _Step(old)
-    b.shared = a.plan  # one object reached twice: rebased once
-    out = rebase([a, b], old, new)
-    assert out[0] is a and a.stage_folder == new / "01_curate"
-    assert a.scores_folder == str(new / "01_curate" / "scores" / "langid")
-    assert a.plan == _Frozen(new / "02_hash", "keep-me") and b.shared is a.plan
-    assert a.pair == Pair(new / "x", Path("/elsewhere/models/lid.176.ftz")) and isinstance(a.pair, Pair)
-    assert a.by == {"out": [new / "03_find" / "filter"], "model": "/elsewhere/models/kenlm.bin"}
-    assert rebase(old.parent / "planned", old, new) == old.parent / "planned"  # a sibling is not under it
+def test_the_steps_of_a_plan_share_one_run_folder_and_keep_names_relative_to_it(tmp_path):
+    cfg = from_dict(_cfg(tmp_path, steps=["gopher_quality", {"exact_dedup": {}}, {"near_dedup": {}}]))
+    steps = [s for stage in plan(cfg, input_size=1e9, sources=[], check_memory=False) for s in stage.pipeline]
+    (folder,) = {id(f): f for s in steps for f in s.run_folders()}.values()
+    assert folder.root == Path(cfg.run_dir) and all(s.run_folder is folder for s in steps)
+    assert all(not s.stage_folder.is_absolute() for s in steps)
+    hashing = next(s for s in steps if s.name == "01_exact_dedup" and s.step_name == "exact_dedup_hash")
+    assert hashing.stage_path("hashes") == Path(cfg.run_dir) / "02_exact_dedup_hash" / "hashes"
+    with folder.bound(_Copy(tmp_path / "task")):
+        assert hashing.stage_path("hashes") == tmp_path / "task" / "02_exact_dedup_hash" / "hashes"
+        assert pickle.loads(pickle.dumps(folder)).copy is None  # a binding never travels
+    assert folder.copy is None and hashing.stage_path() == Path(cfg.run_dir) / "02_exact_dedup_hash"
 
 
 def test_a_local_run_reads_paths_as_given(tmp_path):
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "1.parquet").write_bytes(b"x")
     (tmp_path / "a" / "b" / "2.parquet").write_bytes(b"y")
-    assert staged(tmp_path / "a") == tmp_path / "a"
-    assert sorted(listed(tmp_path / "a", "*.parquet", recursive=True)) == sorted((tmp_path / "a").rglob("*.parquet"))
-    assert listed(tmp_path / "a", "*.parquet") == [tmp_path / "a" / "1.parquet"]
+    run = RunFolder(tmp_path)
+    assert run.staged("a") == AS_GIVEN.staged(tmp_path / "a") == tmp_path / "a"
+    assert sorted(run.listed("a", "*.parquet", recursive=True)) == sorted((tmp_path / "a").rglob("*.parquet"))
+    assert AS_GIVEN.listed(tmp_path / "a", "*.parquet") == [tmp_path / "a" / "1.parquet"]

@@ -413,11 +413,10 @@ def _scratch_column(cfg, stages, header: list[str], rows: list[list[str]], foote
     sizes = [scratch_bytes(stage) for stage in stages]
     for row, size in zip(rows, sizes):
         row.append(format_bytes(size))
-    storage.configure(cfg.storage)
     limit = f", at most {cfg.storage.scratch_gb:g} GB (storage.scratch_gb)" if cfg.storage.scratch_gb else ""
     footer.append(
         f"scratch/task: {cfg.run_dir} is on object storage; a task stages its inputs and outputs in "
-        f"{storage.scratch_root()}{limit}: up to {format_bytes(max(sizes, default=0))} (documents as text "
+        f"{storage.scratch_root(cfg.storage)}{limit}: up to {format_bytes(max(sizes, default=0))} (documents as text "
         "and what the steps hold; upper bounds)"
     )
 

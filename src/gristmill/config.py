@@ -434,6 +434,15 @@ class RunConfig(Strict):
         return data
 
 
+def _storage_of(data: dict) -> StorageConfig | None:
+    """The config's own storage settings, to read a calibration URL with (None: invalid, which the
+    validation of `storage` reports)."""
+    try:
+        return StorageConfig.model_validate(data.get("storage") or {})
+    except ValidationError:
+        return None
+
+
 def _apply_calibration(data: dict, errors: list[str]) -> None:
     """Merge the calibration file's `per_language` of each step under the step's own: per
     language and key, what the run config says wins. Steps of the file that the run lacks are
@@ -446,7 +455,10 @@ def _apply_calibration(data: dict, errors: list[str]) -> None:
         return
     file = storage.local_or_url(path)
     try:
-        text = storage.read_bytes(file).decode("utf-8", "replace") if isinstance(file, str) else file.read_text()
+        if isinstance(file, Path):
+            text = file.read_text()
+        else:  # a URL: read with the config's own storage settings
+            text = storage.read_bytes(file, _storage_of(data)).decode("utf-8", "replace")
         table = yaml.safe_load(text)
     except OSError as e:
         errors.append(f"{where}: {file}: {e.strerror or e}" if isinstance(file, Path) else f"{where}: {e}")
@@ -539,11 +551,6 @@ def from_dict(data: Any, overrides: list[str] = (), run_dir: str | None = None, 
         if run_dir is not None:
             data["run_dir"] = run_dir
         if data.get("calibration") is not None:
-            if storage.is_url(data["calibration"]):  # read with the config's own storage settings
-                try:
-                    storage.configure(StorageConfig.model_validate(data.get("storage") or {}))
-                except ValidationError:
-                    pass  # reported by the validation of `storage`
             _apply_calibration(data, errors)
         return data
 

@@ -160,7 +160,9 @@ def test_edges_and_removals_identical_for_any_tasks_and_key_ranges(corpus, reque
         bucket = stages[1]
         plan = bucket.pipeline[0].params
         bands = plan.bands
-        assert plan.signature_folder == stages[0].folder and plan.shards == tasks
+        sig = bucket.pipeline[0].run_folder.path(plan.signature_folder)
+        assert sig == stages[0].folder and plan.shards == tasks
+        plan = replace(plan, signature_folder=sig)  # for the phases run alone below
         today = _today(plan.signature_folder, bands, tasks)
         assert sum(len(e) for e in today) > 50
         for ranges, world in combos:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -82,6 +83,11 @@ def _cfg(tmp_path, wet_files, lid_model, steps):
     )
 
 
+def _where(step) -> Path:
+    """The folder a reader reads or a writer writes: a name in the run folder."""
+    return step.run_folder.path(step.folder)
+
+
 def test_streamable_steps_fuse_into_one_stage(tmp_path, wet_files, lid_model):
     cfg = _cfg(tmp_path, wet_files, lid_model, [{"langid": {"model": str(lid_model)}}, "gopher_quality", "c4_lines"])
     stages = planner_mod.plan(cfg)
@@ -95,9 +101,9 @@ def test_global_step_ends_a_stage_and_the_next_reads_its_output(tmp_path, wet_fi
     stages = planner_mod.plan(cfg)
     assert [s.label for s in stages] == ["01_curate", "02_keep_longest", "03_filter"]
     assert stages[1].tasks == 1
-    assert stages[1].pipeline[0].folder == stages[0].output
-    assert stages[2].pipeline[0].folder == stages[1].output
-    assert stages[1].pipeline[-1].folder == stages[1].output  # the context bound the step's writer
+    assert _where(stages[1].pipeline[0]) == stages[0].output
+    assert _where(stages[2].pipeline[0]) == stages[1].output
+    assert _where(stages[1].pipeline[-1]) == stages[1].output  # the context bound the step's writer
 
     merged = run(cfg)
     rows = {r.step: r for r in funnel(merged)}
@@ -175,7 +181,7 @@ def test_tokenize_is_placed_by_the_loop_like_any_global_step(tmp_path, wet_files
     stages = planner_mod.plan(_cfg(tmp_path, wet_files, lid_model, [*steps, {"tokenize": tokenize}]))
     labels = ["01_curate", "02_keep_longest", "03_filter", "04_tokenizer_sample", "05_tokenizer", "06_tokenize"]
     assert [s.label for s in stages] == [*labels, "07_shard_lengths", "08_shard_plan", "09_shards", "10_manifest"]
-    assert stages[3].pipeline[0].folder == stages[5].pipeline[0].folder == stages[2].output
+    assert _where(stages[3].pipeline[0]) == _where(stages[5].pipeline[0]) == stages[2].output
     section = _cfg(tmp_path, wet_files, lid_model, steps).resolved() | {"tokenize": tokenize}
     assert [s.label for s in planner_mod.plan(from_dict(section))] == [s.label for s in stages]
 

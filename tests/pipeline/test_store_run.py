@@ -203,7 +203,7 @@ def test_the_secret_key_is_in_nothing_the_run_writes_or_prints(s3, demo):
 
 def test_a_task_stages_only_in_its_own_scratch_folder_and_leaves_none_behind(demo):
     scratch = demo["scratch"]
-    assert not (scratch / "plan-root-never-written").exists()  # every path of every task was rebased
+    assert not (scratch / "plan-root-never-written").exists()  # every task wrote through its run folder
     assert [p for p in (scratch / "tasks").rglob("*") if p.is_file()] == []  # committed, then removed
     # the models given as URLs were downloaded once into the content-addressed cache
     cached = sorted(p.name for p in (scratch / "cache").rglob("*") if p.is_file())

@@ -21,7 +21,6 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from datatrove.data import Document, DocumentsPipeline
@@ -148,7 +147,8 @@ class Filter(Step):
 
     #: set by the stage context (when `output.dropped_sample` > 0): a sample of dropped documents
     dropped: DroppedSampler | None = None
-    #: set by the stage context to `<stage>/scores/<step>`; None: scores are kept but not written
+    #: set by the stage context to `<stage>/scores/<step>` (in the run folder); None: scores are
+    #: kept but not written
     scores_folder: str | None = None
 
     def statistics(self, text: str, language: str | None, config: Strict) -> dict[str, float | list[float] | None]:
@@ -211,7 +211,7 @@ class Filter(Step):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if self.dropped:
-            self.dropped.open(rank)
+            self.dropped.open(rank, self.run_folder)
         scores = ScoreRecorder(self.name, self.score_field, self.score_bins)
         tally = Tally()
         try:
@@ -234,7 +234,7 @@ class Filter(Step):
                     tally.flush(self.stats)
             tally.flush(self.stats)
             if self.scores_folder is not None:  # the task's input is exhausted: it finished
-                scores.write(Path(self.scores_folder), rank)
+                scores.write(self.run_folder.path(self.scores_folder), rank)
         except BaseException:  # a later step failed (GeneratorExit) or this one did: no partial sample
             tally.flush(self.stats)
             if self.dropped:

@@ -31,7 +31,6 @@ from datatrove.data import Document, DocumentsPipeline
 from gristmill.core.documents import documents_to_table, schema_for, table_to_documents, text_bytes
 from gristmill.core.files import on_failure, remove_quietly
 from gristmill.core.step import DOCUMENT_BYTES_PER_BYTE, Step, Workload
-from gristmill.core.working_copy import listed, staged
 
 ROW_GROUP_DOCS = 2000
 #: text (UTF-8) of a row group: it closes before a document would take it past this (2,000 web
@@ -114,10 +113,10 @@ class ParquetReader(Step):
 
     def __init__(self, folder: str | Path):
         super().__init__()
-        self.folder = Path(folder)
+        self.folder = Path(folder)  # in the run folder
 
     def files(self) -> list[Path]:
-        return sorted(listed(self.folder, "*.parquet", recursive=True), key=lambda p: (p.name, str(p)))
+        return sorted(self.run_folder.listed(self.folder, "*.parquet", recursive=True), key=lambda p: (p.name, str(p)))
 
     def memory_bytes(self, work: Workload) -> int:
         """One row group decoded (ROW_GROUP_DOCS documents or ROW_GROUP_BYTES of text) with its
@@ -129,7 +128,7 @@ class ParquetReader(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         for path in self.files()[rank::world_size]:
             self.stat_update("files")
-            pf = pq.ParquetFile(staged(path))
+            pf = pq.ParquetFile(self.run_folder.staged(path))
             for i in range(pf.num_row_groups):
                 group = pf.read_row_group(i)
                 # UTF-8 bytes of each text from the Arrow offsets: no encoded copy per document
@@ -205,6 +204,7 @@ class ParquetWriter(Step):
     document_fixed = 4 << 20
 
     def bind(self, folder: Path, extra_fields: dict[str, pa.DataType], compression: str | None) -> None:
+        """Write to `folder` (in the run folder)."""
         self.folder, self.schema, self.compression = Path(folder), schema_for(extra_fields), compression
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
@@ -219,11 +219,12 @@ class ParquetWriter(Step):
             raise
 
     def _write(self, data: DocumentsPipeline, rank: int, files: dict[str, ParquetFile]) -> DocumentsPipeline:
+        folder = self.run_folder.path(self.folder)
         for doc in data:
             key = (doc.metadata.get("language") or "unknown") if self.per_language else ""
             out = files.get(key)
             if out is None:
-                path = (self.folder / key if key else self.folder) / f"{rank:05d}.parquet"
+                path = (folder / key if key else folder) / f"{rank:05d}.parquet"
                 out = files[key] = ParquetFile(path, self.schema, self.compression)
             size = text_bytes(doc.text)
             with self.track_time():
@@ -232,7 +233,7 @@ class ParquetWriter(Step):
             self.stat_update("bytes", value=size)
             yield doc
         if not files:
-            files[""] = ParquetFile(self.folder / f"{rank:05d}.parquet", self.schema, self.compression)
+            files[""] = ParquetFile(folder / f"{rank:05d}.parquet", self.schema, self.compression)
         with self.track_time():
             for out in files.values():
                 out.close()

@@ -14,6 +14,7 @@ from datatrove.data import Document
 
 from gristmill.core.documents import schema_for
 from gristmill.core.parquet_io import ParquetFile
+from gristmill.core.run_folder import RunFolder
 
 #: text of a row group of dropped documents: small, since every filter of a stage keeps one
 #: buffered beside the stage's own writer (a longer document is written alone)
@@ -30,16 +31,15 @@ class DroppedSampler:
     reason_field: ClassVar[str] = "drop_reason"
 
     def __init__(self, folder: str | Path, rate: float, extra_fields: dict[str, pa.DataType]):
-        self.folder = Path(folder)
+        self.folder = Path(folder)  # a name in the run folder `open` is given
         self.rate = rate
         self.threshold = int(rate * 2**64)
         self.schema = schema_for({**extra_fields, self.reason_field: pa.string()})
         self._file: ParquetFile | None = None
         self._rank = 0
 
-    def open(self, rank: int) -> DroppedSampler:
-        self._rank = rank
-        self._file = None
+    def open(self, rank: int, run_folder: RunFolder) -> DroppedSampler:
+        self._rank, self._file, self._at = rank, None, run_folder.path(self.folder)
         return self
 
     def offer(self, doc: Document, reason: str | None) -> None:
@@ -47,7 +47,7 @@ class DroppedSampler:
             return
         if self._file is None:
             self._file = ParquetFile(
-                self.folder / f"{self._rank:05d}.parquet", self.schema, "zstd", SAMPLE_ROW_GROUP_BYTES
+                self._at / f"{self._rank:05d}.parquet", self.schema, "zstd", SAMPLE_ROW_GROUP_BYTES
             )
         doc.metadata[self.reason_field] = reason or "unspecified"
         self._file.add(doc)

@@ -29,6 +29,8 @@ import pyarrow as pa
 from datatrove.pipeline.base import PipelineStep
 
 from gristmill.core.configlib import Strict
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
+from gristmill.core.storage import StorageConfig
 
 if TYPE_CHECKING:
     from gristmill.core.parquet_io import ParquetWriter
@@ -101,8 +103,19 @@ class Step(PipelineStep):
     class Config(Strict):
         """This step takes no parameters."""
 
-    #: the folder of the stage this step runs in; set by `StageContext.stage`
+    #: the run directory the step reads and writes, and its stage's folder in it (`NN_name`);
+    #: set by `StageContext.stage`. A step run alone has no run folder: its paths are as given.
+    run_folder: RunFolder = AS_GIVEN
     stage_folder: Path | None = None
+
+    def stage_path(self, *parts: str) -> Path:
+        """Where `parts` are in the step's stage folder (in the task's working copy when bound)."""
+        return self.run_folder.path(self.stage_folder, *parts)
+
+    def run_folders(self) -> tuple[RunFolder, ...]:
+        """The run folders the step reads and writes through: what a task binds to its working
+        copy of a run on object storage."""
+        return () if self.run_folder.root is None else (self.run_folder,)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -219,6 +232,9 @@ class Stage:
     #: the input files it reads, `{"path", "bytes"}` each in reading order (the stage that reads
     #: the input): a resume must read the same (`RunDir.check_inputs`)
     inputs: list[dict] | None = None
+    #: the run's `storage:` settings, with which its tasks reach URLs (inputs, models, a run
+    #: directory on object storage): they travel with the stage's executor to every task
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     @property
     def label(self) -> str:
@@ -247,17 +263,18 @@ class BuildContext(Protocol):
 class StageContext(BuildContext, Protocol):
     """What a global step plans against (implemented by the planner)."""
 
-    #: folder of the documents on disk at this point of the plan (Parquet, read with ParquetReader)
+    #: folder of the documents on disk at this point of the plan, in the run directory (Parquet,
+    #: read with ParquetReader)
     documents: Path
     #: metadata columns those documents carry (beyond the base fields)
     fields: dict[str, pa.DataType]
     #: tasks per stage (`executor.tasks`)
     tasks: int
-    run_dir: Path
 
     def stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
-        """Append a stage: numbered, foldered, every step's `stage_folder` set, drop samplers and
-        score recorders attached to its filters, its writer (if any) bound to `output/`."""
+        """Append a stage: numbered, foldered, every step given the run folder and its
+        `stage_folder` (`Stage.label`), drop samplers attached to its filters, its writer (if
+        any) bound to `output/`."""
 
     def writer(self) -> ParquetWriter:
         """A writer of the documents that leave this stage, bound when the stage is added."""

@@ -6,11 +6,14 @@ may be a URL: `s3://` (s3fs: AWS S3, MinIO, Cloudflare R2, Ceph), `gs://` (gcsfs
 Everything else is a local path and never goes through fsspec: the hot loops of a local run
 open files with Python and pyarrow directly, as before.
 
-Settings: the run config's `storage:` section (`StorageConfig`), installed per process with
-`configure` (the planner, and every task from its executor). S3's endpoint, region and
-credentials otherwise come the standard way, through botocore: `AWS_ENDPOINT_URL_S3` /
-`AWS_ENDPOINT_URL`, `AWS_PROFILE` and `~/.aws/config`, `AWS_ACCESS_KEY_ID` /
-`AWS_SECRET_ACCESS_KEY`, instance and container roles. Credentials are never taken from the run
+Settings: the run config's `storage:` section (`StorageConfig`). It travels with the plan
+(`Stage.storage`, then each task's executor); what reaches a run directory on object storage is
+given it (`filesystem(url, config)`: the store run directory, its lock, a task's working copy).
+What lists the inputs and fetches models and tokenizers uses the settings of its process,
+installed with `configure` by the planner (`plan`, `pipeline plan`) and by every task from its
+executor. S3's endpoint, region and credentials otherwise come the standard way, through
+botocore: `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, `AWS_PROFILE` and `~/.aws/config`,
+`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`, instance and container roles. Credentials are never taken from the run
 config (it is saved in the run directory) and never handed to a filesystem object (those are
 pickled into task files): each process finds them itself. Error lines pass through `scrub`, which
 blanks the secret values of the environment, whatever a server echoes back.
@@ -160,10 +163,10 @@ def settings() -> StorageConfig:
     return _settings
 
 
-def scratch_root() -> Path:
-    """The local scratch folder (`storage.scratch_dir`), resolved in the process that uses it: a
-    Slurm node's TMPDIR is its own."""
-    given = _settings.scratch_dir
+def scratch_root(config: StorageConfig | None = None) -> Path:
+    """The local scratch folder (`storage.scratch_dir` of `config`, default this process's
+    settings), resolved in the process that uses it: a Slurm node's TMPDIR is its own."""
+    given = (config or _settings).scratch_dir
     return Path(os.path.expanduser(given)) if given else Path(tempfile.gettempdir()) / "gristmill-scratch"
 
 
@@ -198,12 +201,12 @@ def join(url: str, *parts: str) -> str:
 # --- filesystems -----------------------------------------------------------------------------------
 
 
-def _options(proto: str) -> dict:
+def _options(proto: str, config: StorageConfig) -> dict:
     # Listings are never cached: a task's completion marker, written by another process, must be
     # seen by the next look.
     options: dict[str, Any] = {"use_listings_cache": False}
     if proto == "s3":
-        s3 = _settings.s3
+        s3 = config.s3
         if s3.endpoint_url:
             options["endpoint_url"] = s3.endpoint_url
         if s3.region:
@@ -217,8 +220,9 @@ def _options(proto: str) -> dict:
     return options
 
 
-def filesystem(url: str):
-    """(fsspec filesystem, path without the scheme) for a URL, with this process's settings."""
+def filesystem(url: str, config: StorageConfig | None = None):
+    """(fsspec filesystem, path without the scheme) for a URL, with `config` (default: this
+    process's settings)."""
     proto = protocol(url)
     if proto is None:
         raise ValueError(f"{url}: not a URL")
@@ -233,7 +237,7 @@ def filesystem(url: str):
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url, **_options(proto))
+        return fsspec.core.url_to_fs(url, **_options(proto, config or _settings))
     except (ImportError, ValueError) as e:
         raise StorageError(f"{url}: no filesystem for {proto}:// ({scrub(str(e))})") from None
 
@@ -305,8 +309,8 @@ def conflict(e: BaseException) -> bool:
 # --- small whole-file operations ---------------------------------------------------------------------
 
 
-def read_bytes(url: str) -> bytes:
-    fs, path = filesystem(url)
+def read_bytes(url: str, config: StorageConfig | None = None) -> bytes:
+    fs, path = filesystem(url, config)
     with errors(url, "reading"):
         return fs.cat_file(path)
 

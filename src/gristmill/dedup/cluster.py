@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from gristmill.core.files import replacing, save_npy_atomic, write_text_atomic
-from gristmill.core.working_copy import staged
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
 from gristmill.dedup.lsh import shard_of
 from gristmill.dedup.order import OFFSET_BITS
 
@@ -132,10 +132,9 @@ class Outbox:
 def inbox(
     folder: Path, part: int, parts: int, senders: int, dtype: np.dtype, chunk: int = CHUNK
 ) -> Iterator[np.ndarray]:
-    """Partition `part`'s slice of every sender's parts in `folder`, a chunk at a time, in
+    """Partition `part`'s slice of every sender's parts in `folder` (local), a chunk at a time, in
     (sender, part) order. Refuses, naming the file, a sender with no part, a part without its
     index, or a part shorter or of another layout than its index says (truncated, overwritten)."""
-    folder = staged(folder)
     files = sorted(folder.glob("task_*.part*.rec.npy"))
     have = {int(f.name[5:10]) for f in files}
     missing = sorted(set(range(senders)) - have)
@@ -162,8 +161,8 @@ def inbox(
 
 
 def _indexes(folder: Path) -> list[np.ndarray]:
-    """The partition offsets of every part in an outbox folder."""
-    return [np.load(f) for f in sorted(staged(folder).glob("task_*.part*.idx.npy"))]
+    """The partition offsets of every part in an outbox folder (local)."""
+    return [np.load(f) for f in sorted(folder.glob("task_*.part*.idx.npy"))]
 
 
 def read_edge_file(path: Path, chunk: int = CHUNK) -> Iterator[np.ndarray]:
@@ -208,8 +207,7 @@ def owner_tasks(task_ranks: dict[int, np.ndarray]) -> np.ndarray:
 
 def removed_slices(folder: Path, task: int) -> np.ndarray:
     """Sorted order keys of the documents `task` of `near_dedup_filter` must drop: its slice of
-    every partition's `removed/part_QQQQQ` file."""
-    folder = staged(folder)
+    every partition's `removed/part_QQQQQ` file (in `folder`, local)."""
     out = []
     for f in sorted(folder.glob("part_*.rec.npy")):
         idx = np.load(Path(str(f)[: -len(".rec.npy")] + ".idx.npy"))
@@ -224,7 +222,7 @@ def read_clusters(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     stage folder (its partitions' `dups/clusters_QQQQQ.npy`): what `lsh.components` /
     `lsh.kept_neighbour` return for the same edges. Holds every clustered document: for tests,
     benchmarks and inspection, not for a run."""
-    parts = [np.load(f) for f in sorted(staged(Path(folder) / "dups").glob("clusters_*.npy"))]
+    parts = [np.load(f) for f in sorted((Path(folder) / "dups").glob("clusters_*.npy"))]
     cl = np.concatenate(parts) if parts else np.empty((0, 2), np.uint64)
     cl = cl[np.argsort(cl[:, 0], kind="stable")]
     return cl[:, 0], cl[:, 1]
@@ -246,10 +244,21 @@ def cluster_sizes(folder: Path) -> dict[str, int] | None:
 class Rounds:
     """The rounds of one planned clustering: where each round's state and messages are, and one
     round's work for one partition (`run`). `rounds[r - 1]` is the stage folder of round r <= R;
-    later rounds live in the `near_dedup_cluster_rest` folder."""
+    later rounds live in the `near_dedup_cluster_rest` folder. The folders are in `run_folder`,
+    which fetches what a round reads (a run on object storage)."""
 
-    def __init__(self, edges: Path, rounds: list[Path], rest: Path, parts: int, components: bool):
-        self.edges, self.rounds, self.rest, self.parts, self.components = edges, rounds, rest, parts, components
+    def __init__(
+        self,
+        edges: Path,
+        rounds: list[Path],
+        rest: Path,
+        parts: int,
+        components: bool,
+        run_folder: RunFolder = AS_GIVEN,
+    ):
+        self.edges, self.rest = run_folder.path(edges), run_folder.path(rest)
+        self.rounds = [run_folder.path(r) for r in rounds]
+        self.parts, self.components, self.run_folder = parts, components, run_folder
         self._converged: dict[int, bool] = {}
         #: records read at a time and held by an outbox (instance attributes: tests make them tiny)
         self.chunk, self.spill = CHUNK, SPILL
@@ -266,7 +275,7 @@ class Rounds:
     def summaries(self, r: int) -> list[dict]:
         out = []
         for q in range(self.parts):
-            f = staged(self.summary_path(r, q))
+            f = self.run_folder.staged(self.summary_path(r, q))
             if not f.is_file():
                 raise ValueError(
                     f"{f}: missing: round {r} of near_dedup's clustering did not finish; run the step again"
@@ -291,12 +300,12 @@ class Rounds:
     def state(self, r: int, q: int) -> np.ndarray:
         """Partition q's state after round r (a converged round keeps the state of the one it
         found converged)."""
-        s = json.loads(staged(self.summary_path(r, q)).read_text())
-        return np.load(staged(self.state_dir(s["state_round"]) / f"part_{q:05d}.npy"))
+        s = json.loads(self.run_folder.staged(self.summary_path(r, q)).read_text())
+        return np.load(self.run_folder.staged(self.state_dir(s["state_round"]), f"part_{q:05d}.npy"))
 
     def entries(self, q: int) -> Iterator[np.ndarray]:
         """Partition q's edge entries (src in q), a chunk at a time."""
-        return inbox(self.edges / "edges", q, self.parts, self.parts, EDGE, self.chunk)
+        return inbox(self.run_folder.staged(self.edges, "edges"), q, self.parts, self.parts, EDGE, self.chunk)
 
     def _first(self, q: int) -> np.ndarray:
         nodes = np.empty(0, np.uint64)
@@ -319,7 +328,7 @@ class Rounds:
         _sweep(self.state_dir(r), f"*_{q:05d}.*.tmp")
         _sweep(self.msg_dir(r), f"task_{q:05d}.part*.tmp")
         if r > 1 and self.converged(r - 1):
-            prev = json.loads(staged(self.summary_path(r - 1, q)).read_text())
+            prev = json.loads(self.run_folder.staged(self.summary_path(r - 1, q)).read_text())
             summary = {"sent": 0, "state_round": prev["state_round"], "changed": 0, "nodes": prev["nodes"]}
             write_text_atomic(self.summary_path(r, q), json.dumps(summary))
             return summary
@@ -364,13 +373,13 @@ class Rounds:
         the largest cost of a round)."""
         path = self.state_dir(1) / f"entries_{q:05d}.npy"
         if r > 1:
-            index = np.load(staged(path), mmap_mode="r")
+            index = np.load(self.run_folder.staged(path), mmap_mode="r")
             at = 0
             for e in self.entries(q):
                 yield e, np.array(index[at : at + len(e)])
                 at += len(e)
             return
-        total = sum(int(i[q + 1] - i[q]) for i in _indexes(self.edges / "edges"))
+        total = sum(int(i[q + 1] - i[q]) for i in _indexes(self.run_folder.staged(self.edges, "edges")))
         with replacing(path) as tmp:
             index = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(total,))
             at = 0
@@ -384,7 +393,7 @@ class Rounds:
 
     def _received(self, r: int, q: int) -> Iterator[np.ndarray]:
         if r > 1:
-            yield from inbox(self.msg_dir(r - 1), q, self.parts, self.parts, MSG, self.chunk)
+            yield from inbox(self.run_folder.staged(self.msg_dir(r - 1)), q, self.parts, self.parts, MSG, self.chunk)
 
     def _components(self, st: np.ndarray, r: int, q: int, out: Outbox) -> np.ndarray:
         """Applies the labels and counts sent, then answers the nodes that asked one of its nodes

@@ -45,7 +45,6 @@ from gristmill.core.documents import text_bytes
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.step import GlobalStep, StageContext, Workload
-from gristmill.core.working_copy import staged
 from gristmill.dedup import inputs
 from gristmill.dedup.bloom import BLOCK_BITS, BloomFilter, BloomMeta, check_size, hash128, read_meta, size_for
 from gristmill.dedup.order import (
@@ -183,8 +182,9 @@ def _missing_slices(slices: list[tuple[Path, BloomMeta]], n_blocks: int) -> list
 @dataclass
 class ExactDedupPlan:
     """What every phase of one `exact_dedup` step reads (`self.params`): built once by
-    `ExactDedup.stages`, shared by all its phases. The stage folders are set as `stages()` adds
-    each stage, so they are complete before any task runs; a phase reads only earlier ones."""
+    `ExactDedup.stages`, shared by all its phases. The stage folders (names in the run folder, as
+    `Stage.label`) are set as `stages()` adds each stage, so they are complete before any task
+    runs; a phase reads only earlier ones, through its `run_folder`."""
 
     #: the step's validated parameters
     config: ExactDedup.Config
@@ -256,7 +256,7 @@ class ExactDedupHash(DedupPhase[ExactDedupPlan]):
             which = np.searchsorted(bounds, block, side="right") - 1
             for s in range(p.slices):
                 save_npy_atomic(
-                    self.stage_folder / "hashes" / f"slice_{s:05d}" / f"task_{rank:05d}.part{part:05d}.npy",
+                    self.stage_path("hashes", f"slice_{s:05d}", f"task_{rank:05d}.part{part:05d}.npy"),
                     rec[which == s],
                 )
             parts.clear()
@@ -297,12 +297,12 @@ class ExactDedupHash(DedupPhase[ExactDedupPlan]):
                 spill()
             check_unique(np.frombuffer(doc_keys, dtype=np.uint64), list(sources.index), p.step)
             self.stat_update("items", value=total)
-            sources.save(self.stage_folder, rank)
+            sources.save(self.stage_path(), rank)
             if p.documents is not None:
                 inputs.save(
-                    self.stage_folder / "inputs" / f"task_{rank:05d}.json",
-                    _task_files(p.documents, rank, world_size),
-                    p.documents,
+                    self.stage_path("inputs", f"task_{rank:05d}.json"),
+                    _task_files(self, p.documents, rank, world_size),
+                    self.run_folder.path(p.documents),
                 )
         return
         yield
@@ -322,8 +322,11 @@ def _part_task(path: Path) -> int:
     return int(path.name.split(".")[0].split("_")[1])
 
 
-def _task_files(folder: Path, rank: int, world_size: int) -> list[Path]:
-    return ParquetReader(folder).files()[rank::world_size]  # the files this task's reader reads
+def _task_files(phase: DedupPhase, folder: Path, rank: int, world_size: int) -> list[Path]:
+    """The files this task's reader reads, fetched."""
+    reader = ParquetReader(folder)
+    reader.run_folder = phase.run_folder
+    return [phase.run_folder.staged(f) for f in reader.files()[rank::world_size]]
 
 
 class ExactDedupFind(DedupPhase[ExactDedupPlan]):
@@ -348,15 +351,15 @@ class ExactDedupFind(DedupPhase[ExactDedupPlan]):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
         with self.track_time():
-            ranks, _ = load_ranks(p.hash_folder)
+            ranks, _ = load_ranks(p.hash_folder, self.run_folder)
             parts = [
                 _SortedPart(np.load(f, mmap_mode="r"), ranks[_part_task(f)], _part_task(f))
-                for f in sorted(staged(p.hash_folder / "hashes" / f"slice_{rank:05d}").glob("task_*.npy"))
+                for f in sorted(self.run_folder.staged(p.hash_folder, "hashes", f"slice_{rank:05d}").glob("task_*.npy"))
             ]
             parts = [part for part in parts if len(part.rec)]
             n = sum(len(part.rec) for part in parts)
             bounds = _slice_bounds(p.n_blocks, p.slices)
-            path = self.stage_folder / "filter" / f"slice_{rank:05d}.bloom"
+            path = self.stage_path("filter", f"slice_{rank:05d}.bloom")
             bf = BloomFilter.create(
                 path,
                 p.config.capacity,
@@ -380,7 +383,9 @@ class ExactDedupFind(DedupPhase[ExactDedupPlan]):
                 rec, task, key = rec[order], task[order], key[order]
                 twice = np.flatnonzero((key[1:] == key[:-1]) & (rec["para"][1:] == rec["para"][:-1]))
                 if len(twice):  # two documents of different tasks with one key (each task checked its own)
-                    raise shared_key_error(int(key[twice[0]]), sorted(load_ranks(p.hash_folder)[1]), p.step)
+                    raise shared_key_error(
+                        int(key[twice[0]]), sorted(load_ranks(p.hash_folder, self.run_folder)[1]), p.step
+                    )
                 hashes = np.stack([rec["hi"], rec["lo"]], axis=1)
                 dup = np.zeros(len(rec), dtype=bool)
                 for s in range(0, len(rec), BATCH):
@@ -400,7 +405,7 @@ class ExactDedupFind(DedupPhase[ExactDedupPlan]):
             bf.save()
             for t in sorted(ranks):  # every hashing task gets a file, maybe empty
                 save_npy_atomic(
-                    self.stage_folder / "dups" / f"task_{t:05d}" / f"slice_{rank:05d}.npy",
+                    self.stage_path("dups", f"task_{t:05d}", f"slice_{rank:05d}.npy"),
                     np.concatenate(dups[t]) if dups[t] else np.empty(0, dtype=DUP),
                 )
             fill, est = bf.fill_ratio(), bf.estimated_fp_rate()
@@ -409,7 +414,7 @@ class ExactDedupFind(DedupPhase[ExactDedupPlan]):
         self.stat_update("key_ranges", value=len(cuts) + 1)
         # ppm integers: datatrove's stats sum numbers over tasks; the JSON keeps the exact values
         write_text_atomic(
-            self.stage_folder / "filter" / f"slice_{rank:05d}.stats.json",
+            self.stage_path("filter", f"slice_{rank:05d}.stats.json"),
             json.dumps({"items": n, "duplicates": n_dup, "fill_ratio": fill, "estimated_fp_rate": est}),
         )
         self.stat_update("fill_ppm_sum", value=int(fill * 1e6))
@@ -476,15 +481,16 @@ class ExactDedupFilter(DedupFilterPhase[ExactDedupPlan]):
         p = self.params
         if p.documents is not None:
             inputs.check(
-                p.hash_folder / "inputs" / f"task_{rank:05d}.json",
-                _task_files(p.documents, rank, world_size),
-                p.documents,
+                self.run_folder.staged(p.hash_folder, "inputs", f"task_{rank:05d}.json"),
+                _task_files(self, p.documents, rank, world_size),
+                self.run_folder.path(p.documents),
                 ExactDedupHash.step_name,
             )
-        self._keys = DocKeys(p.hash_folder, ExactDedupHash.step_name)
+        self._keys = DocKeys(p.hash_folder, ExactDedupHash.step_name, self.run_folder)
         # the task's duplicates as one array sorted by key: 28 bytes each (dicts of Python ints
         # took ~250), looked up by binary search
-        parts = [np.load(f) for f in sorted(staged(p.find_folder / "dups" / f"task_{rank:05d}").glob("*.npy"))]
+        dups = self.run_folder.staged(p.find_folder, "dups", f"task_{rank:05d}")
+        parts = [np.load(f) for f in sorted(dups.glob("*.npy"))]
         d = np.concatenate(parts) if parts else np.empty(0, dtype=DUP)
         self._dups = d[np.argsort(d["key"], kind="stable")]
         yield from super().run(data, rank, world_size)
@@ -583,6 +589,7 @@ class ExactDedup(GlobalStep):
         )
         docs, name = ctx.documents, self.name
         hashed = ctx.stage("exact_dedup_hash", [ParquetReader(docs), ExactDedupHash(plan, step_id=name)])
-        plan.hash_folder = hashed.folder
-        plan.find_folder = ctx.stage("exact_dedup_find", [ExactDedupFind(plan, step_id=name)], tasks=plan.slices).folder
+        plan.hash_folder = Path(hashed.label)
+        find = ctx.stage("exact_dedup_find", [ExactDedupFind(plan, step_id=name)], tasks=plan.slices)
+        plan.find_folder = Path(find.label)
         ctx.stage("exact_dedup_filter", [ParquetReader(docs), ExactDedupFilter(plan, step_id=name), ctx.writer()])

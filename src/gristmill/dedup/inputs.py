@@ -17,14 +17,13 @@ import pyarrow.parquet as pq
 import xxhash
 
 from gristmill.core.files import write_text_atomic
-from gristmill.core.working_copy import staged
 
 
 def fingerprint(files: list[Path], root: Path) -> dict[str, dict]:
-    """{file relative to root: {"rows", "keys"}} for the given Parquet files."""
+    """{file relative to root: {"rows", "keys"}} for the given Parquet files (local: fetched)."""
     out = {}
     for path in files:
-        t = pq.read_table(staged(path), columns=["source", "offset"])
+        t = pq.read_table(path, columns=["source", "offset"])
         h = xxhash.xxh3_64()
         src = pc.dictionary_encode(t["source"].combine_chunks())
         h.update("\0".join(str(s) for s in src.dictionary.to_pylist()).encode())
@@ -39,8 +38,9 @@ def save(path: Path, files: list[Path], root: Path) -> None:
 
 
 def check(path: Path, files: list[Path], root: Path, first_stage: str) -> None:
-    """Raise ValueError naming the first file that differs from what `first_stage` read."""
-    saw = json.loads(staged(path).read_text())
+    """Raise ValueError naming the first file that differs from what `first_stage` read (`path`:
+    its record, local)."""
+    saw = json.loads(path.read_text())
     now = fingerprint(files, root)
     for name in sorted(set(saw) | set(now)):
         file = root / name

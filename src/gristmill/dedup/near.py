@@ -59,8 +59,8 @@ from gristmill.core.configlib import Strict
 from gristmill.core.documents import text_bytes
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
 from gristmill.core.step import BASE_TASK_BYTES, DOCUMENT_BYTES_PER_BYTE, GlobalStep, StageContext, Workload
-from gristmill.core.working_copy import staged
 from gristmill.dedup.cluster import (
     CHUNK as CLUSTER_CHUNK,
 )
@@ -121,8 +121,9 @@ TEXT_BYTES_PER_SHINGLE = 6
 @dataclass
 class NearDedupPlan:
     """What every phase of one `near_dedup` step reads (`self.params`): built once by
-    `NearDedup.stages`, shared by all its phases. The stage folders are set as `stages()` adds
-    each stage, so they are complete before any task runs; a phase reads only earlier ones."""
+    `NearDedup.stages`, shared by all its phases. The stage folders (names in the run folder, as
+    `Stage.label`) are set as `stages()` adds each stage, so they are complete before any task
+    runs; a phase reads only earlier ones, through its `run_folder`."""
 
     #: the step's validated parameters
     config: NearDedup.Config
@@ -240,7 +241,7 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
             for b in range(bands):
                 col = rec[:, b]
                 save_npy_atomic(
-                    self.stage_folder / "bands" / f"band_{b:03d}" / f"task_{rank:05d}.part{part:05d}.npy",
+                    self.stage_path("bands", f"band_{b:03d}", f"task_{rank:05d}.part{part:05d}.npy"),
                     col[np.argsort(col["key"], kind="stable")],
                 )
             out.clear()
@@ -265,9 +266,9 @@ class NearDedupSignature(DedupPhase[NearDedupPlan]):
                 spill()
             keys = np.concatenate(order_keys) if order_keys else np.empty(0, np.uint64)
             check_unique(keys, list(sources.index), p.step)
-            sources.save(self.stage_folder, rank)
+            sources.save(self.stage_path(), rank)
             write_text_atomic(
-                self.stage_folder / "lsh.json",
+                self.stage_path("lsh.json"),
                 json.dumps({"bands": bands, "rows": rows, "num_perm": p.config.num_perm, "sorted_by_key": True}),
             )
         return
@@ -291,13 +292,14 @@ def _lower_bound(keys, x: int) -> int:
     return bisect.bisect_left(keys, np.uint64(x))
 
 
-def _band_files(sig_folder: Path, band: int) -> list[tuple[int, Path]]:
-    """(signature task, file) of every sorted part of the band (`task_RRRRR[.partPPPPP].npy`)."""
-    files = sorted(staged(sig_folder / "bands" / f"band_{band:03d}").glob("task_*.npy"))
+def _band_files(folder: Path) -> list[tuple[int, Path]]:
+    """(signature task, file) of every sorted part of a band (`task_RRRRR[.partPPPPP].npy`) in
+    its `folder` (local)."""
+    files = sorted(folder.glob("task_*.npy"))
     return [(int(f.name.split(".")[0].split("_")[1]), f) for f in files]
 
 
-def _load_pair(sig_folder: Path, band: int, lo: int, hi: int, task_ranks) -> tuple[np.ndarray, np.ndarray]:
+def _load_pair(band: Path, lo: int, hi: int, task_ranks) -> tuple[np.ndarray, np.ndarray]:
     """(keys, order keys) of the band's records with lo <= key < hi, from every signature task.
 
     Each task's file is sorted by key, so its slice of the range is found by binary search on
@@ -305,7 +307,7 @@ def _load_pair(sig_folder: Path, band: int, lo: int, hi: int, task_ranks) -> tup
     once (16 bytes per record); one task's slice (20 bytes per record) is the only other buffer.
     """
     slices = []
-    for t, f in _band_files(sig_folder, band):
+    for t, f in _band_files(band):
         m = np.load(f, mmap_mode="r")
         if len(m):
             k = m["key"]
@@ -323,14 +325,14 @@ def _load_pair(sig_folder: Path, band: int, lo: int, hi: int, task_ranks) -> tup
     return keys, ords
 
 
-def _check_shared_sources(sig_folder: Path, task_ranks, part: int, parts: int, names: list[str], step: str) -> None:
+def _check_shared_sources(band0: Path, task_ranks, part: int, parts: int, names: list[str], step: str) -> None:
     """Refuse two documents of different signature tasks that share (source, offset).
 
     Each signature task refused its own repeats; documents of two tasks can share an order key
     only if their source is in both tasks' tables (normally never: a source is one input file,
     read by one task). The documents of such sources are checked here, partitioned by a hash of
     the order key (equal keys meet in one part) so a task holds 8 bytes x shared documents / parts.
-    Band 0 holds every document that has shingles.
+    Band 0 (`band0`: its folder, local) holds every document that has shingles.
     """
     seen: dict[int, int] = {}
     for ranks in task_ranks.values():
@@ -340,7 +342,7 @@ def _check_shared_sources(sig_folder: Path, task_ranks, part: int, parts: int, n
     if not len(shared):
         return
     found = []
-    for t, f in _band_files(sig_folder, 0):
+    for t, f in _band_files(band0):
         local = np.isin(task_ranks[t], shared)
         if not local.any():
             continue
@@ -366,23 +368,24 @@ class NearDedupBuckets(DedupPhase[NearDedupPlan]):
 
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
-        sig = p.signature_folder
+        sig, rf = p.signature_folder, self.run_folder
         with self.track_time():
-            meta = sig / "lsh.json"
-            if not json.loads(staged(meta).read_text()).get("sorted_by_key"):
+            meta = rf.staged(sig, "lsh.json")
+            if not json.loads(meta.read_text()).get("sorted_by_key"):
                 raise ValueError(
                     f"{meta}: band files not sorted by key (an older near_dedup_signature wrote them); "
                     f"run {p.step} again with --force"
                 )
-            task_ranks, rank_of = load_ranks(sig)
+            task_ranks, rank_of = load_ranks(sig, rf)
             bounds = key_range_bounds(p.ranges)
             # a stage planned with one task per pair runs one pair here; fewer tasks run several,
             # one after the other, holding one pair at a time (`bucket_tasks`)
             for pair in range(rank, p.bands * p.ranges, world_size):
                 b, g = divmod(pair, p.ranges)
+                band = rf.staged(sig, "bands", f"band_{b:03d}")
                 if b == 0:
-                    _check_shared_sources(sig, task_ranks, g, p.ranges, sorted(rank_of, key=rank_of.get), p.step)
-                keys, ords = _load_pair(sig, b, bounds[g], bounds[g + 1], task_ranks)
+                    _check_shared_sources(band, task_ranks, g, p.ranges, sorted(rank_of, key=rank_of.get), p.step)
+                keys, ords = _load_pair(band, bounds[g], bounds[g + 1], task_ranks)
                 self.stat_update("records", value=len(keys))
                 sort_records(keys, ords)
                 e = sorted_band_edges(keys, ords)
@@ -391,15 +394,15 @@ class NearDedupBuckets(DedupPhase[NearDedupPlan]):
                 shard = shard_of(e[:, 0], p.shards)
                 for s in range(p.shards):
                     save_npy_atomic(
-                        self.stage_folder / "edges" / f"shard_{s:03d}" / f"band_{b:03d}.range_{g:05d}.npy",
+                        self.stage_path("edges", f"shard_{s:03d}", f"band_{b:03d}.range_{g:05d}.npy"),
                         e[shard == s],
                     )
         return
         yield
 
 
-def _shard_edges(folder: Path, shard: int) -> np.ndarray:
-    parts = [np.load(f) for f in sorted(staged(folder / f"shard_{shard:03d}").glob("*.npy"))]
+def _shard_edges(folder: Path, shard: int, run_folder: RunFolder = AS_GIVEN) -> np.ndarray:
+    parts = [np.load(f) for f in sorted(run_folder.staged(folder, f"shard_{shard:03d}").glob("*.npy"))]
     e = np.concatenate(parts) if parts else np.empty((0, 2), np.uint64)
     return np.unique(e, axis=0) if len(e) else e  # the same pair from several bands once
 
@@ -429,18 +432,18 @@ class NearDedupShingles(DedupPhase[NearDedupPlan]):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
         with self.track_time():
-            ords = DocKeys(p.signature_folder, NearDedupSignature.step_name)
+            ords = DocKeys(p.signature_folder, NearDedupSignature.step_name, self.run_folder)
             # (candidate, shard that needs its shingles) sorted by candidate, for this task's own
             # documents only (it reads the signature task's files again, so the same sources):
             # 16 bytes per pair of its share, where a Python set per shard of every candidate of
             # the run took ~60 bytes per candidate of the run
-            task_ranks, _ = load_ranks(p.signature_folder)
+            task_ranks, _ = load_ranks(p.signature_folder, self.run_folder)
             mine = task_ranks.get(rank, np.empty(0, np.uint64)).astype(np.int64)
 
             def own(nodes: np.ndarray) -> np.ndarray:
                 return nodes[np.isin((nodes >> np.uint64(OFFSET_BITS)).astype(np.int64), mine)]
 
-            need = [own(np.unique(_shard_edges(p.candidate_edges, s))) for s in range(p.shards)]
+            need = [own(np.unique(_shard_edges(p.candidate_edges, s, self.run_folder))) for s in range(p.shards)]
             nodes = np.concatenate(need) if need else np.empty(0, np.uint64)
             where = (
                 np.concatenate([np.full(len(n), s, np.int32) for s, n in enumerate(need)])
@@ -459,7 +462,7 @@ class NearDedupShingles(DedupPhase[NearDedupPlan]):
             for s, (keys, sets) in enumerate(out):
                 lengths = np.array([len(x) for x in sets], dtype=np.int64)
                 vals = np.concatenate(sets) if sets else np.empty(0, np.uint64)
-                base = self.stage_folder / "shingles" / f"shard_{s:03d}" / f"task_{rank:05d}.part{part:05d}"
+                base = self.stage_path("shingles", f"shard_{s:03d}", f"task_{rank:05d}.part{part:05d}")
                 save_npy_atomic(Path(f"{base}.keys.npy"), np.array(keys, dtype=np.uint64))
                 save_npy_atomic(Path(f"{base}.lengths.npy"), lengths)
                 save_npy_atomic(Path(f"{base}.values.npy"), vals)
@@ -503,28 +506,28 @@ class NearDedupVerify(DedupPhase[NearDedupPlan]):
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
         with self.track_time():
-            e = _shard_edges(p.candidate_edges, rank)
+            e = _shard_edges(p.candidate_edges, rank, self.run_folder)
             sets: dict[int, np.ndarray] = {}
-            d = p.shingles_folder / "shingles" / f"shard_{rank:03d}"
-            for kf in sorted(staged(d).glob("task_*.keys.npy")):
+            d = self.run_folder.staged(p.shingles_folder, "shingles", f"shard_{rank:03d}")
+            for kf in sorted(d.glob("task_*.keys.npy")):
                 base = str(kf)[: -len(".keys.npy")]
                 keys, lengths, vals = np.load(kf), np.load(base + ".lengths.npy"), np.load(base + ".values.npy")
                 for k, part in zip(keys.tolist(), np.split(vals, np.cumsum(lengths)[:-1]) if len(keys) else []):
                     sets[k] = part
             keep = np.array([jaccard(sets[u], sets[v]) >= p.config.threshold for u, v in e.tolist()], dtype=bool)
             keep = keep.reshape(-1) if len(e) else np.zeros(0, bool)
-            save_npy_atomic(self.stage_folder / "verified" / f"shard_{rank:03d}" / "edges.npy", e[keep])
+            save_npy_atomic(self.stage_path("verified", f"shard_{rank:03d}", "edges.npy"), e[keep])
         self.stat_update("candidate_pairs", value=len(e))
         self.stat_update("verified_pairs", value=int(keep.sum()))
         return
         yield
 
 
-def _cluster_edge_files(p: NearDedupPlan, shard: int) -> list[Path]:
+def _cluster_edge_files(run_folder: RunFolder, p: NearDedupPlan, shard: int) -> list[Path]:
     """The edge files of one shard the cluster stages read; refuses a shard with fewer files than
     the stage before writes for it (every shard gets its files, empty or not)."""
-    d = p.cluster_edges / f"shard_{shard:03d}"
-    files = sorted(staged(d).glob("*.npy"))
+    d = run_folder.staged(p.cluster_edges, f"shard_{shard:03d}")
+    files = sorted(d.glob("*.npy"))
     expected, writer = (1, "near_dedup_verify") if p.config.verify else (p.bands * p.ranges, "near_dedup_buckets")
     if len(files) < expected:
         raise ValueError(
@@ -551,10 +554,10 @@ class NearDedupClusterEdges(DedupPhase[NearDedupPlan]):
     def run(self, data=None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         p = self.params
         with self.track_time():
-            out = Outbox(self.stage_folder / "edges", rank, p.cluster_tasks, EDGE, "src", self.cluster_spill)
+            out = Outbox(self.stage_path("edges"), rank, p.cluster_tasks, EDGE, "src", self.cluster_spill)
             edges = 0
             for s in range(rank, p.shards, world_size):
-                for f in _cluster_edge_files(p, s):
+                for f in _cluster_edge_files(self.run_folder, p, s):
                     for e in read_edge_file(f, self.cluster_chunk):
                         e = np.unique(np.sort(e, axis=1), axis=0)  # (earlier, later), once per chunk
                         e = e[e[:, 0] != e[:, 1]]
@@ -585,8 +588,9 @@ class _ClusterPhase(DedupPhase[NearDedupPlan]):
 
     def rounds(self) -> Rounds:
         p = self.params
+        components = p.config.removal == "components"
         rounds = Rounds(
-            p.cluster_edges_folder, p.round_folders, p.rest_folder, p.cluster_tasks, p.config.removal == "components"
+            p.cluster_edges_folder, p.round_folders, p.rest_folder, p.cluster_tasks, components, self.run_folder
         )
         rounds.chunk, rounds.spill = self.cluster_chunk, self.cluster_spill
         return rounds
@@ -638,7 +642,9 @@ class NearDedupClusterRest(_ClusterPhase):
                     )
                 r += 1
                 for q in range(self.params.cluster_tasks):
-                    if not staged(rounds.summary_path(r, q)).is_file():  # a killed rest resumes at its partition
+                    if not self.run_folder.staged(
+                        rounds.summary_path(r, q)
+                    ).is_file():  # a killed rest resumes at its partition
                         rounds.run(r, q)
                 self.stat_update("rounds")
             self.stat_update("final_round", value=r)
@@ -660,9 +666,9 @@ class NearDedupCluster(_ClusterPhase):
         p = self.params
         with self.track_time():
             rounds = self.rounds()
-            task_ranks, _ = load_ranks(p.signature_folder)
+            task_ranks, _ = load_ranks(p.signature_folder, self.run_folder)
             for q in range(rank, p.cluster_tasks, world_size):
-                for k, v in rounds.finish(q, task_ranks, self.stage_folder).items():
+                for k, v in rounds.finish(q, task_ranks, self.stage_path()).items():
                     self.stat_update(k, value=v)
             if rank == 0:
                 self.stat_update("rounds", value=rounds.final_round())
@@ -678,10 +684,11 @@ class NearDedupFilter(DedupFilterPhase[NearDedupPlan]):
         return int(8 * CANDIDATE_SHARE * work.documents_per_task) + super().memory_bytes(work)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        self._ords = DocKeys(self.params.signature_folder, NearDedupSignature.step_name)
+        p, rf = self.params, self.run_folder
+        self._ords = DocKeys(p.signature_folder, NearDedupSignature.step_name, rf)
         # sorted order keys, 8 bytes each (a Python set took ~60), found by binary search: this
         # task's slice of every cluster partition's removals
-        self._removed = removed_slices(self.params.cluster_folder / "removed", rank)
+        self._removed = removed_slices(rf.staged(p.cluster_folder, "removed"), rank)
         yield from super().run(data, rank, world_size)
 
     def filter(self, doc: Document, config: Strict):
@@ -783,13 +790,13 @@ class NearDedup(GlobalStep):
         plan = NearDedupPlan(self.config, bands, rows, ranges, shards=ctx.tasks, step=self.yaml_name)
         docs, name = ctx.documents, self.name
         sig = ctx.stage("near_dedup_signature", [ParquetReader(docs), NearDedupSignature(plan, step_id=name)])
-        plan.signature_folder = sig.folder
+        plan.signature_folder = Path(sig.label)
         buckets = ctx.stage("near_dedup_buckets", [NearDedupBuckets(plan, step_id=name)], tasks=buckets_tasks)
-        plan.buckets_folder = buckets.folder
+        plan.buckets_folder = Path(buckets.label)
         if plan.config.verify:
             sh = ctx.stage("near_dedup_shingles", [ParquetReader(docs), NearDedupShingles(plan, step_id=name)])
-            plan.shingles_folder = sh.folder
-            plan.verify_folder = ctx.stage("near_dedup_verify", [NearDedupVerify(plan, step_id=name)]).folder
+            plan.shingles_folder = Path(sh.label)
+            plan.verify_folder = Path(ctx.stage("near_dedup_verify", [NearDedupVerify(plan, step_id=name)]).label)
         c = cluster_tasks(
             self.config,
             ctx.tasks,
@@ -802,14 +809,15 @@ class NearDedup(GlobalStep):
         )
         plan.cluster_tasks, plan.cluster_rounds = c, rounds
         edges = ctx.stage("near_dedup_cluster_edges", [NearDedupClusterEdges(plan, step_id=name)], tasks=c)
-        plan.cluster_edges_folder = edges.folder
+        plan.cluster_edges_folder = Path(edges.label)
         for r in range(1, plan.cluster_rounds + 1):
             rnd = ctx.stage("near_dedup_cluster_round", [NearDedupClusterRound(plan, r, step_id=name)], tasks=c)
-            plan.round_folders.append(rnd.folder)
-        plan.rest_folder = ctx.stage(
-            "near_dedup_cluster_rest", [NearDedupClusterRest(plan, step_id=name)], tasks=1
-        ).folder
-        plan.cluster_folder = ctx.stage("near_dedup_cluster", [NearDedupCluster(plan, step_id=name)], tasks=c).folder
+            plan.round_folders.append(Path(rnd.label))
+        rest = ctx.stage("near_dedup_cluster_rest", [NearDedupClusterRest(plan, step_id=name)], tasks=1)
+        plan.rest_folder = Path(rest.label)
+        plan.cluster_folder = Path(
+            ctx.stage("near_dedup_cluster", [NearDedupCluster(plan, step_id=name)], tasks=c).label
+        )
         ctx.stage("near_dedup_filter", [ParquetReader(docs), NearDedupFilter(plan, step_id=name), ctx.writer()])
 
 

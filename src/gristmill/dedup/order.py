@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gristmill.core.files import write_text_atomic
-from gristmill.core.working_copy import staged
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
 
 if TYPE_CHECKING:
     from datatrove.data import Document
@@ -45,11 +45,12 @@ class SourceTable:
         write_text_atomic(folder / "sources" / f"task_{rank:05d}.json", json.dumps(list(self.index)))
 
 
-def load_ranks(folder: Path) -> tuple[dict[int, np.ndarray], dict[str, int]]:
-    """({task: local index -> global rank}, {source: global rank}) from `folder/sources/`."""
+def load_ranks(folder: Path, run_folder: RunFolder = AS_GIVEN) -> tuple[dict[int, np.ndarray], dict[str, int]]:
+    """({task: local index -> global rank}, {source: global rank}) from `folder/sources/` (in
+    `run_folder`)."""
     tables = {
         int(p.stem.split("_")[1]): json.loads(p.read_text())
-        for p in sorted(staged(folder / "sources").glob("task_*.json"))
+        for p in sorted(run_folder.staged(folder, "sources").glob("task_*.json"))
     }
     names = sorted({s for t in tables.values() for s in t})
     rank = {s: i for i, s in enumerate(names)}
@@ -59,8 +60,8 @@ def load_ranks(folder: Path) -> tuple[dict[int, np.ndarray], dict[str, int]]:
 class DocKeys:
     """Order keys of documents from their `source` and `offset` (ranks from a first stage's tables)."""
 
-    def __init__(self, first_stage: Path, step: str):
-        self.rank, self.step = load_ranks(first_stage)[1], step
+    def __init__(self, first_stage: Path, step: str, run_folder: RunFolder = AS_GIVEN):
+        self.rank, self.step = load_ranks(first_stage, run_folder)[1], step
 
     def __call__(self, doc: Document) -> int:
         r = self.rank.get(doc.metadata.get("source") or "")

@@ -53,7 +53,6 @@ from gristmill.core.filter import Filter, FilterResult
 from gristmill.core.parquet_io import ParquetReader
 from gristmill.core.scores import LINEAR_01
 from gristmill.core.step import GlobalStep, StageContext, Step, Workload, config_key
-from gristmill.core.working_copy import listed, staged
 
 SAMPLE_SALT = b"gristmill-quality-buckets:"
 SCORE, BUCKET = "quality_ensemble", "quality_bucket"
@@ -149,7 +148,7 @@ class SampleSignals(Step):
                 if len(buf_k) >= k:
                     prune()
             prune()
-            out = self.stage_folder / "output" / f"sample_{rank:05d}.npz"
+            out = self.stage_path("output", f"sample_{rank:05d}.npz")
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp.npz")
             np.savez(tmp, keys=keys, values=values)
@@ -219,19 +218,19 @@ class BucketCuts(Step):
         width = len(c.signals)
         keys, values = np.zeros(0, np.uint64), np.zeros((0, width), np.float64)
         with self.track_time():
-            files = sorted(listed(self.sample_folder, "sample_*.npz"))
+            files = sorted(self.run_folder.listed(self.sample_folder, "sample_*.npz"))
             if len(files) != getattr(self, "sample_tasks", len(files)):
                 raise FileNotFoundError(
                     f"{self.sample_folder}: {len(files)} sample files, {self.sample_tasks} sample tasks ran"
                 )
             for f in files:
-                with np.load(staged(f)) as z:
+                with np.load(self.run_folder.staged(f)) as z:
                     keys, values = _smallest(
                         np.concatenate([keys, z["keys"]]), np.concatenate([values, z["values"]]), c.sample_docs
                     )
             signals = [np.sort(values[:, j][~np.isnan(values[:, j])]) for j in range(width)]
             combined = np.sort(combine(values, signals, c))
-            out = self.stage_folder / "output"
+            out = self.stage_path("output")
             out.mkdir(parents=True, exist_ok=True)
             tmp = out / "cuts.tmp.npz"
             np.savez(tmp, combined=combined, **{f"signal_{j}": s for j, s in enumerate(signals)})
@@ -276,7 +275,7 @@ class AssignBuckets(Filter):
         return int(n * 8 * (len(self.params.signals) + 1)) + super().memory_bytes(work)
 
     def _load(self):
-        with np.load(staged(self.cuts_folder / "cuts.npz")) as z:
+        with np.load(self.run_folder.staged(self.cuts_folder, "cuts.npz")) as z:
             signals = [z[f"signal_{j}"] for j in range(len(self.params.signals))]
             self._cuts = (signals, z["combined"])
 
@@ -327,9 +326,13 @@ class QualityBuckets(GlobalStep):
         sample = ctx.stage(
             "quality_buckets_sample", [ParquetReader(ctx.documents), SampleSignals(fields, c.sample_docs)]
         )
-        cuts = ctx.stage("quality_buckets_cuts", [BucketCuts(c, sample.folder / "output")], tasks=1)
+        cuts = ctx.stage("quality_buckets_cuts", [BucketCuts(c, Path(sample.label, "output"))], tasks=1)
         cuts.pipeline[0].sample_tasks = sample.tasks
         ctx.stage(
             "quality_buckets",
-            [ParquetReader(ctx.documents), AssignBuckets(c, cuts.folder / "output", step_id=self.name), ctx.writer()],
+            [
+                ParquetReader(ctx.documents),
+                AssignBuckets(c, Path(cuts.label, "output"), step_id=self.name),
+                ctx.writer(),
+            ],
         )

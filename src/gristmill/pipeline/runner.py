@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gristmill.config import RunConfig
-from gristmill.core import storage
 from gristmill.pipeline.execution.executors import TaskFailed, make_executor, make_slurm_executor
 from gristmill.pipeline.planning.planner import Stage, plan
 from gristmill.pipeline.report.journey import funnel
@@ -125,8 +124,7 @@ def run(
     `force_lock` names the holder of a run directory on object storage whose lock to take over.
     """
     console = console or Console(stderr=True)
-    storage.configure(cfg.storage)
-    run_dir = open_run_dir(cfg.run_dir)
+    run_dir = open_run_dir(cfg.run_dir, cfg.storage)
     run_dir.check_location()  # refuse `/`, $HOME, a foreign directory, a missing bucket: before anything is created
     stages = plan(cfg)  # validates sources and models before the run directory is touched
     run_dir.check_plan(cfg, stages)
@@ -162,7 +160,7 @@ def _run_locked(
     started = time.perf_counter()
     if cfg.executor.type == "slurm":
         return _submitted(cfg, stages, run_dir, console, wait, started)
-    make = make or (lambda stage, binding: make_executor(stage, cfg.storage, binding))
+    make = make or make_executor
     try:
         for stage in stages:
             if run_dir.completed_tasks(stage) >= stage.tasks:

@@ -37,7 +37,7 @@ import pyarrow as pa
 import xxhash
 
 from gristmill.core.files import on_failure, remove_quietly, replacing
-from gristmill.core.working_copy import staged
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
 
 FORMAT = "gristmill-tokens"
 VERSION = 1
@@ -253,8 +253,8 @@ class SortedBucket:
     and the sort permutations (8 + 8): about 55 bytes. Token values stay in the mapped files.
     """
 
-    def __init__(self, folder: Path, *, tokens: bool = True):
-        folder = staged(folder)  # a run on object storage: the bucket of every encode task, fetched
+    def __init__(self, folder: Path, *, tokens: bool = True, run_folder: RunFolder = AS_GIVEN):
+        folder = run_folder.staged(folder)  # a run on object storage: the bucket of every encode task, fetched
         paths = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
         # one unit per record batch (an encode batch): its arrays are views of the mapped file.
         # Combining a file's batches into one array would copy every token into memory.
@@ -301,14 +301,14 @@ class SortedBucket:
         return chunk_vals, chunk_lens, [taken[u][r] for u, r in where]
 
 
-def bucket_cumsums(folder: Path) -> dict[str, np.ndarray]:
+def bucket_cumsums(folder: Path, run_folder: RunFolder = AS_GIVEN) -> dict[str, np.ndarray]:
     """Per split, the running sum of the bucket's document lengths in global order (8 bytes a
     document): all that `plan_shards` needs of a bucket (`shard_lengths`' task writes it)."""
-    sb = SortedBucket(folder, tokens=False)
+    sb = SortedBucket(folder, tokens=False, run_folder=run_folder)
     return {split: np.cumsum(sb.lengths[sb.order[split]]) for split in ("train", "val")}
 
 
-def plan_shards(root: Path, buckets: int, shard_tokens: int, cumsums=None) -> dict:
+def plan_shards(root: Path, buckets: int, shard_tokens: int, cumsums=None, run_folder: RunFolder = AS_GIVEN) -> dict:
     """Cut points of the sequential rule, found bucket by bucket from document lengths alone.
 
     A shard closes after the document that brings it to `shard_tokens`; a shard may span buckets.
@@ -322,7 +322,7 @@ def plan_shards(root: Path, buckets: int, shard_tokens: int, cumsums=None) -> di
     done: dict[str, list[dict]] = {"train": [], "val": []}
     open_: dict[str, dict | None] = {"train": None, "val": None}
     for b in range(buckets):
-        sums = cumsums(b) if cumsums is not None else bucket_cumsums(bucket_dir(root, b))
+        sums = cumsums(b) if cumsums is not None else bucket_cumsums(bucket_dir(root, b), run_folder)
         for split in ("train", "val"):
             cum = sums[split]  # tokens up to and including each document
             pos = 0
@@ -356,7 +356,13 @@ def plan_shards(root: Path, buckets: int, shard_tokens: int, cumsums=None) -> di
 
 
 def write_planned_shards(
-    root: Path, plan: dict, owner: int, out_dir: Path, dtype: pa.DataType, progress=None
+    root: Path,
+    plan: dict,
+    owner: int,
+    out_dir: Path,
+    dtype: pa.DataType,
+    progress=None,
+    run_folder: RunFolder = AS_GIVEN,
 ) -> list[dict]:
     """Write the planned shards that start in bucket `owner` into `out_dir`; their manifest entries.
 
@@ -373,7 +379,7 @@ def write_planned_shards(
         for b, first, stop in shard["pieces"]:
             if loaded is None or loaded[0] != b:
                 loaded = None  # drop the previous bucket's maps before opening the next
-                loaded = (b, SortedBucket(bucket_dir(root, b)))
+                loaded = (b, SortedBucket(bucket_dir(root, b), run_folder=run_folder))
             v, n, i = loaded[1].gather(shard["split"], first, stop)
             chunk_vals += v
             chunk_lens += n

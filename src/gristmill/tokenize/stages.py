@@ -49,8 +49,8 @@ from pydantic import Field, model_validator
 from gristmill.core.configlib import ConfigError, Fraction, Strict
 from gristmill.core.files import save_npy_atomic, write_text_atomic
 from gristmill.core.parquet_io import ParquetReader
-from gristmill.core.step import GlobalStep, StageContext, Step, Workload
-from gristmill.core.working_copy import listed, staged
+from gristmill.core.run_folder import AS_GIVEN, RunFolder
+from gristmill.core.step import GlobalStep, Stage, StageContext, Step, Workload
 
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
 #: the column `tokenize.bucket_weights` reads: the `quality_buckets` step writes it
@@ -127,7 +127,7 @@ class TokenizerSampleStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with self.track_time():
             entries = hash_sample_entries(data or [], self.sample_bytes, encoded=True)
-            out = self.stage_folder / "output" / f"sample_{rank:05d}.parquet"
+            out = self.stage_path("output", f"sample_{rank:05d}.parquet")
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp")
             keys = [xxhash.xxh3_64_intdigest(TRAIN_SALT + (i.encode("utf-8") if i else t)) for i, t in entries]
@@ -175,12 +175,12 @@ def _sample_rows(path: Path):
 
 
 def read_samples(folder: Path, budget_bytes: int):
-    """The candidates of the run's sample from the tasks' samples: their files, each sorted by
-    (key, id), merged in that order and read lazily, up to `budget_bytes` and every document
-    sharing the last key. `hash_sample` over them is the one-pass selection over all documents;
+    """The candidates of the run's sample from the tasks' samples (in `folder`, local): their
+    files, each sorted by (key, id), merged in that order and read lazily, up to `budget_bytes`
+    and every document sharing the last key. `hash_sample` over them is the one-pass selection over all documents;
     the task reads ~budget_bytes plus one row group per file, not every task's whole sample."""
     merged = heapq.merge(
-        *(_sample_rows(f) for f in sorted(staged(folder).glob("sample_*.parquet"))), key=lambda r: (r[0], r[1])
+        *(_sample_rows(f) for f in sorted(folder.glob("sample_*.parquet"))), key=lambda r: (r[0], r[1])
     )
     total, last = 0, None
     for key, i, text in merged:
@@ -228,7 +228,7 @@ class TokenizerStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize import encode, tokenizer
@@ -236,9 +236,8 @@ class TokenizerStep(Step):
         p = self.params
         train = p.get("train")
         with self.track_time():
-            docs = (
-                read_samples(self.sample_folder, p["sample_bytes"]) if self.sample_folder is not None else (data or [])
-            )
+            sample_folder = self.sample_folder and self.run_folder.staged(self.sample_folder)
+            docs = read_samples(sample_folder, p["sample_bytes"]) if sample_folder is not None else (data or [])
             # the sample as UTF-8, each text decoded when the trainer or the check reads it
             sample = [t for _, t in hash_sample_entries(docs, p["sample_bytes"], encoded=True)]
             self.stat_update("documents", value=len(sample))
@@ -388,14 +387,15 @@ class EncodeStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.encode import Encoder
         from gristmill.tokenize.shards import BucketedWriter, token_dtype
 
-        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
-        encoder = Encoder.from_file(self.tokenizer_folder / "tokenizer.json", meta["engine"], self.threads)
+        tok = self.run_folder.staged(self.tokenizer_folder)
+        meta = json.loads((tok / "engine.json").read_text())
+        encoder = Encoder.from_file(tok / "tokenizer.json", meta["engine"], self.threads)
         writer = BucketedWriter(
             self.output,
             rank,
@@ -437,7 +437,7 @@ class EncodeStep(Step):
         writer.close()
         if self.bucket_weights is not None:
             write_text_atomic(
-                weighting_folder(self.stage_folder) / f"task_{rank:05d}.json",
+                self.stage_path("weights", f"task_{rank:05d}.json"),
                 json.dumps({str(b): v for b, v in sorted(weighting.items())}) + "\n",
             )
         return
@@ -480,19 +480,15 @@ class EncodeStep(Step):
         writer.write(ids, texts, tokens, val)
 
 
-def weighting_folder(stage_folder: Path) -> Path:
-    """Where the encode tasks write what the bucket weighting did (`weights/task_RRRRR.json`)."""
-    return Path(stage_folder) / "weights"
-
-
-def read_weighting(folder: Path, tasks: int) -> dict:
-    """The encode tasks' weighting summed per bucket: the manifest's `weighting.buckets`."""
-    files = sorted(listed(folder, "task_*.json"))
+def read_weighting(run_folder: RunFolder, folder: Path, tasks: int) -> dict:
+    """The encode tasks' weighting (`<encode stage>/weights/task_RRRRR.json`, in `run_folder`)
+    summed per bucket: the manifest's `weighting.buckets`."""
+    files = sorted(run_folder.listed(folder, "task_*.json"))
     if len(files) != tasks:
         raise FileNotFoundError(f"{folder}: {len(files)} of {tasks} encode tasks wrote what their weighting did")
     total: dict[str, dict[str, int]] = {}
     for f in files:
-        for b, v in json.loads(staged(f).read_text()).items():
+        for b, v in json.loads(run_folder.staged(f).read_text()).items():
             t = total.setdefault(b, {"weight": v["weight"], "documents": 0, "tokens": 0, "rows": 0, "row_tokens": 0})
             for k in ("documents", "tokens", "rows", "row_tokens"):
                 t[k] += v[k]
@@ -521,14 +517,14 @@ class ShardLengthsStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import bucket_cumsums, bucket_dir
 
         with self.track_time():
             for b in range(rank, self.buckets, world_size):
-                sums = bucket_cumsums(bucket_dir(self.encoded, b))
+                sums = bucket_cumsums(bucket_dir(self.run_folder.path(self.encoded), b), self.run_folder)
                 for split, cum in sums.items():
                     save_npy_atomic(self.output / f"{split}_{b:05d}.npy", cum)
                 self.stat_update("documents", value=sum(len(c) for c in sums.values()))
@@ -536,14 +532,14 @@ class ShardLengthsStep(Step):
         yield
 
 
-def _lengths_of(folder: Path):
-    """Bucket b's running sums from `shard_lengths`' output, memory-mapped; one clear line for a
-    bucket it did not write."""
+def _lengths_of(folder: Path, run_folder: RunFolder = AS_GIVEN):
+    """Bucket b's running sums from `shard_lengths`' output (in `run_folder`), memory-mapped; one
+    clear line for a bucket it did not write."""
 
     def load(b: int) -> dict:
         out = {}
         for split in ("train", "val"):
-            f = staged(folder / f"{split}_{b:05d}.npy")
+            f = run_folder.staged(folder, f"{split}_{b:05d}.npy")
             try:
                 out[split] = np.load(f, mmap_mode="r")
             except (OSError, ValueError) as e:
@@ -576,17 +572,18 @@ class ShardPlanStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import plan_shards
 
-        flat = sorted(listed(self.encoded, "*.arrow"))
+        rf = self.run_folder
+        flat = sorted(rf.listed(self.encoded, "*.arrow"))
         if flat:  # one file per task, not per bucket: no bucket would hold its documents
             raise ValueError(f"{flat[0]}: encode output of an older layout; rerun with --force")
         with self.track_time():
-            sums = _lengths_of(self.lengths) if self.lengths is not None else None
-            plan = plan_shards(self.encoded, self.buckets, self.shard_tokens, sums)
+            sums = _lengths_of(self.lengths, rf) if self.lengths is not None else None
+            plan = plan_shards(rf.path(self.encoded), self.buckets, self.shard_tokens, sums, rf)
         self.output.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.output / "plan.json", json.dumps(plan))
         self.stat_update("documents", value=sum(s["documents"] for s in plan["shards"]))
@@ -622,20 +619,20 @@ class ShardStep(Step):
 
     @property
     def output(self) -> Path:
-        return self.stage_folder / "output"
+        return self.stage_path("output")
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import token_dtype, write_planned_shards
 
-        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
-        plan_file = self.plan_folder / "plan.json"
-        plan = json.loads(staged(plan_file).read_text())
+        rf = self.run_folder
+        meta = json.loads((rf.staged(self.tokenizer_folder) / "engine.json").read_text())
+        plan_file = rf.staged(self.plan_folder, "plan.json")
+        plan = json.loads(plan_file.read_text())
         if plan["buckets"] != world_size:
             raise ValueError(f"{plan_file}: planned for {plan['buckets']} shard tasks, this stage runs {world_size}")
         with self.track_time():
-            entries = write_planned_shards(
-                self.encoded, plan, rank, self.output / "shards", token_dtype(meta["vocab_size"])
-            )
+            root, out, dtype = rf.path(self.encoded), self.output / "shards", token_dtype(meta["vocab_size"])
+            entries = write_planned_shards(root, plan, rank, out, dtype, run_folder=rf)
         write_text_atomic(self.output / f"{rank:05d}.json", json.dumps(entries))
         self.stat_update("documents", value=sum(e["documents"] for e in entries))
         self.stat_update("tokens", value=sum(e["tokens"] for e in entries))
@@ -673,24 +670,26 @@ class ManifestStep(Step):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         from gristmill.tokenize.shards import finish_tokens, token_dtype
 
-        meta = json.loads((staged(self.tokenizer_folder) / "engine.json").read_text())
-        plan = json.loads(staged(self.plan_folder / "plan.json").read_text())
-        staged(self.shard_folder)  # the shard tasks' lists and shards (a run on object storage)
+        rf = self.run_folder
+        tok = rf.staged(self.tokenizer_folder)
+        meta = json.loads((tok / "engine.json").read_text())
+        plan = json.loads(rf.staged(self.plan_folder, "plan.json").read_text())
+        shard_folder = rf.staged(self.shard_folder)  # the shard tasks' lists and shards
         written = {}
         for p in range(plan["buckets"]):
-            f = self.shard_folder / f"{p:05d}.json"
+            f = shard_folder / f"{p:05d}.json"
             if not f.is_file():
                 raise FileNotFoundError(f"{f}: shard task {p} left no list of its shards")
             written.update({e["path"]: e for e in json.loads(f.read_text())})
         missing = [s["path"] for s in plan["shards"] if s["path"] not in written]
         if missing:
-            raise ValueError(f"{self.shard_folder}: planned shards not written: {', '.join(missing[:5])}")
+            raise ValueError(f"{shard_folder}: planned shards not written: {', '.join(missing[:5])}")
         with self.track_time():
             manifest = finish_tokens(
-                self.shard_folder / "shards",
+                shard_folder / "shards",
                 [written[s["path"]] for s in plan["shards"]],
-                self.tokens_dir,
-                tokenizer_file=self.tokenizer_folder / "tokenizer.json",
+                rf.path(self.tokens_dir),
+                tokenizer_file=tok / "tokenizer.json",
                 tokenizer_meta={k: meta[k] for k in ("source", "vocab_size", "eos_id", "bos_id", "pad_id", "engine")},
                 dtype=token_dtype(meta["vocab_size"]),
                 seed=self.seed,
@@ -711,7 +710,7 @@ class ManifestStep(Step):
             "weights": {str(b): w for b, w in sorted(weights.items())},
             "rule": "a train document is written `weight` times (its epochs), each copy its own row id#2, id#3, ...;"
             " weight 0 drops it; a bucket not named has weight 1; a val document is written once (or not, at 0)",
-            "buckets": read_weighting(folder, tasks),
+            "buckets": read_weighting(self.run_folder, folder, tasks),
         }
 
 
@@ -808,12 +807,16 @@ class Tokenize(GlobalStep):
                 f"tokenize.bucket_weights: the documents have no {QUALITY_BUCKET} column: put a quality_buckets"
                 " step before tokenize"
             )
+
+        def output(stage: Stage) -> Path:  # what the steps keep: names in the run directory
+            return Path(stage.label, "output")
+
         sample = ctx.stage(
             "tokenizer_sample",
             [ParquetReader(ctx.documents), TokenizerSampleStep(cfg.tokenizer.sample_bytes)],
             tasks=cfg.tasks,
         )
-        prep = ctx.stage("tokenizer", [TokenizerStep(cfg.tokenizer.model_dump(), sample.folder / "output")], tasks=1)
+        prep = ctx.stage("tokenizer", [TokenizerStep(cfg.tokenizer.model_dump(), output(sample))], tasks=1)
         prep.pipeline[0].sample_tasks = sample.tasks
         buckets = cfg.shard_tasks or cfg.tasks or ctx.tasks  # one bucket per shard task
         enc = ctx.stage(
@@ -821,7 +824,7 @@ class Tokenize(GlobalStep):
             [
                 ParquetReader(ctx.documents),
                 EncodeStep(
-                    prep.output,
+                    output(prep),
                     seed=cfg.seed,
                     val_fraction=cfg.val_fraction,
                     threads=cfg.threads,
@@ -833,28 +836,28 @@ class Tokenize(GlobalStep):
             tasks=cfg.tasks,
         )
         enc.pipeline[1].engine_hint = engine
-        lengths = ctx.stage("shard_lengths", [ShardLengthsStep(enc.output, buckets=buckets)], tasks=buckets)
+        lengths = ctx.stage("shard_lengths", [ShardLengthsStep(output(enc), buckets=buckets)], tasks=buckets)
         plan = ctx.stage(
             "shard_plan",
-            [ShardPlanStep(enc.output, buckets=buckets, shard_tokens=cfg.shard_tokens, lengths=lengths.output)],
+            [ShardPlanStep(output(enc), buckets=buckets, shard_tokens=cfg.shard_tokens, lengths=output(lengths))],
             tasks=1,
         )
-        shards = ctx.stage("shards", [ShardStep(enc.output, plan.output, prep.output)], tasks=buckets)
+        shards = ctx.stage("shards", [ShardStep(output(enc), output(plan), output(prep))], tasks=buckets)
         shards.pipeline[0].shard_tokens = cfg.shard_tokens
         ctx.stage(
             "manifest",
             [
                 ManifestStep(
-                    plan.output,
-                    shards.output,
-                    prep.output,
-                    ctx.run_dir / "tokens",
+                    output(plan),
+                    output(shards),
+                    output(prep),
+                    Path("tokens"),
                     seed=cfg.seed,
                     val_fraction=cfg.val_fraction,
                     shard_tokens=cfg.shard_tokens,
                     weighting=None
                     if cfg.bucket_weights is None
-                    else (weighting_folder(enc.folder), enc.tasks, cfg.bucket_weights),
+                    else (Path(enc.label, "weights"), enc.tasks, cfg.bucket_weights),
                 )
             ],
             tasks=1,

@@ -125,7 +125,7 @@ class LocalExecutor(LocalPipelineExecutor):
 
     def task_log(self, rank: int) -> str:
         if self.remote is not None:
-            return task_log(self.remote, rank)
+            return task_log(self.remote, rank, self.storage_config)
         return self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
 
     def run(self, on_poll: Callable[[], None] | None = None) -> None:
@@ -233,25 +233,24 @@ class LocalExecutor(LocalPipelineExecutor):
             return None
 
 
-def make_executor(stage: Stage, storage_config=None, remote: RemoteStage | None = None) -> LocalPipelineExecutor:
+def make_executor(stage: Stage, remote: RemoteStage | None = None) -> LocalPipelineExecutor:
     """The local executor of a stage; with `remote`, the stage's folder is on object storage and
     each task runs in a working copy (`gristmill.pipeline.execution.staging`)."""
     return LocalExecutor(
         pipeline=stage.pipeline,
         tasks=stage.tasks,
         workers=stage.workers,
-        logging_dir=str(stage.folder) if remote is None else _store_folder(remote.stage_url()),
+        logging_dir=str(stage.folder) if remote is None else _store_folder(remote.stage_url(), stage.storage),
         skip_completed=True,
-        # the tasks reach URLs (inputs, models) with the run's storage settings
-        storage_config=storage_config if storage_config is not None else storage.settings(),
+        storage_config=stage.storage,  # the tasks reach URLs (inputs, models) with the run's settings
         remote=remote,
         gpus_per_task=stage.gpus_per_task,
         label=stage.label,
     )
 
 
-def _store_folder(url: str):
-    fs, path = storage.filesystem(url)
+def _store_folder(url: str, config: storage.StorageConfig):
+    fs, path = storage.filesystem(url, config)
     return (path, fs)
 
 
@@ -393,9 +392,7 @@ def default_venv_activate() -> str | None:
     return str(activate) if activate.is_file() else None
 
 
-def make_slurm_executor(
-    stage: Stage, slurm: SlurmConfig, depends: SlurmExecutor | None, storage_config=None
-) -> SlurmExecutor:
+def make_slurm_executor(stage: Stage, slurm: SlurmConfig, depends: SlurmExecutor | None) -> SlurmExecutor:
     over = slurm.stages.get(stage.name)
     cpus = (over and over.cpus_per_task) or slurm.cpus_per_task
     mem_gb = (over and over.mem_per_cpu_gb) or slurm.mem_per_cpu_gb
@@ -425,5 +422,5 @@ def make_slurm_executor(
         requeue=slurm.requeue,
         mail_type="NONE",
         # inputs and models may be URLs (the run directory is local: a store's is refused with Slurm)
-        storage_config=storage_config if storage_config is not None else storage.settings(),
+        storage_config=stage.storage,
     )

@@ -49,7 +49,6 @@ from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 
 from gristmill.compat import ray as compat_ray
 from gristmill.config import ConfigError, RunConfig
-from gristmill.core import storage
 from gristmill.pipeline.execution import zygote as task_zygote
 from gristmill.pipeline.execution.task import (
     POLL_S,
@@ -451,7 +450,7 @@ class RayCluster:
             options=self.resources(stage),
             max_retries=self.ray_cfg.max_retries,
             # the tasks reach URLs (inputs, models) with the run's storage settings, on every node
-            storage_config=storage.settings(),
+            storage_config=stage.storage,
         )
 
     def close(self) -> None:

@@ -1,14 +1,18 @@
 """Tasks of a run whose directory is on object storage: each works in a local copy, then commits.
 
 An object store has no rename, no `flock`, no memory-mapping and no writing in place, and much
-of a run relies on them. So the steps never see the store. The planner plans a remote run
-against a local root that is never written (`plan_root`); each task, in its own process:
+of a run relies on them. So the steps never see the store. The planner hands every step the
+plan's `RunFolder` (`gristmill.core.run_folder`), rooted for a remote run at a local folder that
+is never written (`plan_root`); the steps keep names relative to it. Each task, in its own
+process:
 
-1. makes a fresh folder of its own on scratch disk (`<scratch>/tasks/<run>/<stage>/task_NNNNN`)
-   and rebases every path of its pipeline from the plan root to it (`rebase`), so the steps
-   write there as into any local run directory;
-2. reads earlier stages through `gristmill.core.working_copy` (`staged`, `listed`): only the
-   files it opens are fetched, so its scratch use is its share of the inputs and its outputs;
+1. makes a fresh folder of its own on scratch disk (`<scratch>/tasks/<run>/<stage>/task_NNNNN`),
+   a `WorkingCopy` of the run directory, and binds to it the run folders its steps declare
+   (`Step.run_folders`) for as long as they run, so the steps write there as into any local run
+   directory;
+2. reads earlier stages through the run folder (`staged`, `listed`): only the files it opens
+   are fetched from the store, with the run's storage settings (`executor.storage_config`), so
+   its scratch use is its share of the inputs and its outputs;
 3. once datatrove has marked it complete in that folder, uploads every file it wrote there
    (stats, logs and usage included; a file fetched from the store and hard-linked to a new name,
    as the manifest does with token shards, is copied on the store instead), and only then writes
@@ -24,23 +28,21 @@ killed outright leaves its log in its scratch folder, which the failure line nam
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import hashlib
 import os
 import shutil
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path, PurePath
-from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from pathlib import Path
 
-import numpy as np
 from loguru import logger
 
 from gristmill.core import storage
-from gristmill.core.working_copy import WorkingCopy, active
+from gristmill.core.run_folder import WorkingCopy
+from gristmill.core.step import Step
 
-__all__ = ["RemoteStage", "plan_root", "rebase", "run_in_working_copy", "run_key", "task_root"]
+__all__ = ["RemoteStage", "plan_root", "run_in_working_copy", "run_key", "task_root"]
 
 
 def run_key(url: str) -> str:
@@ -48,11 +50,11 @@ def run_key(url: str) -> str:
     return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
 
-def plan_root(url: str) -> Path:
-    """The local root a run on object storage is planned against. Never created: each task
-    rebases it to a working copy of its own, and a task that writes under it (a path that
-    `rebase` missed) fails."""
-    return Path(os.path.abspath(storage.scratch_root())) / "plan-root-never-written" / run_key(url)
+def plan_root(url: str, config: storage.StorageConfig) -> Path:
+    """The local root a run on object storage is planned against (its steps' `RunFolder`). Never
+    created: each task binds the folder to a working copy of its own, and a task that writes
+    under the root (a path not taken from its run folder) fails."""
+    return Path(os.path.abspath(storage.scratch_root(config))) / "plan-root-never-written" / run_key(url)
 
 
 @dataclass(frozen=True)
@@ -67,89 +69,40 @@ class RemoteStage:
         return storage.join(self.url, self.stage, *parts)
 
 
-def task_root(remote: RemoteStage, rank: int) -> Path:
-    return storage.scratch_root() / "tasks" / run_key(remote.url) / remote.stage / f"task_{rank:05d}"
+def task_root(remote: RemoteStage, rank: int, config: storage.StorageConfig) -> Path:
+    return storage.scratch_root(config) / "tasks" / run_key(remote.url) / remote.stage / f"task_{rank:05d}"
 
 
-def task_log(remote: RemoteStage, rank: int) -> str:
+def task_log(remote: RemoteStage, rank: int, config: storage.StorageConfig) -> str:
     """Where a task's log is: in its scratch folder if it is still there (a task killed outright),
     else on the store (a task that failed uploads its log)."""
-    local = task_root(remote, rank) / remote.stage / "logs" / f"task_{rank:05d}.log"
+    local = task_root(remote, rank, config) / remote.stage / "logs" / f"task_{rank:05d}.log"
     return str(local) if local.is_file() else remote.stage_url("logs", f"task_{rank:05d}.log")
-
-
-# --- rebasing a pipeline's paths ---------------------------------------------------------------------
-
-_ATOMS = (int, float, bool, complex, bytes, bytearray, type(None), np.ndarray, np.generic, type, ModuleType)
-_CALLABLES = (FunctionType, BuiltinFunctionType, MethodType)
-
-
-def rebase(obj, old: Path, new: Path):
-    """`obj` with every path under `old` (a PurePath, or a str naming one) replaced by the same
-    path under `new`: lists, dicts and objects' attributes are changed in place, tuples and
-    other immutable values rebuilt. For a deep copy of an executor's pipeline."""
-    return _rebase(obj, os.fspath(old), os.fspath(new), set())
-
-
-def _rebase(value, old: str, new: str, seen: set[int]):
-    if isinstance(value, PurePath):
-        text = os.fspath(value)
-        return type(value)(new + text[len(old) :]) if text == old or text.startswith(old + os.sep) else value
-    if isinstance(value, str):
-        return new + value[len(old) :] if value == old or value.startswith(old + os.sep) else value
-    if isinstance(value, _ATOMS) or isinstance(value, _CALLABLES) or id(value) in seen:
-        return value
-    seen.add(id(value))
-    if isinstance(value, list):
-        value[:] = [_rebase(v, old, new, seen) for v in value]
-        return value
-    if isinstance(value, dict):
-        items = [(_rebase(k, old, new, seen), _rebase(v, old, new, seen)) for k, v in value.items()]
-        value.clear()
-        value.update(items)
-        return value
-    if isinstance(value, tuple):
-        items = [_rebase(v, old, new, seen) for v in value]
-        if all(a is b for a, b in zip(items, value)):
-            return value
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if isinstance(value, (set, frozenset)):
-        return type(value)(_rebase(v, old, new, seen) for v in value)
-    fields = vars(value) if hasattr(value, "__dict__") else {}
-    for name, v in list(fields.items()):
-        nv = _rebase(v, old, new, seen)
-        if nv is not v:
-            object.__setattr__(value, name, nv)  # frozen dataclasses too
-    if dataclasses.is_dataclass(value) and not fields:  # slots dataclasses
-        for f in dataclasses.fields(value):
-            v = getattr(value, f.name)
-            nv = _rebase(v, old, new, seen)
-            if nv is not v:
-                object.__setattr__(value, f.name, nv)
-    return value
 
 
 # --- a task in a working copy ---------------------------------------------------------------------------
 
 
 def run_in_working_copy(executor, body, rank: int):
-    """Run `body()` (the task's steps) with `executor`'s pipeline and logging folder rebased to a
-    fresh working copy of its own, then commit what it wrote (see the module doc). `executor.
-    logging_dir` is the stage's folder on the store meanwhile: datatrove's completion checks
-    (`is_rank_completed`, `get_incomplete_ranks`) read the markers there."""
+    """Run `body()` (the task's steps) with its steps' run folders bound to a fresh working copy
+    of its own and `executor`'s logging folder in it, then commit what it wrote (see the module
+    doc). `executor.logging_dir` is the stage's folder on the store otherwise: datatrove's
+    completion checks (`is_rank_completed`, `get_incomplete_ranks`) read the markers there."""
     from datatrove.io import get_datafolder
 
     remote: RemoteStage = executor.remote
-    root = task_root(remote, rank)
+    root = task_root(remote, rank, executor.storage_config)
     shutil.rmtree(root, ignore_errors=True)  # what an attempt killed outright left
     root.mkdir(parents=True)
-    pipeline, logging_dir = executor.pipeline, executor.logging_dir
-    executor.pipeline = rebase(copy.deepcopy(pipeline), Path(remote.plan_root), root)
+    logging_dir = executor.logging_dir
     executor.logging_dir = get_datafolder(str(root / remote.stage))
-    work = WorkingCopy(remote.url, root)
+    work = WorkingCopy(remote.url, root, executor.storage_config)
+    folders = {id(f): f for step in executor.pipeline if isinstance(step, Step) for f in step.run_folders()}
     committed = False
     try:
-        with active(work):
+        with ExitStack() as bound:
+            for folder in folders.values():
+                bound.enter_context(folder.bound(work))
             stats = body()
         if executor.logging_dir.isfile(f"completions/{rank:05d}"):  # datatrove marked it complete here
             _check_plan_root(Path(remote.plan_root), rank)
@@ -157,7 +110,7 @@ def run_in_working_copy(executor, body, rank: int):
         committed = True
         return stats
     finally:
-        executor.pipeline, executor.logging_dir = pipeline, logging_dir
+        executor.logging_dir = logging_dir
         if not committed:
             _upload_log(work, remote, rank)
         shutil.rmtree(root, ignore_errors=True)
@@ -167,7 +120,7 @@ def _check_plan_root(root: Path, rank: int) -> None:
     if root.exists():
         written = next((p for p in root.rglob("*") if p.is_file()), root)
         raise RuntimeError(
-            f"task {rank} wrote {written} outside its working copy (a path the staging did not rebase); "
+            f"task {rank} wrote {written} outside its working copy (a path not taken from its run folder); "
             "nothing of it was committed"
         )
 
@@ -222,8 +175,6 @@ def scratch_bytes(stage) -> int:
     storage: its share of the documents read and written (as text: Parquet holds less), and what
     its steps hold in memory, which bounds what they map or build in place (a Bloom filter slice,
     sorted parts). An upper figure, like the memory models it is made of."""
-    from gristmill.core.step import Step
-
     work = stage.work
     if work is None:
         return 0

@@ -31,7 +31,9 @@ def plan_on_parquet(step: str, params: dict, input_folder, run_dir, tasks: int =
     )
     # the memory models' input: Parquet (zstd) holds text about as densely as gzipped WET
     size = sum(f.stat().st_size for f in Path(input_folder).rglob("*.parquet"))
-    ctx = PlanContext(cfg, fetcher_for(cfg.input.commoncrawl), documents=Path(input_folder), input_size=size)
+    # an absolute folder: the steps take a relative one as a name in the run directory
+    docs = Path(input_folder).absolute()
+    ctx = PlanContext(cfg, fetcher_for(cfg.input.commoncrawl), documents=docs, input_size=size)
     (global_step,) = build_steps(cfg, ctx)
     global_step.stages(ctx)
     return ctx.stages

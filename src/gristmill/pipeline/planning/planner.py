@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +23,7 @@ from gristmill.config import ConfigError, RunConfig
 from gristmill.core import storage
 from gristmill.core.filter import Filter
 from gristmill.core.parquet_io import ParquetReader, ParquetWriter
+from gristmill.core.run_folder import RunFolder
 from gristmill.core.sinks import DroppedSampler
 from gristmill.core.step import BASE_TASK_BYTES, Stage, Step, Workload, registered_steps
 from gristmill.input.commoncrawl import Fetcher
@@ -174,7 +176,8 @@ class PlanContext:
 
     cfg: RunConfig
     fetcher: Fetcher
-    #: folder of the documents on disk at this point of the plan (None before the first stage)
+    #: folder of the documents on disk at this point of the plan, in the run directory (None
+    #: before the first stage)
     documents: Path | None = None
     #: metadata columns those documents carry, beyond the base fields
     fields: dict[str, pa.DataType] = field(default_factory=dict)
@@ -214,12 +217,17 @@ class PlanContext:
 
     @property
     def run_dir(self) -> Path:
-        """The run directory the steps are planned against: the local one, or for a run
-        directory on object storage the root that each task's working copy replaces
-        (`gristmill.pipeline.execution.staging`)."""
+        """The run directory the stages are planned against: the local one, or for a run
+        directory on object storage a root never written, which each task's working copy
+        replaces (`gristmill.pipeline.execution.staging`)."""
         if storage.is_url(self.cfg.run_dir):
-            return plan_root(self.cfg.run_dir)
+            return plan_root(self.cfg.run_dir, self.cfg.storage)
         return Path(self.cfg.run_dir)
+
+    @cached_property
+    def run_folder(self) -> RunFolder:
+        """The run directory as every step of the plan sees it (one folder, shared)."""
+        return RunFolder(self.run_dir)
 
     @property
     def tasks(self) -> int:
@@ -246,23 +254,21 @@ class PlanContext:
     def stage(self, name: str, pipeline: list[Step], tasks: int | None = None) -> Stage:
         index = len(self.stages) + 1
         folder = self.run_dir / f"{index:02d}_{name}"
-        stage = Stage(
-            index, name, folder, pipeline, tasks or self.tasks, self.cfg.executor.workers, [s.name for s in pipeline]
-        )
+        tasks, names = tasks or self.tasks, [s.name for s in pipeline]
+        stage = Stage(index, name, folder, pipeline, tasks, self.cfg.executor.workers, names, storage=self.cfg.storage)
         stage.work = self.workload(stage.tasks)
         fields = dict(self.fields)
+        here = Path(stage.label)  # what the steps keep: names in the run directory
         for step in pipeline:
-            step.stage_folder = folder
+            step.run_folder, step.stage_folder = self.run_folder, here
             fields.update(step.output_fields)
             if isinstance(step, Filter):  # every filter of every stage, dedup's too, the same way
-                step.scores_folder = str(folder / "scores" / step.name)
+                step.scores_folder = str(here / "scores" / step.name)
                 if self.cfg.output.dropped_sample > 0:
-                    step.dropped = DroppedSampler(
-                        folder / "dropped" / step.name, self.cfg.output.dropped_sample, fields
-                    )
+                    step.dropped = DroppedSampler(here / "dropped" / step.name, self.cfg.output.dropped_sample, fields)
             if isinstance(step, ParquetWriter):  # the documents that leave this stage
-                step.bind(stage.output, fields, self.compression)
-                self.documents, self.fields, self.final_writer = stage.output, fields, step
+                step.bind(here / "output", fields, self.compression)
+                self.documents, self.fields, self.final_writer = here / "output", fields, step
         self.stages.append(stage)
         return stage
 

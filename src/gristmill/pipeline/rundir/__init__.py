@@ -16,5 +16,7 @@ from gristmill.pipeline.rundir.store import StoreRunDir, local_view
 __all__ = ["LocalRunDir", "RunDir", "StoreRunDir", "local_view", "open_run_dir"]
 
 
-def open_run_dir(location: str | os.PathLike) -> RunDir:
-    return (StoreRunDir if storage.is_url(str(location)) else LocalRunDir)(location)
+def open_run_dir(location: str | os.PathLike, config: storage.StorageConfig | None = None) -> RunDir:
+    """The run directory at `location`; one on object storage is reached with `config` (the
+    run's `storage:` settings; default: this process's)."""
+    return StoreRunDir(str(location), config) if storage.is_url(str(location)) else LocalRunDir(location)

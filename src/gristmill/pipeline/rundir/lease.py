@@ -112,9 +112,9 @@ def _split(fs, path: str) -> tuple[str, str]:
     return bucket, key
 
 
-def probe(url: str) -> None:
+def probe(url: str, config: storage.StorageConfig | None = None) -> None:
     """Refuse a store that does not enforce `If-None-Match: *` (StoreUnsupported, one line)."""
-    fs, path = storage.filesystem(url)
+    fs, path = storage.filesystem(url, config)
     bucket, key = _split(fs, f"{path.rstrip('/')}/.gristmill.probe-{secrets.token_hex(6)}")
     where = f"{url.rstrip('/')}/{key.rsplit('/', 1)[-1]}"
     with storage.errors(where, "checking that the store honours conditional writes"):
@@ -138,9 +138,9 @@ def probe(url: str) -> None:
                 logger.debug(f"{where}: not removed ({storage.describe(e)})")
 
 
-def read(url: str) -> Lease | None:
+def read(url: str, config: storage.StorageConfig | None = None) -> Lease | None:
     """The lease at `url` (the lock object), or None if there is none."""
-    fs, path = storage.filesystem(url)
+    fs, path = storage.filesystem(url, config)
     bucket, key = _split(fs, path)
     with storage.errors(url, "reading the lock"):
         try:
@@ -175,7 +175,7 @@ def _read_body(fs, resp) -> bytes:
 
 
 def _put(fs, url: str, info: dict, **condition) -> str:
-    bucket, key = _split(fs, storage.filesystem(url)[1])
+    bucket, key = _split(fs, url)
     resp = fs.call_s3(
         "put_object",
         Bucket=bucket,
@@ -200,10 +200,16 @@ def _me(ttl: float, command: list[str]) -> dict:
     }
 
 
-def acquire(run_url: str, ttl: float, force_lock: str | None = None, command: list[str] | None = None) -> Lease:
+def acquire(
+    run_url: str,
+    ttl: float,
+    force_lock: str | None = None,
+    command: list[str] | None = None,
+    config: storage.StorageConfig | None = None,
+) -> Lease:
     """Take the lease of a run directory (LeaseHeld if another holds it, naming the holder)."""
     url = storage.join(run_url, LOCK_NAME)
-    fs, _ = storage.filesystem(url)
+    fs, _ = storage.filesystem(url, config)
     me = _me(ttl, command if command is not None else sys.argv)
     with storage.errors(url, "taking the lock"):
         try:
@@ -212,7 +218,7 @@ def acquire(run_url: str, ttl: float, force_lock: str | None = None, command: li
             if not conflict(e):
                 raise
         for _attempt in range(3):  # the holder may release or renew between our reads
-            held = read(url)
+            held = read(url, config)
             if held is None:
                 try:
                     return Lease(url, me, _put(fs, url, me, IfNoneMatch="*"))
@@ -257,14 +263,14 @@ def _stop_this_process(reason: str) -> None:
 
 
 class _Renewer(threading.Thread):
-    def __init__(self, lease: Lease, ttl: float, on_lost: Callable[[str], None]):
+    def __init__(self, lease: Lease, ttl: float, on_lost: Callable[[str], None], config: storage.StorageConfig | None):
         super().__init__(name="gristmill-lease", daemon=True)
-        self.lease, self.ttl, self.on_lost = lease, ttl, on_lost
+        self.lease, self.ttl, self.on_lost, self.config = lease, ttl, on_lost, config
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
     def run(self) -> None:
-        fs, _ = storage.filesystem(self.lease.url)
+        fs, _ = storage.filesystem(self.lease.url, self.config)
         while not self.stopping.wait(self.ttl / 3):
             info = {**self.lease.info, "expires": time.time() + self.ttl}
             try:
@@ -275,7 +281,7 @@ class _Renewer(threading.Thread):
                     self.lease.info = info
             except Exception as e:  # noqa: BLE001 - the store may be back before the lease runs out
                 if isinstance(e, OSError) and conflict(e):
-                    held = read(self.lease.url)
+                    held = read(self.lease.url, self.config)
                     by = "nobody (it was removed)" if held is None else held.holder
                     by = _describe(held.info) if held is not None and held.malformed is None else by
                     self.on_lost(f"{self.lease.url}: this run's lock was taken over by {by}; stopping")
@@ -300,17 +306,19 @@ def hold(
     force_lock: str | None = None,
     command: list[str] | None = None,
     on_lost: Callable[[str], None] = _stop_this_process,
+    config: storage.StorageConfig | None = None,
 ) -> Iterator[Lease]:
-    """Hold the run directory at `run_url` for the block: probe, take, renew, release."""
-    probe(run_url)
-    lease = acquire(run_url, ttl, force_lock, command)
-    renewer = _Renewer(lease, ttl, on_lost)
+    """Hold the run directory at `run_url` for the block: probe, take, renew, release; the store
+    is reached with `config` (default: this process's settings)."""
+    probe(run_url, config)
+    lease = acquire(run_url, ttl, force_lock, command, config)
+    renewer = _Renewer(lease, ttl, on_lost, config)
     renewer.start()
     try:
         yield lease
     finally:
         renewer.stop()
-        fs, path = storage.filesystem(lease.url)
+        fs, path = storage.filesystem(lease.url, config)
         bucket, key = _split(fs, path)
         try:  # only our own lease: If-Match on the ETag we last wrote
             fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=lease.etag)

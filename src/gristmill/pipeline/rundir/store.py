@@ -50,11 +50,11 @@ class StoreRunDir(RunDir):
 
     kind = StoreRunDirKind  # what it cannot serve (training in place, Slurm, Ray): `refusals`
 
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        self.fs, self.path = storage.filesystem(self.url)
+    def __init__(self, url: str, config: storage.StorageConfig | None = None):
+        self.url, self.config = url.rstrip("/"), config or storage.settings()
+        self.fs, self.path = storage.filesystem(self.url, self.config)
         self.path = self.path.rstrip("/")
-        self.mirror = storage.scratch_root() / "runs" / run_key(self.url) / "mirror"
+        self.mirror = storage.scratch_root(self.config) / "runs" / run_key(self.url) / "mirror"
         self._mirrored: dict[str, str] = {}  # key -> ETag of the mirror's copy
         self._progress: dict[str, tuple[float, int]] = {}  # stage -> (when listed, tasks complete)
 
@@ -98,7 +98,7 @@ class StoreRunDir(RunDir):
             self.fs.rm(self._key(rel), recursive=True)
 
     def lock(self, cfg: RunConfig, command: list[str] | None, force_lock: str | None) -> AbstractContextManager:
-        return lease.hold(self.url, cfg.storage.lease_s, force_lock, command)
+        return lease.hold(self.url, cfg.storage.lease_s, force_lock, command, config=self.config)
 
     # --- checks and set-up ----------------------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class StoreRunDir(RunDir):
         return super().prepare(cfg, force, inputs)
 
     def binding(self, stage: Stage) -> RemoteStage:
-        return RemoteStage(self.url, str(plan_root(self.url)), stage.label)
+        return RemoteStage(self.url, str(plan_root(self.url, self.config)), stage.label)
 
     # --- stages ---------------------------------------------------------------------------------------------
 

@@ -1,19 +1,25 @@
-"""A task's local working copy of a run directory that lives on object storage.
+"""The run directory as a step sees it: a `RunFolder`, which the planner hands every step of a
+plan, and which a task of a run on object storage binds to a working copy of its own.
+
+A step keeps its run folder and names relative to it (its stage's folder `NN_name`, an earlier
+stage's, `tokens`), and asks the folder where they are when it uses them:
+
+- `path(*parts)`: where to write (and where its own files are);
+- `staged(*parts)`: a local path to read, after fetching the file (or every file under the
+  folder) from the store if the task has no copy yet;
+- `listed(folder, pattern)`: the files under a folder, the store's and the task's own.
+
+Unbound (a local run directory: the common case, and every hot loop) these are a path under the
+root and a plain glob: no fsspec, no lookup. A step run alone (no planner) has a folder without a
+root: its paths are taken as given.
 
 Much of a run maps files into memory or builds them in place (`np.load(mmap_mode=...)`, the
 Bloom filter's `np.memmap`, `pa.memory_map` of token shards, renames of `.tmp` files), which an
 object store cannot do. So when the run directory is a URL, each task works in a folder of its
-own on local scratch disk laid out like the run directory (`gristmill.pipeline.execution.staging` sets it
-up and uploads what the task wrote once it completes). The task's steps write there as to any
-local run directory; what they read of earlier stages comes from the store, fetched on first
-use by the two functions below, which every step calls where it reads a run directory:
-
-- `staged(path)`: the local path, after fetching the file (or every file under the folder)
-  from the store if the task has no copy yet;
-- `listed(folder, pattern)`: the files under a folder, the store's and the task's own.
-
-Without a working copy (a local run directory: the common case, and every hot loop) both are a
-path returned as given and a plain glob: no fsspec, no lookup.
+own on local scratch disk laid out like the run directory, a `WorkingCopy`
+(`gristmill.pipeline.execution.staging` binds the steps' folders to it, and uploads what the
+task wrote once it completes): the steps write there as to any local run directory, and what they
+read of earlier stages comes from the store, fetched on first use.
 """
 
 from __future__ import annotations
@@ -27,16 +33,62 @@ from pathlib import Path
 
 from gristmill.core import storage
 
-__all__ = ["WorkingCopy", "active", "listed", "staged"]
+__all__ = ["AS_GIVEN", "RunFolder", "WorkingCopy"]
+
+
+class RunFolder:
+    """The run directory under `root` (None: paths as given), or, while a task has it `bound`,
+    the task's working copy of it."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else None
+        self.copy: WorkingCopy | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "copy": None}  # a binding is the task's alone
+
+    def path(self, *parts: str | os.PathLike) -> Path:
+        """`parts` joined under the run directory (or the working copy); an absolute path is itself."""
+        base = self.root if self.copy is None else self.copy.root
+        return Path(*parts) if base is None else base.joinpath(*parts)
+
+    def staged(self, *parts: str | os.PathLike) -> Path:
+        """`path(*parts)`, present locally: bound, the file (or every file under the folder) is
+        fetched from the store first unless the task already has it."""
+        path = self.path(*parts)
+        return path if self.copy is None else self.copy.stage(path)
+
+    def listed(self, folder: str | os.PathLike, pattern: str = "*", recursive: bool = False) -> list[Path]:
+        """The files named like `pattern` in `folder` (and below it if `recursive`), unsorted: a
+        glob, plus when bound the files committed to the store (not fetched: `staged` each one
+        to read it)."""
+        folder = self.path(folder)
+        if self.copy is None:
+            return _glob(folder, pattern, recursive)
+        return self.copy.listing(folder, pattern, recursive)
+
+    @contextmanager
+    def bound(self, copy: WorkingCopy) -> Iterator[RunFolder]:
+        """The folder is `copy` for the block (a task of a run on object storage)."""
+        self.copy = copy
+        try:
+            yield self
+        finally:
+            self.copy = None
+
+
+#: the folder of a step run alone (no planner): paths as given
+AS_GIVEN = RunFolder()
 
 
 class WorkingCopy:
-    """`root` (a local folder) mirrors the run directory at `url` for one task."""
+    """`root` (a local folder) mirrors the run directory at `url` for one task, reached with the
+    run's storage settings."""
 
-    def __init__(self, url: str, root: Path):
+    def __init__(self, url: str, root: Path, config: storage.StorageConfig):
         self.url = url.rstrip("/")
         self.root = Path(root)
-        self.fs, self.remote = storage.filesystem(self.url)
+        self.fs, self.remote = storage.filesystem(self.url, config)
         self.remote = self.remote.rstrip("/")
         self._fetched: set[str] = set()  # relative paths already looked up (files and folders)
         self._files: dict[tuple[int, int], tuple[str, int, int]] = {}  # (dev, inode) -> (key, size, mtime)
@@ -116,42 +168,6 @@ class WorkingCopy:
             if (recursive or len(inside.parts) == 1) and fnmatch(p.name, pattern):
                 names.add(p)
         return list(names)
-
-
-_active: WorkingCopy | None = None
-
-
-@contextmanager
-def active(copy: WorkingCopy | None) -> Iterator[WorkingCopy | None]:
-    """`copy` is this process's working copy for the block (a task of a run on object storage)."""
-    global _active
-    previous, _active = _active, copy
-    try:
-        yield copy
-    finally:
-        _active = previous
-
-
-def current() -> WorkingCopy | None:
-    return _active
-
-
-def staged(path: str | os.PathLike) -> Path:
-    """`path`, present locally: in a task working on a copy of a run directory on object storage,
-    the file (or every file under the folder) is fetched from the store first unless the task
-    already has it; elsewhere, `path` itself."""
-    if _active is None:
-        return Path(path)
-    return _active.stage(Path(path))
-
-
-def listed(folder: str | os.PathLike, pattern: str = "*", recursive: bool = False) -> list[Path]:
-    """The files named like `pattern` in `folder` (and below it if `recursive`), unsorted: a
-    glob, plus in a task working on a copy the files committed to the store (not fetched:
-    `staged` each one to read it)."""
-    if _active is None:
-        return _glob(Path(folder), pattern, recursive)
-    return _active.listing(Path(folder), pattern, recursive)
 
 
 def _glob(folder: Path, pattern: str, recursive: bool) -> list[Path]:
