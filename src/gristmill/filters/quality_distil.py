@@ -525,6 +525,8 @@ def text_report(r: dict) -> str:
 
 
 def cmd_quality_distil(args, console) -> int:
+    from gristmill.filters.train_cli import fasttext_params
+
     distil(
         args.teacher,
         args.documents,
@@ -543,13 +545,7 @@ def cmd_quality_distil(args, console) -> int:
         heldout=args.heldout,
         threshold=args.threshold,
         seed=args.seed,
-        thread=args.thread,
-        epoch=args.epoch,
-        lr=args.lr,
-        dim=args.dim,
-        word_ngrams=args.word_ngrams,
-        min_count=args.min_count,
-        bucket=args.bucket,
+        **fasttext_params(args),
         log=console.print,
     )
     return 0

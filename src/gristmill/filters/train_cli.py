@@ -116,6 +116,16 @@ def add_quality_parser(sub) -> None:
     d.set_defaults(func=_run("gristmill.filters.quality_distil", "cmd_quality_distil"))
 
 
+#: the destinations `_fasttext_arguments` adds: the keyword arguments of `quality_train.train` and
+#: `quality_distil.distil` that fastText takes
+FASTTEXT_PARAMS = ("thread", "epoch", "lr", "dim", "word_ngrams", "min_count", "bucket")
+
+
+def fasttext_params(args) -> dict:
+    """fastText's training parameters of a parsed `quality train` or `quality distil` command."""
+    return {k: getattr(args, k) for k in FASTTEXT_PARAMS}
+
+
 def _fasttext_arguments(t, epoch: int = 10, lr: float = 0.2) -> None:
     """fastText's training parameters, as `quality train` and `quality distil` take them."""
     t.add_argument("--thread", type=int, default=1, help="fastText threads (>1 is faster but not reproducible)")
