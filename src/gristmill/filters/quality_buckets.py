@@ -294,7 +294,9 @@ class AssignBuckets(Filter):
         for doc, s, b in zip(docs, scores.tolist(), buckets.tolist()):
             doc.metadata[SCORE] = s
             doc.metadata[BUCKET] = b
-            self.stat_update(f"bucket_{b:03d}")
+        for b, n in enumerate(np.bincount(buckets, minlength=self.params.buckets).tolist()):
+            if n:
+                self.stat_update(f"bucket_{b:03d}", value=n)
 
     def filter(self, doc: Document, config: Strict) -> FilterResult:
         return True if doc.metadata[BUCKET] >= self.params.drop_below else (False, "low_quality_bucket")

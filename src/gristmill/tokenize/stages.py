@@ -55,6 +55,8 @@ from gristmill.core.step import GlobalStep, Stage, StageContext, Step, Workload
 TRAIN_SALT = b"gristmill-tokenizer-sample:"
 #: the column `tokenize.bucket_weights` reads: the `quality_buckets` step writes it
 QUALITY_BUCKET = "quality_bucket"
+#: what an encode task counts per quality bucket when weighting (`weights/task_RRRRR.json`)
+BUCKET_COUNTS = ("documents", "tokens", "rows", "row_tokens")
 
 
 def _sample_key(doc) -> int:
@@ -436,6 +438,8 @@ class EncodeStep(Step):
             raise
         writer.close()
         if self.bucket_weights is not None:
+            for b, tally in sorted(weighting.items()):  # tokens as written, copies included
+                self.stat_update(f"tokens_bucket_{b:03d}", value=tally["row_tokens"])
             write_text_atomic(
                 self.stage_path("weights", f"task_{rank:05d}.json"),
                 json.dumps({str(b): v for b, v in sorted(weighting.items())}) + "\n",
@@ -451,18 +455,17 @@ class EncodeStep(Step):
         documents, not of the weighting."""
         from gristmill.tokenize.shards import is_val
 
-        weights = []
+        kept = []
         for d in batch:
             b = d.metadata.get(QUALITY_BUCKET)
             if b is None:
                 raise ValueError(
                     f"document {d.id}: no {QUALITY_BUCKET} (tokenize.bucket_weights needs a quality_buckets step)"
                 )
-            weights.append((int(b), self.bucket_weights.get(int(b), 1)))
-        kept = [(d, b, w) for d, (b, w) in zip(batch, weights) if w > 0]
-        for _, (b, w) in zip(batch, weights):
-            tally = weighting.setdefault(b, {"weight": w, "documents": 0, "tokens": 0, "rows": 0, "row_tokens": 0})
-            tally["documents"] += 1
+            w = self.bucket_weights.get(int(b), 1)
+            weighting.setdefault(int(b), {"weight": w, **dict.fromkeys(BUCKET_COUNTS, 0)})["documents"] += 1
+            if w > 0:
+                kept.append((d, int(b), w))
         ids, texts, tokens, val = [], [], [], []
         for (d, b, w), t in zip(kept, encoder.encode_batch([d.text for d, _, _ in kept])):
             doc_id = d.id or ""
@@ -476,7 +479,6 @@ class EncodeStep(Step):
             tally["tokens"] += len(t) + 1  # with its EOS, as in the shards
             tally["rows"] += copies
             tally["row_tokens"] += copies * (len(t) + 1)
-            self.stat_update(f"tokens_bucket_{b:03d}", value=copies * (len(t) + 1))
         writer.write(ids, texts, tokens, val)
 
 
@@ -489,8 +491,8 @@ def read_weighting(run_folder: RunFolder, folder: Path, tasks: int) -> dict:
     total: dict[str, dict[str, int]] = {}
     for f in files:
         for b, v in json.loads(run_folder.staged(f).read_text()).items():
-            t = total.setdefault(b, {"weight": v["weight"], "documents": 0, "tokens": 0, "rows": 0, "row_tokens": 0})
-            for k in ("documents", "tokens", "rows", "row_tokens"):
+            t = total.setdefault(b, {"weight": v["weight"], **dict.fromkeys(BUCKET_COUNTS, 0)})
+            for k in BUCKET_COUNTS:
                 t[k] += v[k]
     return {b: {**v, "epochs": v["weight"]} for b, v in sorted(total.items(), key=lambda kv: int(kv[0]))}
 
